@@ -1,0 +1,5 @@
+"""hvdkit: Horovod/MPI training for today's PyTorch and TensorFlow/Keras.
+
+``import hvdkit`` is cheap and framework-free; ``import hvdkit.torch`` loads torch and Horovod.
+"""
+__version__ = "0.1.0"

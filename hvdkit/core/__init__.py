@@ -1,0 +1,41 @@
+"""Framework-free core: topology, errors, logging, communicators, metrics, checkpoints.
+
+Imports the standard library only (numpy at most), never a framework or Horovod.
+"""
+
+from .checkpoint import CheckpointInfo, CheckpointStore
+from .comm import Communicator, LocalCommunicator
+from .errors import (
+    CheckpointError,
+    CollectiveError,
+    ConfigError,
+    HvdkitError,
+    LaunchError,
+    MissingDependencyError,
+)
+from .log import get_logger
+from .metrics import MetricTracker, average_metrics
+from .options import COMPRESSIONS, check_compression
+from .progress import Progress
+from .topology import Topology, from_env
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointStore",
+    "CollectiveError",
+    "COMPRESSIONS",
+    "Communicator",
+    "ConfigError",
+    "HvdkitError",
+    "LaunchError",
+    "LocalCommunicator",
+    "MetricTracker",
+    "MissingDependencyError",
+    "Progress",
+    "Topology",
+    "average_metrics",
+    "check_compression",
+    "from_env",
+    "get_logger",
+]

@@ -1,0 +1,65 @@
+"""The small communicator interface the framework-free core talks to other ranks through.
+
+The framework adapters implement it over Horovod; ``LocalCommunicator`` is the size-1 version
+for single-process use and tests.
+"""
+
+import abc
+import copy
+
+__all__ = ["Communicator", "LocalCommunicator"]
+
+
+class Communicator(abc.ABC):
+    """Collectives over numbers and Python objects.
+
+    Collective: every method except the properties must be called by every rank, in the same
+    order, with the same ``name``. Names are fixed by hvdkit, never derived from values.
+    """
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @property
+    def is_rank0(self):
+        return self.rank == 0
+
+    @abc.abstractmethod
+    def allreduce_sum(self, values, name):
+        """Element-wise float64 sum of ``values`` (a sequence of numbers) over all ranks."""
+
+    @abc.abstractmethod
+    def broadcast_object(self, obj, name, root=0):
+        """``root``'s ``obj`` on every rank (what other ranks pass is ignored)."""
+
+    @abc.abstractmethod
+    def allgather_object(self, obj, name):
+        """The list of every rank's ``obj``, indexed by rank."""
+
+    @abc.abstractmethod
+    def barrier(self):
+        """Return once every rank has called it."""
+
+
+class LocalCommunicator(Communicator):
+    """The communicator of a job of one process."""
+
+    rank = 0
+    size = 1
+
+    def allreduce_sum(self, values, name):
+        return [float(v) for v in values]
+
+    def broadcast_object(self, obj, name, root=0):
+        return copy.deepcopy(obj)
+
+    def allgather_object(self, obj, name):
+        return [copy.deepcopy(obj)]
+
+    def barrier(self):
+        pass

@@ -1,0 +1,87 @@
+"""Exact metric averaging across ranks.
+
+A metric is a mean over samples. Each rank keeps, per metric, the *sum* of its per-sample values and
+the *count* of samples; the job-wide value is sum(sums) / sum(counts), which is the metric over the
+union of every rank's samples, also when shards are uneven. (Horovod's MetricAverageCallback takes
+the unweighted mean of per-rank means, which is wrong as soon as shards differ in size.)
+"""
+
+import math
+import zlib
+from collections.abc import Mapping
+
+from .errors import CollectiveError, ConfigError
+
+__all__ = ["MetricTracker", "average_metrics"]
+
+
+def _names_fingerprint(names):
+    # A small integer per name list: exactly representable, and its square too, in float64 sums.
+    return float(zlib.crc32("\0".join(names).encode()) % (1 << 20))
+
+
+def average_metrics(totals: Mapping, comm, name="hvdkit.metrics"):
+    """Sample-weighted averages over all ranks from per-rank ``{metric: (sum, count)}``.
+
+    Returns ``{metric: sum over ranks of sums / sum over ranks of counts}`` (NaN where no rank saw a
+    sample). One allreduce carries the sums, the counts and a fingerprint of the metric names, so
+    ranks that track different metrics get a CollectiveError on every rank instead of wrong numbers.
+
+    Collective: every rank calls it with the same metric names (in any order).
+    """
+    names = sorted(totals)
+    values = []
+    for key in names:
+        total, count = totals[key]
+        if count < 0:
+            raise ConfigError(f"metric {key!r} has a negative sample count ({count}); counts are numbers of samples")
+        values.append(float(total))
+    values += [float(totals[key][1]) for key in names]
+    fp = _names_fingerprint(names)
+    reduced = comm.allreduce_sum(values + [fp, fp * fp], name=name)
+    fp_sum, fp_sq = reduced[-2], reduced[-1]
+    # sum(x)^2 == n * sum(x^2) holds only when every rank's fingerprint is the same.
+    if fp_sum * fp_sum != comm.size * fp_sq:
+        raise CollectiveError(
+            f"ranks track different metrics (rank {comm.rank} has {names}); "
+            "update the same metric names on every rank, also on ranks with no samples (count 0)"
+        )
+    k = len(names)
+    return {key: (reduced[i] / reduced[k + i] if reduced[k + i] > 0 else math.nan) for i, key in enumerate(names)}
+
+
+class MetricTracker:
+    """Accumulates per-sample metrics on one rank; ``compute`` averages them over all ranks.
+
+    >>> t = MetricTracker(["loss", "accuracy"])
+    >>> t.update("loss", batch_mean_loss, count=len(batch))   # mean over the batch's samples
+    >>> t.update("accuracy", correct / len(batch), count=len(batch))
+    >>> t.compute(comm)                                        # collective
+    """
+
+    def __init__(self, names=()):
+        self._totals = {n: [0.0, 0] for n in names}
+
+    def update(self, name, mean, count=1):
+        """Add ``count`` samples whose mean value is ``mean``."""
+        self.update_sum(name, float(mean) * count, count)
+
+    def update_sum(self, name, total, count):
+        """Add ``count`` samples whose values sum to ``total``."""
+        if count < 0:
+            raise ConfigError(f"count must be >= 0 (got {count}) for metric {name!r}")
+        acc = self._totals.setdefault(name, [0.0, 0])
+        acc[0] += float(total)
+        acc[1] += count
+
+    def local(self):
+        """This rank's ``{metric: (sum, count)}``."""
+        return {k: (v[0], v[1]) for k, v in self._totals.items()}
+
+    def compute(self, comm, name="hvdkit.metrics"):
+        """Job-wide sample-weighted means. Collective (see ``average_metrics``)."""
+        return average_metrics(self.local(), comm, name=name)
+
+    def reset(self):
+        for acc in self._totals.values():
+            acc[0], acc[1] = 0.0, 0

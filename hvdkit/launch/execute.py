@@ -1,0 +1,134 @@
+"""The one place that starts processes: run a Plan, stream rank-tagged output, report the outcome."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from .plan import Plan
+
+__all__ = ["JobResult", "run", "read_statuses", "retag"]
+
+# mpirun --tag-output: "[1,0]<stdout>:text"; horovodrun: "[0]<stdout>:text" (or with a timestamp).
+_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)$", re.S)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """How a job ended."""
+
+    exit_code: int
+    failed_rank: int | None = None
+    exit_status: int | None = None  # the failing rank's own exit code
+    signal: int | None = None  # or the signal that killed it
+    seconds: float = 0.0
+    message: str = ""
+
+
+def retag(line):
+    """``(stream, text)`` with the launcher's rank tag turned into ``[rank N] ``.
+
+    Lines that hvdkit's logger already prefixed with ``[rank N/size]`` keep just that prefix;
+    untagged lines come from the launcher itself and go to stderr.
+    """
+    m = _TAG.match(line)
+    if not m:
+        return "stderr", line
+    rank, stream, text = m.group(1), m.group(2), m.group(3)
+    if text.startswith(f"[rank {rank}/"):
+        return stream, text
+    return stream, f"[rank {rank}] {text}"
+
+
+def read_statuses(status_dir):
+    """Every rank's exit record written by ``hvdkit.launch.rankwrap``, by rank."""
+    records = {}
+    if not status_dir or not os.path.isdir(status_dir):
+        return records
+    for name in os.listdir(status_dir):
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(status_dir, name)) as f:
+                    rec = json.load(f)
+                records[int(rec["rank"])] = rec
+            except (OSError, ValueError, KeyError):
+                continue
+    return records
+
+
+def _signal_name(num):
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _outcome(returncode, statuses, seconds):
+    failures = [r for r in statuses.values() if r.get("exit_code") != 0]
+    if not failures:
+        if returncode == 0:
+            return JobResult(0, seconds=seconds)
+        return JobResult(
+            returncode or 1,
+            seconds=seconds,
+            message=f"the launcher exited with {returncode} before any rank reported a failure (see its output above)",
+        )
+    first = min(failures, key=lambda r: r["ended"])
+    rank, sig, code = first["rank"], first.get("signal"), first.get("exit_code")
+    how = f"was killed by {_signal_name(sig)}" if sig else f"exited with code {code}"
+    exit_code = 128 + sig if sig else code
+    message = f"rank {rank} {how} on {first.get('host', '?')} after {first.get('seconds', 0):.1f} s; job stopped"
+    return JobResult(exit_code, rank, code, sig, seconds, message)
+
+
+def run(plan: Plan, status_dir=None, out=None, err=None):
+    """Start ``plan``, stream every rank's output tagged with its rank, return a JobResult.
+
+    SIGINT and SIGTERM sent to the launcher are passed to the whole job.
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        list(plan.argv),
+        env=plan.full_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    )
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for line in proc.stdout:
+            stream, text = retag(line)
+            target = out if stream == "stdout" else err
+            target.write(text if text.endswith("\n") else text + "\n")
+            target.flush()
+        returncode = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _reap_group(proc.pid)
+    return _outcome(returncode, read_statuses(status_dir), time.perf_counter() - start)
+
+
+def _reap_group(pgid):
+    """Kill whatever the launcher left behind in its process group (no orphan ranks)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

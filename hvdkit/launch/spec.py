@@ -1,0 +1,68 @@
+"""What a user asks to run: a typed, validated job description."""
+
+import os
+import shutil
+from dataclasses import dataclass, field
+
+from ..core.errors import ConfigError
+
+__all__ = ["JobSpec", "CONTROLLERS"]
+
+CONTROLLERS = ("mpi", "gloo")
+_PYTHONS = ("python", "python3")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job: ``num_proc`` copies of ``command`` started by mpirun (``mpi``) or horovodrun (``gloo``)."""
+
+    command: tuple
+    num_proc: int
+    controller: str = "mpi"
+    env: dict = field(default_factory=dict)  # extra variables for every rank
+    mpi_args: tuple = ()  # passed to mpirun as they are
+
+    def __post_init__(self):
+        object.__setattr__(self, "command", tuple(self.command))
+        if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
+            raise ConfigError(f"-np must be an integer >= 1 (got {self.num_proc!r}): the number of processes to start")
+        if self.controller not in CONTROLLERS:
+            raise ConfigError(f"controller must be one of {CONTROLLERS} (got {self.controller!r})")
+        if not self.command:
+            raise ConfigError("no command given; put it after '--', e.g. hvdkit run -np 2 -- python train.py")
+
+
+def check_command(command, cwd=None):
+    """Raise ConfigError when ``command`` cannot start: unknown program or missing script.
+
+    Catches the common mistakes before any process is started on any rank.
+    """
+    cwd = cwd or os.getcwd()
+    program = command[0]
+    if os.sep in program:
+        if not os.access(os.path.join(cwd, program), os.X_OK):
+            raise ConfigError(f"program {program!r} does not exist or is not executable")
+    elif shutil.which(program) is None:
+        raise ConfigError(f"program {program!r} is not on PATH; give its full path or activate the virtualenv")
+    base = os.path.basename(program)
+    if base.startswith(_PYTHONS) and len(command) > 1:
+        script = _python_script(command[1:])
+        if script is not None and not os.path.isfile(os.path.join(cwd, script)):
+            raise ConfigError(
+                f"script {script!r} not found (looked in {cwd}); check the path, it is relative to where you run hvdkit"
+            )
+
+
+def _python_script(args):
+    """The script a python command line would run, or None (-m, -c, or only options)."""
+    it = iter(args)
+    for arg in it:
+        if arg in ("-m", "-c", "-"):
+            return None
+        if arg in ("-W", "-X"):
+            next(it, None)
+            continue
+        if arg.startswith("-"):
+            continue
+        return arg
+    return None

@@ -1,0 +1,54 @@
+"""hvdkit for PyTorch: thin adapters over ``horovod.torch``.
+
+    import hvdkit.torch as hk
+    hk.init()
+    opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+    ckpt = hk.Checkpointer("checkpoints", model, opt)
+    resumed = ckpt.restore() or hk.broadcast_state(model, opt)
+
+Importing this module loads torch and Horovod; ``import hvdkit`` alone does not.
+"""
+
+from ._engine import horovod_torch
+
+horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is missing
+
+from ..core.metrics import MetricTracker  # noqa: E402
+from ..core.metrics import average_metrics as _average  # noqa: E402
+from .checkpoint import Checkpointer, Resumed  # noqa: E402
+from .data import EvalSampler, eval_loader, train_loader, train_sampler  # noqa: E402
+from .optim import DistributedOptimizer, autocast  # noqa: E402
+from .runtime import communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
+from .state import broadcast_state  # noqa: E402
+
+
+def average_metrics(metrics, name="hvdkit.metrics"):
+    """Sample-weighted job-wide means of a MetricTracker (or ``{metric: (sum, count)}``).
+
+    Collective: every rank calls it with the same metric names.
+    """
+    totals = metrics.local() if isinstance(metrics, MetricTracker) else metrics
+    return _average(totals, communicator(), name=name)
+
+
+__all__ = [
+    "Checkpointer",
+    "DistributedOptimizer",
+    "EvalSampler",
+    "MetricTracker",
+    "Resumed",
+    "autocast",
+    "average_metrics",
+    "broadcast_state",
+    "communicator",
+    "eval_loader",
+    "init",
+    "is_rank0",
+    "local_rank",
+    "local_size",
+    "rank",
+    "size",
+    "topology",
+    "train_loader",
+    "train_sampler",
+]

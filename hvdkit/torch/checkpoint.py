@@ -1,0 +1,124 @@
+"""Rank-0 checkpoints of a torch training run, with automatic resume."""
+
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..core.checkpoint import CheckpointStore
+from ..core.errors import CheckpointError
+from ..core.log import get_logger
+from .runtime import communicator
+
+__all__ = ["Checkpointer", "Resumed"]
+
+STATE_FILE = "state.pt"
+_log = get_logger("checkpoint")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What ``Checkpointer.restore`` brought back."""
+
+    step: int
+    epoch: int
+    extra: object
+    path: str
+    world_size: int
+
+
+def _rng_state():
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+    }
+
+
+def _set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+class Checkpointer:
+    """Saves and restores model, optimizer, LR scheduler, step, epoch, RNG states and ``extra``.
+
+    Files go under ``directory`` through the core's rank-0 protocol (atomic, verified, newest
+    ``keep`` kept). ``extra`` must hold plain data (numbers, strings, lists, dicts, tensors):
+    checkpoints are read with ``torch.load(weights_only=True)``, which runs no pickled code.
+
+    Collective: the constructor, ``save`` and ``restore`` are called by every rank.
+    """
+
+    def __init__(self, directory, model, optimizer=None, scheduler=None, keep=3, comm=None):
+        self.comm = comm or communicator()
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.store = CheckpointStore(directory, self.comm, keep=keep, framework=f"torch {torch.__version__}")
+
+    def save(self, step, epoch, extra=None):
+        """Write a checkpoint of ``step`` (rank 0 writes; every rank's RNG state is included).
+
+        ``epoch`` is the number of epochs completed. Returns the checkpoint path.
+        """
+        rngs = self.comm.allgather_object(_rng_state(), name="hvdkit.checkpoint.rng")
+
+        def write(folder):
+            state = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "step": int(step),
+                "epoch": int(epoch),
+                "rng": rngs,
+                "extra": extra,
+            }
+            torch.save(state, os.path.join(folder, STATE_FILE))
+
+        return self.store.save(write, step, epoch)
+
+    def restore(self):
+        """Load the newest good checkpoint into the model, optimizer and scheduler on every rank.
+
+        Returns a ``Resumed`` or None when there is no checkpoint. Every rank ends with rank 0's
+        parameters and optimizer state, and its own RNG state when the world size is unchanged.
+        A checkpoint that does not fit the model raises CheckpointError and is left untouched.
+        """
+        loaded = self.store.load(_read_state)
+        if loaded is None:
+            return None
+        state, info = loaded
+        try:
+            self.model.load_state_dict(state["model"])
+            if self.optimizer is not None and state["optimizer"] is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+            if self.scheduler is not None and state["scheduler"] is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(
+                f"checkpoint {info.path} does not fit this model/optimizer ({str(e).splitlines()[0]}); "
+                "point --checkpoint-dir at the checkpoints of this model, or at an empty directory"
+            ) from e
+        rngs = state["rng"]
+        if len(rngs) == self.comm.size:
+            _set_rng_state(rngs[self.comm.rank])
+        elif self.comm.is_rank0:
+            _log.warning(
+                "checkpoint was written by %d ranks, this job has %d: data is re-sharded, RNG states are not restored",
+                len(rngs),
+                self.comm.size,
+            )
+        if self.comm.is_rank0:
+            _log.info("resumed from %s (step %d, epoch %d)", info.path, info.step, info.epoch)
+        return Resumed(state["step"], state["epoch"], state["extra"], info.path, info.world_size)
+
+
+def _read_state(folder):
+    return torch.load(os.path.join(folder, STATE_FILE), map_location="cpu", weights_only=True)

@@ -1,0 +1,114 @@
+"""hvdkit.launch: the pure planner, command checks and outcome reporting."""
+
+import os
+import signal
+
+import pytest
+
+from hvdkit.core import ConfigError
+from hvdkit.launch import execute
+from hvdkit.launch.plan import build
+from hvdkit.launch.spec import JobSpec, check_command
+
+PY = "/venv/bin/python"
+
+
+def tail(argv, n):
+    return list(argv[-n:])
+
+
+def test_mpirun_plan_as_root_with_more_ranks_than_cores():
+    plan = build(JobSpec(["python", "train.py", "--lr", "0.1"], 4), is_root=True, cores=2, python=PY, status_dir="/s")
+    argv = list(plan.argv)
+    assert argv[1:3] == ["-np", "4"]
+    assert "--allow-run-as-root" in argv and "--oversubscribe" in argv and "--tag-output" in argv
+    assert tail(argv, 8) == [PY, "-m", "hvdkit.launch.rankwrap", "--", "python", "train.py", "--lr", "0.1"]
+    assert plan.env["HVDKIT_STATUS_DIR"] == "/s"
+    # every variable hvdkit sets is exported to remote ranks too
+    assert argv[argv.index("HVDKIT_STATUS_DIR") - 1] == "-x"
+
+
+def test_mpirun_plan_as_user_within_the_cores_adds_neither_flag():
+    argv = build(JobSpec(["python", "t.py"], 2), is_root=False, cores=2, python=PY).argv
+    assert "--allow-run-as-root" not in argv and "--oversubscribe" not in argv
+    assert tail(argv, 2) == ["python", "t.py"]  # no wrapper without a status folder (dry run)
+
+
+def test_gloo_plan_uses_horovodrun_with_local_slots():
+    argv = build(JobSpec(["python", "t.py"], 3, controller="gloo"), is_root=True, cores=2, python=PY).argv
+    assert list(argv[1:7]) == ["-np", "3", "-H", "localhost:3", "--gloo", "python"]
+    assert "--allow-run-as-root" not in argv
+
+
+def test_plan_is_argv_lists_never_a_shell_string():
+    plan = build(JobSpec(["python", "a b.py", "; rm -rf /"], 1), is_root=False, cores=1, python=PY)
+    assert plan.argv[-2:] == ("a b.py", "; rm -rf /")
+
+
+def test_progress_is_left_alone_when_the_user_set_it():
+    plan = build(JobSpec(["x"], 1), is_root=False, cores=1, progress=True, base_env={"HVDKIT_PROGRESS": "0"})
+    assert "HVDKIT_PROGRESS" not in plan.env
+    plan = build(JobSpec(["x"], 1), is_root=False, cores=1, progress=True, base_env={})
+    assert plan.env["HVDKIT_PROGRESS"] == "1"
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "2"])
+def test_num_proc_below_one_is_rejected_naming_the_flag(bad):
+    with pytest.raises(ConfigError, match=r"-np must be an integer >= 1 \(got"):
+        JobSpec(["python", "t.py"], bad)
+
+
+def test_empty_command_says_how_to_give_one():
+    with pytest.raises(ConfigError, match="after '--'"):
+        JobSpec([], 2)
+
+
+def test_missing_script_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"script 'nope\.py' not found"):
+        check_command(["python", "-u", "nope.py"], cwd=str(tmp_path))
+    check_command(["python", "-m", "json.tool"], cwd=str(tmp_path))  # modules are not files
+
+
+def test_unknown_program_is_named():
+    with pytest.raises(ConfigError, match="'no-such-program-hvdkit' is not on PATH"):
+        check_command(["no-such-program-hvdkit"])
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("[1,0]<stdout>:hello\n", ("stdout", "[rank 0] hello\n")),
+        ("[1,1]<stderr>:oops\n", ("stderr", "[rank 1] oops\n")),
+        ("[1]<stdout>:gloo line\n", ("stdout", "[rank 1] gloo line\n")),
+        ("[1,1]<stderr>:[rank 1/2] hvdkit.x: msg\n", ("stderr", "[rank 1/2] hvdkit.x: msg\n")),
+        ("mpirun noticed something\n", ("stderr", "mpirun noticed something\n")),
+    ],
+)
+def test_launcher_tags_become_rank_tags(line, expected):
+    assert execute.retag(line) == expected
+
+
+def _status(rank, ended, code=None, sig=None):
+    return {"rank": rank, "exit_code": code, "signal": sig, "ended": ended, "host": "h", "seconds": 1.0}
+
+
+def test_the_first_rank_to_fail_is_named_with_its_exit_code():
+    statuses = {0: _status(0, 5.0, sig=signal.SIGTERM), 1: _status(1, 4.0, code=3)}
+    result = execute._outcome(1, statuses, 2.0)
+    assert (result.exit_code, result.failed_rank) == (3, 1)
+    assert "rank 1 exited with code 3" in result.message
+
+
+def test_a_rank_killed_by_a_signal_gives_128_plus_the_signal():
+    result = execute._outcome(137, {0: _status(0, 1.0, code=0), 1: _status(1, 1.0, sig=9)}, 1.0)
+    assert (result.exit_code, result.failed_rank, result.signal) == (137, 1, 9)
+    assert "SIGKILL" in result.message
+
+
+def test_status_files_are_read_back(tmp_path):
+    from hvdkit.launch.rankwrap import _record
+
+    _record(str(tmp_path), 1, -9, started=0.0)
+    rec = execute.read_statuses(str(tmp_path))[1]
+    assert (rec["exit_code"], rec["signal"]) == (None, 9)
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
