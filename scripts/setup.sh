@@ -56,7 +56,7 @@ fi
 PYTHON=$PY "$root/scripts/build-horovod.sh"
 
 # 4. hvdkit itself.
-if ! "$PY" -c 'import hvdkit, sys; sys.exit(0 if hvdkit.__file__.startswith(sys.argv[1]) else 1)' "$root" 2>/dev/null; then
+if ! "$PY" -P -c 'import hvdkit, sys; sys.exit(0 if hvdkit.__file__.startswith(sys.argv[1]) else 1)' "$root" 2>/dev/null; then
   "$PY" -m pip install --quiet --no-deps --no-build-isolation -e "$root"
 fi
 say "ready: $("$PY" -c 'import hvdkit; print("hvdkit", hvdkit.__version__)') in $VENV"

@@ -1,62 +1,8 @@
-"""Shared helpers: run real ranks under mpirun or horovodrun, bounded in time."""
+"""Fixtures shared by every test."""
 
 import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-PYTHON = sys.executable
-BIN = Path(PYTHON).parent
-LAUNCHERS = ("mpirun", "horovodrun-gloo")
-
-
-def launcher_argv(launcher, np_):
-    """The raw launcher command line for ``np_`` local ranks (no hvdkit involved)."""
-    if launcher == "mpirun":
-        argv = ["mpirun", "-np", str(np_), "--bind-to", "none", "--oversubscribe"]
-        if os.geteuid() == 0:
-            argv.append("--allow-run-as-root")
-        return argv
-    if launcher == "horovodrun-gloo":
-        return [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo"]
-    raise ValueError(launcher)
-
-
-def run_bounded(argv, timeout, env=None, cwd=None):
-    """Run ``argv`` in its own process group; kill the whole group if it outlives ``timeout``."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1")
-    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
-    full_env.update(env or {})
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=full_env,
-        cwd=cwd or ROOT,
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{argv[:4]}... did not finish within {timeout} s (hang?)\nstdout:\n{out}\nstderr:\n{err}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # no stray ranks survive a test
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def run_ranks(launcher, np_, script_args, timeout=300, env=None):
-    return run_bounded(launcher_argv(launcher, np_) + [PYTHON, *script_args], timeout, env=env)
 
 
 @pytest.fixture(autouse=True)

@@ -21,12 +21,12 @@ class Progress:
 
     Where ``show`` is true, HVDKIT_PROGRESS decides, and by default it is on when the stream is a
     terminal. On a terminal it redraws one line; elsewhere (a pipe, under ``hvdkit run``) it prints
-    a line about every tenth of the work.
+    a line at most every ``interval`` seconds, so long work shows progress and short work stays quiet.
 
     Env: HVDKIT_PROGRESS (auto, 1/on, 0/off).
     """
 
-    def __init__(self, total, desc="", show=True, stream=None):
+    def __init__(self, total, desc="", show=True, stream=None, interval=10.0, clock=time.perf_counter):
         self.stream = stream or sys.stderr
         tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         wanted = _env.flag(_env.PROGRESS, default=tty)
@@ -36,8 +36,9 @@ class Progress:
         self.desc = desc
         self.done = 0
         self.samples = 0
-        self.start = time.perf_counter()
-        self._next_line = 0.1
+        self.interval = interval
+        self.clock = clock
+        self.start = self._last = clock()
 
     def update(self, steps=1, samples=0):
         self.done += steps
@@ -46,13 +47,15 @@ class Progress:
             return
         frac = min(1.0, self.done / self.total)
         if self.tty:
-            self._draw(frac, end="")
-        elif frac >= self._next_line or self.done == self.total:
-            self._next_line = frac + 0.1
+            if self.clock() - self._last >= 0.1 or self.done >= self.total:  # ~10 redraws a second
+                self._last = self.clock()
+                self._draw(frac, end="")
+        elif self.clock() - self._last >= self.interval:
+            self._last = self.clock()
             self._draw(frac, end="\n")
 
     def _draw(self, frac, end):
-        elapsed = time.perf_counter() - self.start
+        elapsed = self.clock() - self.start
         rate = self.samples / elapsed if elapsed > 0 else 0.0
         eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
         width = 24

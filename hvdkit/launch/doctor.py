@@ -6,6 +6,8 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from .plan import find_tool
+
 __all__ = ["diagnose", "check_build"]
 
 _FIX_SETUP = "run `make setup` in the hvdkit checkout (it installs and builds everything)"
@@ -42,23 +44,24 @@ def diagnose(python=None, smoke=True, out=None):
     problems = []
 
     def row(name, value, fix=None):
-        out.write(f"  {name:<22} {value if value else 'MISSING'}\n")
+        out.write(f"  {name:<26} {value if value else 'MISSING'}\n")
         if not value and fix:
             problems.append(f"{name} is missing: {fix}")
-
-    from .plan import find_tool
 
     out.write("hvdkit doctor\n")
     row("python", f"{platform.python_version()} ({python})")
     row("torch", _version("torch"), _FIX_SETUP)
     row("tensorflow", _version("tensorflow-cpu", "tensorflow"))
     row("keras", _version("keras"))
-    row("horovod", _version("horovod"), _FIX_SETUP)
+    horovod = _version("horovod")
+    row("horovod", horovod, _FIX_SETUP)
     row("mpi4py", _version("mpi4py"))
     rc, text = _run([find_tool("mpirun", python), "--version"], 30)
     row("open mpi", text.splitlines()[0] if rc == 0 else None, "apt-get install openmpi-bin libopenmpi-dev")
-    rc, report = _run([find_tool("horovodrun", python), "--check-build"], 120)
-    built = check_build(report) if rc == 0 else {}
+    built = {}
+    if horovod:
+        rc, report = _run([find_tool("horovodrun", python), "--check-build"], 120)
+        built = check_build(report) if rc == 0 else {}
     for part in ("PyTorch", "TensorFlow", "MPI", "Gloo"):
         row(f"horovod built with {part}", "yes" if built.get(part) else None, f"rebuild Horovod: {_FIX_SETUP}")
     if smoke and not problems:

@@ -1,0 +1,31 @@
+# The two commands that matter (see README.md):
+#   make demo   set everything up, then train the digits MLP on 2 ranks
+#   make test   set everything up, then run every test
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+BIN    := $(abspath $(VENV))/bin
+# A whole test phase is bounded, so a hung rank fails the run instead of stalling it.
+TEST_TIMEOUT ?= 2400
+
+.PHONY: setup demo test test-unit test-dist doctor clean
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	PATH="$(BIN):$$PATH" hvdkit run -np 2 -- python examples/torch_digits.py
+
+test: setup
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests
+
+test-unit: setup
+	$(PY) -m pytest -x -q tests/unit
+
+test-dist: setup
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/dist tests/e2e
+
+doctor: setup
+	$(BIN)/hvdkit doctor
+
+clean:
+	rm -rf $(VENV) checkpoints build *.egg-info

@@ -1,0 +1,154 @@
+"""End to end: real jobs started through `hvdkit run`, checked by exit code, output and files."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from helpers import BIN, PYTHON, ROOT, run_bounded
+
+pytestmark = pytest.mark.dist
+HVDKIT = str(BIN / "hvdkit")
+EXAMPLE = "examples/torch_digits.py"
+BEHAVE = "tests/e2e/scripts/rank_behaviour.py"
+
+
+def hvdkit_run(*args, timeout=300):
+    return run_bounded([HVDKIT, "run", *args], timeout)
+
+
+def result_line(stdout):
+    """The example's final JSON line (printed by rank 0, tagged by the launcher)."""
+    lines = [line.split("] ", 1)[1] for line in stdout.splitlines() if line.startswith("[rank 0] {")]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0])
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The README's demo with default flags, on 2 ranks over MPI."""
+    ckpt = tmp_path_factory.mktemp("demo") / "ckpt"
+    proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(ckpt))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"proc": proc, "ckpt": ckpt, "result": result_line(proc.stdout)}
+
+
+def test_demo_reaches_95_percent_validation_accuracy_on_two_ranks(demo):
+    r = demo["result"]
+    assert r["world_size"] == 2 and r["epochs"] == 12 and r["resumed_from_epoch"] == 0
+    assert r["val_accuracy"] >= 0.95
+    assert 0 < r["val_loss"] < 0.3
+
+
+def test_demo_output_is_tagged_by_rank_and_progress_is_logged_on_rank0_only(demo):
+    err = demo["proc"].stderr
+    assert "[rank 0/2] hvdkit.examples.torch_digits: epoch 12/12" in err
+    assert "[rank 1/2] hvdkit.examples.torch_digits: epoch" not in err
+
+
+def test_demo_keeps_the_newest_three_checkpoints(demo):
+    assert sorted(os.listdir(demo["ckpt"])) == [f"ckpt-{s:012d}" for s in (230, 253, 276)]
+
+
+def test_rerun_resumes_after_the_last_epoch_and_reports_the_same_model(demo):
+    proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(demo["ckpt"]))
+    assert proc.returncode == 0, proc.stderr
+    again = result_line(proc.stdout)
+    assert again["resumed_from_epoch"] == 12 and again["steps"] == demo["result"]["steps"]
+    assert (again["val_accuracy"], again["val_loss"]) == (demo["result"]["val_accuracy"], demo["result"]["val_loss"])
+
+
+def test_resuming_from_an_earlier_epoch_ends_exactly_where_the_uninterrupted_run_did(demo, tmp_path):
+    # Simulate a job that died after epoch 10: keep only the epoch-10 checkpoint, then resume.
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(demo["ckpt"], ckpt)
+    shutil.rmtree(ckpt / "ckpt-000000000253")
+    shutil.rmtree(ckpt / "ckpt-000000000276")
+    proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(ckpt))
+    assert proc.returncode == 0, proc.stderr
+    r = result_line(proc.stdout)
+    assert r["resumed_from_epoch"] == 10
+    assert (r["steps"], r["val_loss"], r["val_accuracy"]) == (
+        demo["result"]["steps"],
+        demo["result"]["val_loss"],
+        demo["result"]["val_accuracy"],
+    )
+
+
+def test_demo_over_gloo_reaches_the_same_accuracy_bar(tmp_path):
+    proc = hvdkit_run("-np", "2", "--gloo", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result_line(proc.stdout)["val_accuracy"] >= 0.95
+
+
+@pytest.mark.parametrize("gloo", [False, True], ids=["mpi", "gloo"])
+def test_a_failing_rank_ends_the_job_with_its_exit_code_and_is_named(gloo):
+    proc = hvdkit_run("-np", "2", *(["--gloo"] if gloo else []), "--", PYTHON, BEHAVE, "exit", "1", "3", timeout=90)
+    assert proc.returncode == 3
+    assert "hvdkit run: rank 1 exited with code 3" in proc.stderr
+    assert "[rank 1] rank 1 failing on purpose" in proc.stderr
+
+
+def test_a_rank_killed_by_sigkill_is_named_with_the_signal():
+    proc = hvdkit_run("-np", "2", "--", PYTHON, BEHAVE, "kill", "1", timeout=90)
+    assert proc.returncode == 128 + 9
+    assert "rank 1 was killed by SIGKILL" in proc.stderr
+
+
+def test_each_ranks_output_is_tagged_with_its_rank():
+    proc = hvdkit_run("-np", "2", "--", PYTHON, BEHAVE, "hello", timeout=90)
+    assert proc.returncode == 0
+    assert "[rank 0] hello from rank 0" in proc.stdout and "[rank 1] hello from rank 1" in proc.stdout
+
+
+def test_dry_run_prints_the_exact_mpirun_command_and_starts_nothing():
+    proc = hvdkit_run("-np", "3", "--dry-run", "--", "python", EXAMPLE, "--epochs", "1", timeout=30)
+    assert proc.returncode == 0
+    words = proc.stdout.split()
+    assert words[0].endswith("mpirun") and words[1:3] == ["-np", "3"]
+    assert ("--allow-run-as-root" in words) == (os.geteuid() == 0)
+    assert ("--oversubscribe" in words) == (3 > len(os.sched_getaffinity(0)))
+    assert words[-4:] == ["python", EXAMPLE, "--epochs", "1"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-np", "0", "--", "python", EXAMPLE], "-np must be an integer >= 1 (got 0)"),
+        (["-np", "2", "--", "python", "examples/nope.py"], "script 'examples/nope.py' not found"),
+        (["-np", "2"], "no command given"),
+    ],
+    ids=["np-0", "missing-script", "no-command"],
+)
+def test_bad_launch_input_is_a_clear_error_before_anything_starts(args, message):
+    proc = hvdkit_run(*args, timeout=30)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_unknown_compression_name_fails_on_every_rank_with_the_choices(tmp_path):
+    proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--compression", "bf16", "--checkpoint-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert "compression must be one of 'none', 'fp16' (got 'bf16')" in proc.stderr
+    assert "hvdkit run: rank" in proc.stderr
+
+
+def test_unwritable_checkpoint_directory_fails_before_training(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    bad = tmp_path / "a-file" / "ckpt"
+    proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(bad))
+    assert proc.returncode == 2
+    assert f"checkpoint directory '{bad}' is not writable" in proc.stderr
+    assert "epoch 1/" not in proc.stderr
+
+
+def test_doctor_reports_versions_build_and_a_passing_smoke_test():
+    proc = run_bounded([HVDKIT, "doctor"], 300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for needle in ("torch ", "2.13.0", "tensorflow", "2.21.0", "horovod", "0.28.1", "Open MPI"):
+        assert needle in out
+    assert "2-rank allreduce (mpi)     ok (sum over 2 ranks = 3)" in out
+    assert "2-rank allreduce (gloo)    ok (sum over 2 ranks = 3)" in out
+    assert out.rstrip().endswith("all checks passed")
