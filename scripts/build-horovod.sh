@@ -53,7 +53,8 @@ EOF
 ) || die "could not read framework versions from $PYTHON"
 mpi_version=$(mpirun --version 2>/dev/null | head -n 1)
 gcc_version=$(g++ -dumpfullversion)
-recipe_hash=$(sha256sum "$here/build-horovod.sh" | cut -c1-16)
+# The recipe is the block between the ">>> recipe" and "<<< recipe" lines: the edits and the flags.
+recipe_hash=$(sed -n '/^    # >>> recipe/,/^    # <<< recipe/p' "$here/build-horovod.sh" | sha256sum | cut -c1-16)
 key=$(printf '%s|%s|gcc=%s|recipe=%s' "$inputs" "$mpi_version" "$gcc_version" "$recipe_hash" | sha256sum | cut -c1-20)
 wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-$key"
 say "inputs: $inputs | $mpi_version | gcc $gcc_version | recipe $recipe_hash"
@@ -71,6 +72,7 @@ else
     "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
     tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
+    # >>> recipe
     # 1-2. torch and TensorFlow headers need C++17.
     for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
       sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$f"
@@ -83,9 +85,10 @@ else
     (
       cd "$src"
       HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
-      HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=${HOROVOD_CPU_OPERATIONS:-} MAKEFLAGS=-j"$JOBS" \
+      HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$JOBS" \
         "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$work/out" . >&2
     ) || die "the Horovod build failed (see the compiler output above)"
+    # <<< recipe
     cp "$work"/out/horovod-*.whl "$wheel_dir"/
     wheel=$(ls "$wheel_dir"/horovod-*.whl | head -n 1)
     say "cached $wheel"
