@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from .plan import Plan
 
-__all__ = ["JobResult", "run", "read_statuses", "retag"]
+__all__ = ["JobResult", "LineDemux", "run", "read_statuses", "retag"]
 
 # mpirun --tag-output: "[1,0]<stdout>:text"; horovodrun: "[0]<stdout>:text" (or with a timestamp).
 _TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)$", re.S)
+_ANY_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,49 @@ def retag(line):
     m = _TAG.match(line)
     if not m:
         return "stderr", line
-    rank, stream, text = m.group(1), m.group(2), m.group(3)
+    return _tagged(m.group(1), m.group(2), m.group(3))
+
+
+def _tagged(rank, stream, text):
+    if not text.endswith("\n"):
+        text += "\n"
     if text.startswith(f"[rank {rank}/"):
         return stream, text
     return stream, f"[rank {rank}] {text}"
+
+
+class LineDemux:
+    """Reassembles each rank's lines from the launcher's tagged stream.
+
+    mpirun tags every fragment a rank writes, not every line: a rank that writes "text" and "\\n"
+    in two calls (unbuffered Python's print) arrives as ``[1,0]<stdout>:text[1,0]<stdout>:\\n``,
+    and fragments of different ranks can share a physical line. ``feed`` takes one physical
+    line and returns the complete ``(stream, "[rank N] text\\n")`` lines it finishes.
+    """
+
+    def __init__(self):
+        self._partial = {}  # (rank, stream) -> text so far
+
+    def feed(self, physical):
+        marks = list(_ANY_TAG.finditer(physical))
+        if not marks:
+            return [("stderr", physical if physical.endswith("\n") else physical + "\n")]
+        done = []
+        if marks[0].start() > 0:  # launcher text before the first tag
+            done.append(("stderr", physical[: marks[0].start()] + "\n"))
+        for i, m in enumerate(marks):
+            key = (m.group(1), m.group(2))
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(physical)
+            self._partial[key] = self._partial.get(key, "") + physical[m.end() : end]
+            if self._partial[key].endswith("\n"):
+                done.append(self._emit(key))
+        return done
+
+    def flush(self):
+        return [self._emit(key) for key in list(self._partial) if self._partial[key]]
+
+    def _emit(self, key):
+        return _tagged(*key, self._partial.pop(key))
 
 
 def read_statuses(status_dir):
@@ -112,12 +152,18 @@ def run(plan: Plan, status_dir=None, out=None, err=None):
             pass
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for line in proc.stdout:
-            stream, text = retag(line)
+    demux = LineDemux()
+
+    def write(lines):
+        for stream, text in lines:
             target = out if stream == "stdout" else err
-            target.write(text if text.endswith("\n") else text + "\n")
+            target.write(text)
             target.flush()
+
+    try:
+        for physical in proc.stdout:
+            write(demux.feed(physical))
+        write(demux.flush())
         returncode = proc.wait()
     finally:
         for s, handler in previous.items():

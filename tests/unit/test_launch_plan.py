@@ -88,6 +88,22 @@ def test_launcher_tags_become_rank_tags(line, expected):
     assert execute.retag(line) == expected
 
 
+def test_fragments_of_one_line_are_joined_and_ranks_kept_apart():
+    demux = execute.LineDemux()
+    # rank 0 printed its text and its newline in two writes; a line of rank 1 came in between
+    assert demux.feed('[1,0]<stdout>:{"a": 1}[1,1]<stdout>:whole\n') == [("stdout", "[rank 1] whole\n")]
+    assert demux.feed("[1,0]<stdout>:\n") == [("stdout", '[rank 0] {"a": 1}\n')]
+    assert demux.feed("[1,1]<stdout>:half[1,0]<stdout>:next\n") == [("stdout", "[rank 0] next\n")]
+    assert demux.feed("[1,1]<stdout>: done\n") == [("stdout", "[rank 1] half done\n")]
+
+
+def test_launcher_text_and_unfinished_lines_are_not_lost():
+    demux = execute.LineDemux()
+    assert demux.feed("mpirun: note\n") == [("stderr", "mpirun: note\n")]
+    assert demux.feed("[1,1]<stderr>:no newline at exit") == []
+    assert demux.flush() == [("stderr", "[rank 1] no newline at exit\n")]
+
+
 def _status(rank, ended, code=None, sig=None):
     return {"rank": rank, "exit_code": code, "signal": sig, "ended": ended, "host": "h", "seconds": 1.0}
 
