@@ -14,7 +14,7 @@ from .errors import (
     MissingDependencyError,
 )
 from .log import get_logger
-from .metrics import MetricTracker, average_metrics
+from .metrics import MetricTracker, average_metrics, sum_states
 from .options import COMPRESSIONS, check_compression
 from .progress import Progress
 from .topology import Topology, from_env
@@ -38,4 +38,5 @@ __all__ = [
     "check_compression",
     "from_env",
     "get_logger",
+    "sum_states",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from .errors import CollectiveError, ConfigError
 
-__all__ = ["MetricTracker", "average_metrics"]
+__all__ = ["MetricTracker", "average_metrics", "sum_states"]
 
 
 def _names_fingerprint(names):
@@ -20,34 +20,53 @@ def _names_fingerprint(names):
     return float(zlib.crc32("\0".join(names).encode()) % (1 << 20))
 
 
-def average_metrics(totals: Mapping, comm, name="hvdkit.metrics"):
-    """Sample-weighted averages over all ranks from per-rank ``{metric: (sum, count)}``.
+def sum_states(states: Mapping, comm, name="hvdkit.metrics"):
+    """Element-wise sums over all ranks of ``{key: [numbers]}``, in one allreduce.
 
-    Returns ``{metric: sum over ranks of sums / sum over ranks of counts}`` (NaN where no rank saw a
-    sample). One allreduce carries the sums, the counts and a fingerprint of the metric names, so
-    ranks that track different metrics get a CollectiveError on every rank instead of wrong numbers.
+    The sums of additive metric states (sums and counts, confusion counts) give the metric over the
+    union of every rank's samples. A fingerprint of the keys and lengths travels with the values,
+    so ranks whose states differ get a CollectiveError on every rank instead of wrong numbers.
 
-    Collective: every rank calls it with the same metric names (in any order).
+    Collective: every rank calls it with the same keys and lengths (in any order).
     """
-    names = sorted(totals)
-    values = []
-    for key in names:
-        total, count = totals[key]
-        if count < 0:
-            raise ConfigError(f"metric {key!r} has a negative sample count ({count}); counts are numbers of samples")
-        values.append(float(total))
-    values += [float(totals[key][1]) for key in names]
-    fp = _names_fingerprint(names)
+    keys = sorted(states)
+    values, layout = [], []
+    for key in keys:
+        vec = [float(v) for v in states[key]]
+        values += vec
+        layout.append(f"{key}:{len(vec)}")
+    fp = _names_fingerprint(layout)
     reduced = comm.allreduce_sum(values + [fp, fp * fp], name=name)
     fp_sum, fp_sq = reduced[-2], reduced[-1]
     # sum(x)^2 == n * sum(x^2) holds only when every rank's fingerprint is the same.
     if fp_sum * fp_sum != comm.size * fp_sq:
         raise CollectiveError(
-            f"ranks track different metrics (rank {comm.rank} has {names}); "
+            f"ranks track different metrics (rank {comm.rank} has {keys}); "
             "update the same metric names on every rank, also on ranks with no samples (count 0)"
         )
-    k = len(names)
-    return {key: (reduced[i] / reduced[k + i] if reduced[k + i] > 0 else math.nan) for i, key in enumerate(names)}
+    out, i = {}, 0
+    for key in keys:
+        n = len(states[key])
+        out[key] = reduced[i : i + n]
+        i += n
+    return out
+
+
+def average_metrics(totals: Mapping, comm, name="hvdkit.metrics"):
+    """Sample-weighted averages over all ranks from per-rank ``{metric: (sum, count)}`` (or a MetricTracker).
+
+    Returns ``{metric: sum over ranks of sums / sum over ranks of counts}`` (NaN where no rank saw a
+    sample): the metric over the union of all ranks' samples, also with uneven shards.
+
+    Collective: every rank calls it with the same metric names (in any order).
+    """
+    if isinstance(totals, MetricTracker):
+        totals = totals.local()
+    for key, (_, count) in totals.items():
+        if count < 0:
+            raise ConfigError(f"metric {key!r} has a negative sample count ({count}); counts are numbers of samples")
+    summed = sum_states({k: (float(t), float(c)) for k, (t, c) in totals.items()}, comm, name=name)
+    return {k: (t / c if c > 0 else math.nan) for k, (t, c) in summed.items()}
 
 
 class MetricTracker:

@@ -13,7 +13,7 @@ from ._engine import horovod_torch
 
 horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is missing
 
-from ..core.metrics import MetricTracker  # noqa: E402
+from ..core.metrics import MetricTracker  # noqa: E402, F401
 from ..core.metrics import average_metrics as _average  # noqa: E402
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, eval_loader, train_loader, train_sampler  # noqa: E402
@@ -27,8 +27,7 @@ def average_metrics(metrics, name="hvdkit.metrics"):
 
     Collective: every rank calls it with the same metric names.
     """
-    totals = metrics.local() if isinstance(metrics, MetricTracker) else metrics
-    return _average(totals, communicator(), name=name)
+    return _average(metrics, communicator(), name=name)
 
 
 __all__ = [

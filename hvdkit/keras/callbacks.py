@@ -1,0 +1,172 @@
+"""Keras 3 callbacks: initial-state broadcast, exact metric averaging, LR warmup, rank-0 checkpoints."""
+
+import keras
+import numpy as np
+
+from ..core.errors import ConfigError
+from ..core.log import get_logger
+from ..core.metrics import sum_states
+from ..tensorflow.checkpoint import Checkpointer
+from ..tensorflow.runtime import communicator
+from ..tensorflow.variables import broadcast_variables
+
+__all__ = ["BroadcastInitialState", "MetricAverage", "LearningRateWarmup", "Checkpoint", "average_model_metrics"]
+
+_log = get_logger("keras")
+
+
+def _built_optimizer(model):
+    opt = model.optimizer
+    if opt is not None and not opt.built:
+        opt.build(model.trainable_variables)
+    return opt
+
+
+class BroadcastInitialState(keras.callbacks.Callback):
+    """At the start of ``fit``, copy rank 0's weights and optimizer variables to every rank.
+
+    Collective: every rank's ``fit`` has it.
+    """
+
+    def __init__(self, root_rank=0):
+        super().__init__()
+        self.root_rank = root_rank
+
+    def on_train_begin(self, logs=None):
+        opt = _built_optimizer(self.model)
+        broadcast_variables(list(self.model.weights) + (list(opt.variables) if opt is not None else []), self.root_rank)
+
+
+def average_model_metrics(model):
+    """The model's current metrics over all ranks' samples (``{name: value}``), exactly.
+
+    Keras metrics keep additive state (a Mean keeps total and count; Precision and AUC keep
+    confusion counts). Summing that state over ranks and asking each metric for its result gives
+    the metric over the union of every rank's samples, also when shards are uneven. The summed
+    state is left in the metrics. Use it after ``model.evaluate(...)``; ``MetricAverage`` uses it
+    during ``fit``. Collective: every rank calls it.
+    """
+    pairs = [(f"{i:04d}/{j:04d}", v) for i, m in enumerate(model.metrics) for j, v in enumerate(m.variables)]
+    states = {key: np.ravel(np.asarray(v.numpy(), dtype=np.float64)) for key, v in pairs}
+    summed = sum_states(states, communicator(), name="hvdkit.keras.metrics")
+    for key, v in pairs:
+        v.assign(np.reshape(np.asarray(summed[key]), tuple(v.shape)).astype(v.dtype))
+    return {k: float(v) for k, v in model.get_metrics_result().items()}
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Replace every rank's metrics in ``fit``'s logs by the metrics over all ranks' samples.
+
+    Exact, also with uneven shards (see ``average_model_metrics``); Horovod's
+    MetricAverageCallback averages per-rank results instead. Training metrics are read before
+    ``fit`` evaluates the validation data, validation metrics right after, and both are written
+    into the epoch's logs, so History, the progress bar and later callbacks see job-wide values.
+
+    Collective: every rank's ``fit`` has it.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._train = self._val = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._train = self._val = None
+
+    def on_test_begin(self, logs=None):
+        # Inside fit, evaluate() calls this before it resets the metrics: they still hold training.
+        self._train = average_model_metrics(self.model)
+
+    def on_test_end(self, logs=None):
+        self._val = average_model_metrics(self.model)
+
+    def on_epoch_end(self, epoch, logs=None):
+        train = self._train if self._train is not None else average_model_metrics(self.model)
+        if logs is not None:
+            logs.update(train)
+            logs.update({f"val_{k}": v for k, v in (self._val or {}).items()})
+
+
+class LearningRateWarmup(keras.callbacks.Callback):
+    """Raise the learning rate linearly from ``initial_lr`` to ``initial_lr * size`` over ``warmup_epochs``.
+
+    The usual large-batch recipe (Goyal et al.): N ranks see N times the samples per step, so the
+    rate is scaled by N, gradually to keep the first steps stable. Updated every batch; after the
+    warmup the rate stays at ``initial_lr * size``. Pass ``initial_lr`` explicitly (the optimizer's
+    rate changes during warmup and is restored from checkpoints).
+    """
+
+    def __init__(self, initial_lr, warmup_epochs=5, verbose=0):
+        super().__init__()
+        if not isinstance(initial_lr, (int, float)) or initial_lr <= 0:
+            raise ConfigError(f"initial_lr must be a positive number (got {initial_lr!r})")
+        if not isinstance(warmup_epochs, int) or warmup_epochs < 0:
+            raise ConfigError(f"warmup_epochs must be an integer >= 0 (got {warmup_epochs!r})")
+        self.initial_lr = float(initial_lr)
+        self.warmup_epochs = warmup_epochs
+        self.verbose = verbose
+        self._epoch = 0
+
+    def _set(self, lr):
+        try:
+            self.model.optimizer.learning_rate = lr
+        except TypeError as e:
+            raise ConfigError(f"LearningRateWarmup needs a constant learning rate, not a schedule ({e})") from e
+
+    def target(self, epoch, batch, steps):
+        """The learning rate at ``batch`` of ``epoch`` (``steps`` batches per epoch)."""
+        size = communicator().size
+        if epoch >= self.warmup_epochs:
+            return self.initial_lr * size
+        progress = (epoch + batch / max(1, steps)) / self.warmup_epochs
+        return self.initial_lr * (1 + (size - 1) * progress)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._set(self.target(epoch, 0, 1))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._epoch < self.warmup_epochs:
+            self._set(self.target(self._epoch, batch, self.params.get("steps") or 1))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.verbose and communicator().is_rank0:
+            _log.info("epoch %d: learning rate %.6g", epoch + 1, float(self.model.optimizer.learning_rate))
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """Rank-0 checkpoints at the end of every ``every`` epochs (atomic, the newest ``keep`` kept).
+
+        ckpt = Checkpoint("checkpoints/run1", model)      # after model.compile
+        model.fit(..., initial_epoch=ckpt.restore(), callbacks=[..., ckpt])
+
+    ``restore()`` loads the newest good checkpoint on every rank (weights, optimizer variables) and
+    returns the epoch to continue from (0 on a fresh start).
+    Collective: every rank creates it, calls ``restore`` and has it in ``fit``.
+    """
+
+    def __init__(self, directory, model=None, keep=3, every=1):
+        super().__init__()
+        if not isinstance(every, int) or every < 1:
+            raise ConfigError(f"every must be an integer >= 1 (got {every!r})")
+        self.directory = directory
+        self.keep = keep
+        self.every = every
+        self._bound_model = model
+        self._ckpt = None
+        self.resumed = None
+
+    def _checkpointer(self):
+        model = self._bound_model or self.model
+        if self._ckpt is None or self._ckpt.model is not model:
+            self._ckpt = Checkpointer(self.directory, model, _built_optimizer(model), keep=self.keep)
+        return self._ckpt
+
+    def restore(self):
+        """The epoch to pass as ``initial_epoch``: the restored checkpoint's, or 0."""
+        self.resumed = self._checkpointer().restore()
+        return self.resumed.epoch if self.resumed else 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every == 0:
+            opt = self.model.optimizer
+            self._checkpointer().save(step=int(opt.iterations) if opt is not None else 0, epoch=epoch + 1)

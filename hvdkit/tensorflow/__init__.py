@@ -1,0 +1,50 @@
+"""hvdkit for TensorFlow: custom training loops over ``horovod.tensorflow``.
+
+    import hvdkit.tensorflow as htf
+    htf.init()
+    with tf.GradientTape() as tape:
+        loss = loss_fn(model(x), y)
+    grads = htf.DistributedGradientTape(tape, compression="fp16").gradient(loss, model.trainable_variables)
+
+Keras ``fit`` users: ``hvdkit.keras``. Importing this module loads TensorFlow and Horovod.
+"""
+
+from ._engine import horovod_tf
+
+horovod_tf()  # fail here, loudly, when TensorFlow or Horovod's TensorFlow support is missing
+
+from ..core.metrics import MetricTracker  # noqa: E402, F401
+from ..core.metrics import average_metrics as _average  # noqa: E402
+from .checkpoint import Checkpointer, Resumed  # noqa: E402
+from .data import shard  # noqa: E402
+from .gradients import DistributedGradientTape, allreduce_gradients  # noqa: E402
+from .runtime import communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
+from .variables import broadcast_variables  # noqa: E402
+
+
+def average_metrics(metrics, name="hvdkit.metrics"):
+    """Sample-weighted job-wide means of a MetricTracker (or ``{metric: (sum, count)}``).
+
+    Collective: every rank calls it with the same metric names.
+    """
+    return _average(metrics, communicator(), name=name)
+
+
+__all__ = [
+    "Checkpointer",
+    "DistributedGradientTape",
+    "MetricTracker",
+    "Resumed",
+    "allreduce_gradients",
+    "average_metrics",
+    "broadcast_variables",
+    "communicator",
+    "init",
+    "is_rank0",
+    "local_rank",
+    "local_size",
+    "rank",
+    "shard",
+    "size",
+    "topology",
+]
