@@ -22,7 +22,7 @@ test-unit: setup
 	$(PY) -m pytest -x -q tests/unit
 
 test-dist: setup
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/dist tests/e2e
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/distributed tests/e2e
 
 doctor: setup
 	$(BIN)/hvdkit doctor

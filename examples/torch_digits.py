@@ -9,44 +9,26 @@ metrics, a rank-0 checkpoint every epoch and automatic resume from the newest on
 downloaded. Ends with one JSON line on rank 0.
 """
 
-import argparse
-import json
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
+from digits_common import load_split, parse_args, result_line
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
-from hvdkit.core import COMPRESSIONS, HvdkitError, MetricTracker, Progress, get_logger
+from hvdkit.core import HvdkitError, MetricTracker, Progress, get_logger
 
 log = get_logger("examples.torch_digits")
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=12, help="total epochs (a resumed run continues to this)")
-    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compression", default="fp16", help=f"gradient compression: {' or '.join(COMPRESSIONS)}")
-    p.add_argument("--checkpoint-dir", default="checkpoints/torch_digits", help="where rank 0 keeps checkpoints")
-    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
-    return p.parse_args(argv)
-
-
 def datasets(seed):
-    """80/20 split of the 1,797 digits, features scaled to [0, 1]; the same on every rank."""
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y, dtype=torch.int64)
-    order = torch.from_numpy(np.random.RandomState(seed).permutation(len(x)))
-    cut = int(0.8 * len(x))
-    train, val = order[:cut], order[cut:]
-    return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
+    x_train, y_train, x_val, y_val = load_split(seed)
+    return (
+        TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)),
+        TensorDataset(torch.from_numpy(x_val), torch.from_numpy(y_val)),
+    )
 
 
 def build_model():
@@ -117,20 +99,11 @@ def train(args):
 
     final = evaluate(model, val_loader)
     if topo.is_rank0:
-        result = {
-            "world_size": topo.size,
-            "epochs": args.epochs,
-            "resumed_from_epoch": start_epoch,
-            "steps": step,
-            "val_accuracy": round(final["val_accuracy"], 6),
-            "val_loss": round(final["val_loss"], 6),
-            "compression": args.compression,
-        }
-        print(json.dumps(result), flush=True)
+        print(result_line(topo.size, args, start_epoch, step, final["val_accuracy"], final["val_loss"]), flush=True)
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = parse_args(__doc__.splitlines()[0], "checkpoints/torch_digits", argv)
     try:
         train(args)
     except HvdkitError as e:

@@ -1,5 +1,6 @@
 """Helpers for tests: run real ranks under mpirun or horovodrun, bounded in time."""
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
 LAUNCHERS = ("mpirun", "horovodrun-gloo")
+HVDKIT = str(BIN / "hvdkit")
 
 
 def launcher_argv(launcher, np_):
@@ -57,3 +59,14 @@ def run_bounded(argv, timeout, env=None, cwd=None):
 
 def run_ranks(launcher, np_, script_args, timeout=300, env=None):
     return run_bounded(launcher_argv(launcher, np_) + [PYTHON, *script_args], timeout, env=env)
+
+
+def hvdkit_run(*args, timeout=300):
+    return run_bounded([HVDKIT, "run", *args], timeout)
+
+
+def result_line(stdout):
+    """The example's final JSON line (printed by rank 0, tagged by the launcher)."""
+    lines = [line.split("] ", 1)[1] for line in stdout.splitlines() if line.startswith("[rank 0] {")]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0])

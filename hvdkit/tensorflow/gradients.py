@@ -10,6 +10,7 @@ from ._engine import horovod_tf
 __all__ = ["allreduce_gradients", "DistributedGradientTape"]
 
 
+@tf.autograph.experimental.do_not_convert  # plain Python, no tensor-dependent control flow
 def allreduce_gradients(grads, compression="none", name="hvdkit.grads"):
     """The mean over ranks of every gradient in ``grads`` (None entries stay None).
 

@@ -1,28 +1,15 @@
 """End to end: real jobs started through `hvdkit run`, checked by exit code, output and files."""
 
-import json
 import os
 import shutil
 
 import pytest
 
-from helpers import BIN, PYTHON, ROOT, run_bounded
+from helpers import HVDKIT, PYTHON, hvdkit_run, result_line, run_bounded
 
 pytestmark = pytest.mark.dist
-HVDKIT = str(BIN / "hvdkit")
 EXAMPLE = "examples/torch_digits.py"
 BEHAVE = "tests/e2e/scripts/rank_behaviour.py"
-
-
-def hvdkit_run(*args, timeout=300):
-    return run_bounded([HVDKIT, "run", *args], timeout)
-
-
-def result_line(stdout):
-    """The example's final JSON line (printed by rank 0, tagged by the launcher)."""
-    lines = [line.split("] ", 1)[1] for line in stdout.splitlines() if line.startswith("[rank 0] {")]
-    assert len(lines) == 1, stdout
-    return json.loads(lines[0])
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,53 @@
+"""What the digits examples share: the data split and the command-line flags.
+
+scikit-learn ships the 1,797 8x8 digit images, so nothing is downloaded. Every rank builds the
+same 80/20 split from the seed, then takes its shard.
+"""
+
+import argparse
+
+import numpy as np
+from sklearn.datasets import load_digits
+
+COMPRESSIONS = ("none", "fp16")
+
+
+def load_split(seed):
+    """``(x_train, y_train, x_val, y_val)``: float32 features in [0, 1], int64 labels."""
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    y = y.astype(np.int64)
+    order = np.random.RandomState(seed).permutation(len(x))
+    cut = int(0.8 * len(x))
+    train, val = order[:cut], order[cut:]
+    return x[train], y[train], x[val], y[val]
+
+
+def parse_args(description, default_checkpoint_dir, argv=None):
+    """The flags every digits example takes."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--epochs", type=int, default=12, help="total epochs (a resumed run continues to this)")
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compression", default="fp16", help=f"gradient compression: {' or '.join(COMPRESSIONS)}")
+    p.add_argument("--checkpoint-dir", default=default_checkpoint_dir, help="where rank 0 keeps checkpoints")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    return p.parse_args(argv)
+
+
+def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss):
+    """The one JSON line every example prints on rank 0 at the end."""
+    import json
+
+    return json.dumps(
+        {
+            "world_size": world_size,
+            "epochs": args.epochs,
+            "resumed_from_epoch": start_epoch,
+            "steps": steps,
+            "val_accuracy": round(float(val_accuracy), 6),
+            "val_loss": round(float(val_loss), 6),
+            "compression": args.compression,
+        }
+    )

@@ -1,0 +1,47 @@
+"""End to end: the TensorFlow/Keras examples as users start them, through `hvdkit run`."""
+
+import os
+
+import pytest
+
+from helpers import PYTHON, hvdkit_run, result_line
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture(scope="module")
+def keras_run(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("keras") / "ckpt"
+    proc = hvdkit_run("-np", "2", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(ckpt))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+    return {"ckpt": ckpt, "result": result_line(proc.stdout), "stderr": proc.stderr}
+
+
+def test_keras_fit_example_reaches_95_percent_on_two_ranks(keras_run):
+    r = keras_run["result"]
+    assert (r["world_size"], r["epochs"], r["resumed_from_epoch"], r["steps"]) == (2, 12, 0, 12 * 23)
+    assert r["val_accuracy"] >= 0.95
+    assert "[rank 0/2] hvdkit.examples.keras_digits: epoch 12/12" in keras_run["stderr"]
+
+
+def test_keras_fit_example_resumes_from_its_last_checkpoint(keras_run):
+    assert sorted(os.listdir(keras_run["ckpt"]))[-1] == "ckpt-000000000276"
+    proc = hvdkit_run("-np", "2", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(keras_run["ckpt"]))
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    again = result_line(proc.stdout)
+    assert again["resumed_from_epoch"] == 12 and again["steps"] == 276
+    assert (again["val_accuracy"], again["val_loss"]) == (keras_run["result"]["val_accuracy"], keras_run["result"]["val_loss"])
+
+
+def test_tf_custom_loop_example_reaches_95_percent_on_two_ranks(tmp_path):
+    proc = hvdkit_run("-np", "2", "--", PYTHON, "examples/tf_custom_loop.py", "--checkpoint-dir", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+    r = result_line(proc.stdout)
+    assert (r["world_size"], r["steps"]) == (2, 276)
+    assert r["val_accuracy"] >= 0.95
+
+
+def test_keras_example_over_gloo_reaches_the_same_bar(tmp_path):
+    proc = hvdkit_run("-np", "2", "--gloo", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+    assert result_line(proc.stdout)["val_accuracy"] >= 0.95

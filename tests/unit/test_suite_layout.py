@@ -1,0 +1,19 @@
+import subprocess
+import sys
+
+from helpers import ROOT
+
+
+def test_pytest_collects_the_distributed_and_end_to_end_suites():
+    # pytest skips folders named "dist" or "build" by default: a renamed folder must not vanish silently.
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    files = {line.split("::")[0] for line in out.splitlines() if "::" in line}
+    for expected in (
+        "tests/distributed/test_torch_contracts.py",
+        "tests/distributed/test_keras_contracts.py",
+        "tests/e2e/test_hvdkit_run.py",
+        "tests/e2e/test_tf_examples.py",
+    ):
+        assert expected in files
