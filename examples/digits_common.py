@@ -51,3 +51,17 @@ def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss):
             "compression": args.compression,
         }
     )
+
+
+def log_epoch(log, epoch, epochs, metrics, seconds=None):
+    """One progress line per epoch (call it on rank 0)."""
+    took = f" ({seconds:.2f} s)" if seconds is not None else ""
+    log.info(
+        "epoch %d/%d: loss %.4f val_loss %.4f val_accuracy %.4f%s",
+        epoch + 1,
+        epochs,
+        metrics["loss"],
+        metrics["val_loss"],
+        metrics["val_accuracy"],
+        took,
+    )

@@ -12,7 +12,7 @@ import sys
 
 import keras
 import tensorflow as tf
-from digits_common import load_split, parse_args, result_line
+from digits_common import load_split, log_epoch, parse_args, result_line
 
 import hvdkit.keras as hk
 from hvdkit.core import HvdkitError, get_logger
@@ -50,15 +50,7 @@ def train(args):
     ckpt = hk.Checkpoint(args.checkpoint_dir, model, keep=args.keep)
     start_epoch = ckpt.restore()
     report = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: topo.is_rank0
-        and log.info(
-            "epoch %d/%d: loss %.4f val_loss %.4f val_accuracy %.4f",
-            epoch + 1,
-            args.epochs,
-            logs["loss"],
-            logs["val_loss"],
-            logs["val_accuracy"],
-        )
+        on_epoch_end=lambda epoch, logs: topo.is_rank0 and log_epoch(log, epoch, args.epochs, logs)
     )
     model.fit(
         train_ds,

@@ -12,7 +12,7 @@ import time
 
 import keras
 import tensorflow as tf
-from digits_common import load_split, parse_args, result_line
+from digits_common import load_split, log_epoch, parse_args, result_line
 
 import hvdkit.tensorflow as htf
 from hvdkit.core import HvdkitError, MetricTracker, Progress, get_logger
@@ -83,15 +83,7 @@ def train(args):
         metrics = {**htf.average_metrics(tracker), **evaluate(model, val_ds, per_sample)}
         ckpt.save(step=int(optimizer.iterations), epoch=epoch + 1)
         if topo.is_rank0:
-            log.info(
-                "epoch %d/%d: loss %.4f val_loss %.4f val_accuracy %.4f (%.2f s)",
-                epoch + 1,
-                args.epochs,
-                metrics["loss"],
-                metrics["val_loss"],
-                metrics["val_accuracy"],
-                time.perf_counter() - t0,
-            )
+            log_epoch(log, epoch, args.epochs, metrics, time.perf_counter() - t0)
 
     final = evaluate(model, val_ds, per_sample)
     if topo.is_rank0:

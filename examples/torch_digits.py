@@ -14,7 +14,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from digits_common import load_split, parse_args, result_line
+from digits_common import load_split, log_epoch, parse_args, result_line
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
@@ -87,15 +87,7 @@ def train(args):
         metrics = {**hk.average_metrics(tracker), **evaluate(model, val_loader)}
         ckpt.save(step, epoch + 1)
         if topo.is_rank0:
-            log.info(
-                "epoch %d/%d: loss %.4f val_loss %.4f val_accuracy %.4f (%.2f s)",
-                epoch + 1,
-                args.epochs,
-                metrics["loss"],
-                metrics["val_loss"],
-                metrics["val_accuracy"],
-                time.perf_counter() - t0,
-            )
+            log_epoch(log, epoch, args.epochs, metrics, time.perf_counter() - t0)
 
     final = evaluate(model, val_loader)
     if topo.is_rank0:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from .errors import CheckpointError, ConfigError
 from .log import get_logger
 
-__all__ = ["CheckpointStore", "CheckpointInfo", "MANIFEST"]
+__all__ = ["CheckpointStore", "CheckpointInfo", "Resumed", "MANIFEST"]
 
 MANIFEST = "manifest.json"
 _PREFIX = "ckpt-"
@@ -45,6 +45,17 @@ class CheckpointInfo:
     epoch: int
     world_size: int
     manifest: dict
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a framework adapter's ``restore()`` brought back (``epoch``: epochs completed)."""
+
+    step: int
+    epoch: int
+    extra: object
+    path: str
+    world_size: int
 
 
 def _fsync_path(path, directory=False):

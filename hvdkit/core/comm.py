@@ -7,7 +7,7 @@ for single-process use and tests.
 import abc
 import copy
 
-__all__ = ["Communicator", "LocalCommunicator"]
+__all__ = ["Communicator", "LocalCommunicator", "HorovodCommunicatorBase"]
 
 
 class Communicator(abc.ABC):
@@ -63,3 +63,31 @@ class LocalCommunicator(Communicator):
 
     def barrier(self):
         pass
+
+
+class HorovodCommunicatorBase(Communicator):
+    """Collectives over a Horovod framework module (MPI or Gloo, whichever the job started with).
+
+    ``horovod.torch`` and ``horovod.tensorflow`` share the object collectives; a subclass only
+    says how to sum numbers with its framework's tensors (``allreduce_sum``).
+    """
+
+    def __init__(self, hvd):
+        self._hvd = hvd
+
+    @property
+    def rank(self):
+        return self._hvd.rank()
+
+    @property
+    def size(self):
+        return self._hvd.size()
+
+    def broadcast_object(self, obj, name, root=0):
+        return self._hvd.broadcast_object(obj, root_rank=root, name=name)
+
+    def allgather_object(self, obj, name):
+        return self._hvd.allgather_object(obj, name=name)
+
+    def barrier(self):
+        self._hvd.barrier()

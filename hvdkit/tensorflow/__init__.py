@@ -14,20 +14,11 @@ from ._engine import horovod_tf
 horovod_tf()  # fail here, loudly, when TensorFlow or Horovod's TensorFlow support is missing
 
 from ..core.metrics import MetricTracker  # noqa: E402, F401
-from ..core.metrics import average_metrics as _average  # noqa: E402
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import shard  # noqa: E402
 from .gradients import DistributedGradientTape, allreduce_gradients  # noqa: E402
-from .runtime import communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
+from .runtime import average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
 from .variables import broadcast_variables  # noqa: E402
-
-
-def average_metrics(metrics, name="hvdkit.metrics"):
-    """Sample-weighted job-wide means of a MetricTracker (or ``{metric: (sum, count)}``).
-
-    Collective: every rank calls it with the same metric names.
-    """
-    return _average(metrics, communicator(), name=name)
 
 
 __all__ = [

@@ -2,11 +2,10 @@
 
 import io
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.checkpoint import CheckpointStore
+from ..core.checkpoint import CheckpointStore, Resumed
 from ..core.errors import CheckpointError
 from ..core.log import get_logger
 from .runtime import communicator
@@ -15,17 +14,6 @@ __all__ = ["Checkpointer", "Resumed"]
 
 STATE_FILE = "state.npz"
 _log = get_logger("checkpoint")
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """What ``Checkpointer.restore`` brought back."""
-
-    step: int
-    epoch: int
-    extra: object
-    path: str
-    world_size: int
 
 
 def _values(variables):

@@ -1,36 +1,19 @@
-"""The core's communicator interface over horovod.tensorflow."""
+"""The core's communicator interface over horovod.tensorflow (eager mode)."""
 
 import tensorflow as tf
 
-from ..core.comm import Communicator
+from ..core.comm import HorovodCommunicatorBase
 from ._engine import horovod_tf
 
 __all__ = ["HorovodCommunicator"]
 
 
-class HorovodCommunicator(Communicator):
-    """Collectives over Horovod (MPI or Gloo, whichever the job was started with). Eager mode."""
+class HorovodCommunicator(HorovodCommunicatorBase):
+    """Collectives over ``horovod.tensorflow``."""
 
     def __init__(self):
-        self._hvd = horovod_tf()
-
-    @property
-    def rank(self):
-        return self._hvd.rank()
-
-    @property
-    def size(self):
-        return self._hvd.size()
+        super().__init__(horovod_tf())
 
     def allreduce_sum(self, values, name):
         tensor = tf.constant([float(v) for v in values], dtype=tf.float64)
         return self._hvd.allreduce(tensor, op=self._hvd.Sum, name=name).numpy().tolist()
-
-    def broadcast_object(self, obj, name, root=0):
-        return self._hvd.broadcast_object(obj, root_rank=root, name=name)
-
-    def allgather_object(self, obj, name):
-        return self._hvd.allgather_object(obj, name=name)
-
-    def barrier(self):
-        self._hvd.barrier()

@@ -6,43 +6,20 @@ import tensorflow as tf
 
 from ..core import env as _env
 from ..core import log as _log
-from ..core.topology import Topology
+from ..core.runtime import Runtime
 from ._engine import horovod_tf
 from .comm import HorovodCommunicator
 
 __all__ = ["init", "topology", "communicator", "rank", "size", "local_rank", "local_size", "is_rank0"]
 
-_state = {"comm": None}
 _logger = _log.get_logger("tensorflow")
 
 
-def init(threads=None):
-    """Start Horovod (once) and return this process's Topology.
+def _on_start(topo, hvd, threads):
+    """TensorFlow's intra-op threads per rank = cores / local size (if TensorFlow has not started yet).
 
-    Also sets hvdkit's rank-prefixed logging and TensorFlow's intra-op threads per rank to
-    cores / local size (when TensorFlow has not started yet), so ranks sharing a host do not
-    oversubscribe it.
-    Collective: every rank calls it.
-    Env: HVDKIT_NUM_THREADS, OMP_NUM_THREADS (either overrides the thread default), HVDKIT_LOG_LEVEL.
+    Env: HVDKIT_NUM_THREADS or OMP_NUM_THREADS override the default.
     """
-    hvd = horovod_tf()
-    first = _state["comm"] is None
-    if first:
-        hvd.init()
-    topo = topology()
-    _log.set_topology(topo)
-    _log.configure()
-    if first:
-        _set_threads(threads, topo)
-        _state["comm"] = HorovodCommunicator()
-        if topo.is_rank0:
-            _logger.info(
-                "%d rank(s) over %s; TensorFlow %s", topo.size, "MPI" if hvd.mpi_enabled() else "Gloo", tf.__version__
-            )
-    return topo
-
-
-def _set_threads(threads, topo):
     explicit = threads or os.environ.get(_env.NUM_THREADS) or os.environ.get("OMP_NUM_THREADS")
     n = int(explicit) if explicit else max(1, len(os.sched_getaffinity(0)) // topo.local_size)
     try:
@@ -50,36 +27,18 @@ def _set_threads(threads, topo):
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, n)))
     except RuntimeError:  # TensorFlow already started: its own thread settings stay
         pass
+    if topo.is_rank0:
+        controller = "MPI" if hvd.mpi_enabled() else "Gloo"
+        _logger.info("%d rank(s) over %s; TensorFlow %s", topo.size, controller, tf.__version__)
 
 
-def topology():
-    """This process's Topology (needs ``init()``)."""
-    hvd = horovod_tf()
-    return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
-
-
-def communicator():
-    """The core communicator for this job (calls ``init()`` if needed)."""
-    if _state["comm"] is None:
-        init()
-    return _state["comm"]
-
-
-def rank():
-    return horovod_tf().rank()
-
-
-def size():
-    return horovod_tf().size()
-
-
-def local_rank():
-    return horovod_tf().local_rank()
-
-
-def local_size():
-    return horovod_tf().local_size()
-
-
-def is_rank0():
-    return rank() == 0
+_runtime = Runtime(horovod_tf, HorovodCommunicator, _on_start)
+init = _runtime.init
+topology = _runtime.topology
+communicator = _runtime.communicator
+average_metrics = _runtime.average_metrics
+rank = _runtime.rank
+size = _runtime.size
+local_rank = _runtime.local_rank
+local_size = _runtime.local_size
+is_rank0 = _runtime.is_rank0

@@ -14,20 +14,11 @@ from ._engine import horovod_torch
 horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is missing
 
 from ..core.metrics import MetricTracker  # noqa: E402, F401
-from ..core.metrics import average_metrics as _average  # noqa: E402
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, eval_loader, train_loader, train_sampler  # noqa: E402
 from .optim import DistributedOptimizer, autocast  # noqa: E402
-from .runtime import communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
+from .runtime import average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
 from .state import broadcast_state  # noqa: E402
-
-
-def average_metrics(metrics, name="hvdkit.metrics"):
-    """Sample-weighted job-wide means of a MetricTracker (or ``{metric: (sum, count)}``).
-
-    Collective: every rank calls it with the same metric names.
-    """
-    return _average(metrics, communicator(), name=name)
 
 
 __all__ = [

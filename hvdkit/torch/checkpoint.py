@@ -2,12 +2,11 @@
 
 import os
 import random
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..core.checkpoint import CheckpointStore
+from ..core.checkpoint import CheckpointStore, Resumed
 from ..core.errors import CheckpointError
 from ..core.log import get_logger
 from .runtime import communicator
@@ -16,17 +15,6 @@ __all__ = ["Checkpointer", "Resumed"]
 
 STATE_FILE = "state.pt"
 _log = get_logger("checkpoint")
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """What ``Checkpointer.restore`` brought back."""
-
-    step: int
-    epoch: int
-    extra: object
-    path: str
-    world_size: int
 
 
 def _rng_state():

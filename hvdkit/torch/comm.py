@@ -2,35 +2,18 @@
 
 import torch
 
-from ..core.comm import Communicator
+from ..core.comm import HorovodCommunicatorBase
 from ._engine import horovod_torch
 
 __all__ = ["HorovodCommunicator"]
 
 
-class HorovodCommunicator(Communicator):
-    """Collectives over Horovod (MPI or Gloo, whichever the job was started with)."""
+class HorovodCommunicator(HorovodCommunicatorBase):
+    """Collectives over ``horovod.torch``."""
 
     def __init__(self):
-        self._hvd = horovod_torch()
-
-    @property
-    def rank(self):
-        return self._hvd.rank()
-
-    @property
-    def size(self):
-        return self._hvd.size()
+        super().__init__(horovod_torch())
 
     def allreduce_sum(self, values, name):
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
         return self._hvd.allreduce(tensor, op=self._hvd.Sum, name=name).tolist()
-
-    def broadcast_object(self, obj, name, root=0):
-        return self._hvd.broadcast_object(obj, root_rank=root, name=name)
-
-    def allgather_object(self, obj, name):
-        return self._hvd.allgather_object(obj, name=name)
-
-    def barrier(self):
-        self._hvd.barrier()

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import hvdkit.keras as hk
 import hvdkit.tensorflow as htf
+from recording import error_of
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError
 
 STEPS = 4
@@ -189,35 +190,21 @@ def section_checkpoint_and_warmup(rank, size, out_dir):
                 "iterations": int(model2.optimizer.iterations)}
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     other.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    try:
-        hk.Checkpoint(ckpt_dir, other).restore()
-        wrong_model_error = None
-    except CheckpointError as e:
-        wrong_model_error = str(e)
+    wrong_model_error = error_of(lambda: hk.Checkpoint(ckpt_dir, other).restore(), CheckpointError)
     listing = sorted(os.listdir(ckpt_dir)) if os.path.exists(ckpt_dir) else None
     return {"first_restore": first, "resumed_epoch": resumed_epoch, "saved": saved, "restored": restored,
             "lrs": lrs, "listing": listing, "wrong_model_error": wrong_model_error}
 
 
 def section_bad_input(rank):
-    out = {}
-    for key, call in {
-        "not_optimizer": lambda: hk.DistributedOptimizer("adam"),
-        "compression": lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="int8"),
-        "tape_compression": lambda: htf.DistributedGradientTape(tf.GradientTape(), compression="bf16"),
-    }.items():
-        try:
-            call()
-            out[key] = None
-        except ConfigError as e:
-            out[key] = str(e)
+    out = {
+        "not_optimizer": error_of(lambda: hk.DistributedOptimizer("adam"), ConfigError),
+        "compression": error_of(lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="int8"), ConfigError),
+        "tape_compression": error_of(lambda: htf.DistributedGradientTape(tf.GradientTape(), compression="bf16"), ConfigError),
+    }
     # a variable list that differs across ranks: rank 1 has one variable more
     variables = [tf.Variable(np.zeros((2, 2), "float32"))] + ([tf.Variable(np.zeros(3, "float32"))] if rank == 1 else [])
-    try:
-        hk.broadcast_variables(variables)
-        out["variables"] = None
-    except CollectiveError as e:
-        out["variables"] = str(e)
+    out["variables"] = error_of(lambda: hk.broadcast_variables(variables), CollectiveError)
     return out
 
 

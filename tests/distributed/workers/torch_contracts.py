@@ -14,6 +14,7 @@ import sys
 import torch
 
 import hvdkit.torch as hk
+from recording import error_of
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError, MetricTracker
 
 STEPS = 5
@@ -102,11 +103,7 @@ def section_metrics(rank, size):
     out = {"averaged": hk.average_metrics(t), "local": t.local()}
     bad = MetricTracker(["acc" if rank == 1 else "accuracy"])
     bad.update("acc" if rank == 1 else "accuracy", 1.0)
-    try:
-        hk.average_metrics(bad)
-        out["mismatch_error"] = None
-    except CollectiveError as e:
-        out["mismatch_error"] = str(e)
+    out["mismatch_error"] = error_of(lambda: hk.average_metrics(bad), CollectiveError)
     return out
 
 
@@ -157,11 +154,7 @@ def section_checkpoint(rank, size, out_dir):
     }
     # A checkpoint of a different model: clear error on every rank, checkpoint untouched.
     other = torch.nn.Linear(3, 3)
-    try:
-        hk.Checkpointer(ckpt_dir, other).restore()
-        wrong_model_error = None
-    except CheckpointError as e:
-        wrong_model_error = str(e)
+    wrong_model_error = error_of(lambda: hk.Checkpointer(ckpt_dir, other).restore(), CheckpointError)
     listing = sorted(os.listdir(ckpt_dir)) if os.path.exists(ckpt_dir) else None
     return {"saved": saved, "restored": restored, "listing": listing, "wrong_model_error": wrong_model_error}
 
@@ -172,23 +165,12 @@ def section_bad_input(out_dir):
         with open(blocker, "w") as f:
             f.write("x")
     hk.communicator().barrier()
-    out = {}
-    try:
-        hk.Checkpointer(os.path.join(blocker, "ckpt"), torch.nn.Linear(2, 2))
-        out["unwritable"] = None
-    except CheckpointError as e:
-        out["unwritable"] = str(e)
-    try:
-        hk.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), compression="int8")
-        out["compression"] = None
-    except ConfigError as e:
-        out["compression"] = str(e)
-    try:
-        hk.DistributedOptimizer("sgd")
-        out["not_optimizer"] = None
-    except ConfigError as e:
-        out["not_optimizer"] = str(e)
-    return out
+    sgd = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    return {
+        "unwritable": error_of(lambda: hk.Checkpointer(os.path.join(blocker, "ckpt"), torch.nn.Linear(2, 2)), CheckpointError),
+        "compression": error_of(lambda: hk.DistributedOptimizer(sgd, compression="int8"), ConfigError),
+        "not_optimizer": error_of(lambda: hk.DistributedOptimizer("sgd"), ConfigError),
+    }
 
 
 def main(out_dir):

@@ -1,0 +1,76 @@
+"""Process-wide state shared by the framework adapters: the started engine, topology, communicator.
+
+The core never imports Horovod: an adapter hands in a function that returns its Horovod module
+(``horovod.torch`` or ``horovod.tensorflow``, which share ``init/rank/size/local_rank/local_size``)
+and a communicator class over it.
+"""
+
+from . import log as _log
+from .metrics import average_metrics as _average_metrics
+from .topology import Topology
+
+__all__ = ["Runtime"]
+
+
+class Runtime:
+    """One adapter's view of the job: ``init``, ``topology``, ``rank``, ``size``, ``communicator``.
+
+    ``on_start(topology, hvd, threads)`` runs once, after Horovod has started (thread settings,
+    the start-up log line).
+    """
+
+    def __init__(self, engine, make_comm, on_start):
+        self._engine = engine
+        self._make_comm = make_comm
+        self._on_start = on_start
+        self._comm = None
+
+    def init(self, threads=None):
+        """Start Horovod (once) and return this process's Topology.
+
+        Also sets hvdkit's rank-prefixed logging. Collective: every rank calls it.
+        """
+        hvd = self._engine()
+        first = self._comm is None
+        if first and not (hasattr(hvd, "is_initialized") and hvd.is_initialized()):
+            hvd.init()
+        topo = self.topology()
+        _log.set_topology(topo)
+        _log.configure()
+        if first:
+            self._on_start(topo, hvd, threads)
+            self._comm = self._make_comm()
+        return topo
+
+    def topology(self):
+        """This process's Topology (needs ``init()``)."""
+        hvd = self._engine()
+        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+
+    def communicator(self):
+        """The core communicator for this job (calls ``init()`` if needed)."""
+        if self._comm is None:
+            self.init()
+        return self._comm
+
+    def average_metrics(self, metrics, name="hvdkit.metrics"):
+        """Sample-weighted job-wide means of a MetricTracker (or ``{metric: (sum, count)}``).
+
+        Collective: every rank calls it with the same metric names.
+        """
+        return _average_metrics(metrics, self.communicator(), name=name)
+
+    def rank(self):
+        return self._engine().rank()
+
+    def size(self):
+        return self._engine().size()
+
+    def local_rank(self):
+        return self._engine().local_rank()
+
+    def local_size(self):
+        return self._engine().local_size()
+
+    def is_rank0(self):
+        return self.rank() == 0
