@@ -75,7 +75,7 @@ def test_backward_passes_per_step_matches_one_process_with_the_whole_batch(ranks
     assert ranks["r"][0]["accumulation"]["max_diff_vs_reference"] <= 1e-6
 
 
-@pytest.mark.parametrize("variant", ["tape_eager", "tape_function", "optimizer_function"])
+@pytest.mark.parametrize("variant", ["tape_eager", "tape_function", "optimizer_eager", "optimizer_function"])
 def test_custom_loops_match_the_reference_and_stay_identical(ranks, variant):
     d0, d1 = both(ranks, "custom_loop", variant, "digest")
     assert d0 == d1

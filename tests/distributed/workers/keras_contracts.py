@@ -115,6 +115,7 @@ def section_custom_loop(rank, size):
         ("tape_function", "none", True, False),
         ("tape_fp16_eager", "fp16", False, False),
         ("tape_fp16_function", "fp16", True, False),
+        ("optimizer_eager", "none", False, True),
         ("optimizer_function", "none", True, True),
     ]:
         model = clone(init)
