@@ -7,7 +7,7 @@ BIN    := $(abspath $(VENV))/bin
 # A whole test phase is bounded, so a hung rank fails the run instead of stalling it.
 TEST_TIMEOUT ?= 2400
 
-.PHONY: setup demo test test-unit test-dist doctor clean
+.PHONY: setup demo test test-unit test-dist doctor render clean
 
 setup:
 	bash scripts/setup.sh
@@ -26,6 +26,10 @@ test-dist: setup
 
 doctor: setup
 	$(BIN)/hvdkit doctor
+
+# Rewrite the example cluster files in launch/ from hvdkit.launch.render (a unit test keeps them in sync).
+render:
+	$(PY) -m hvdkit.launch.render launch
 
 clean:
 	rm -rf $(VENV) checkpoints build *.egg-info

@@ -6,9 +6,13 @@ import sys
 from dataclasses import dataclass
 
 from ..core import env as _env
+from .hosts import format_hosts, is_local
 from .spec import JobSpec
 
-__all__ = ["Plan", "build", "find_tool"]
+__all__ = ["Plan", "build", "find_tool", "FORWARDED"]
+
+# The launcher's own values of these reach ranks on other hosts (mpirun -x NAME), when set.
+FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,10 @@ def build(spec: JobSpec, *, is_root, cores, python=None, status_dir=None, progre
 
     Each rank runs ``python -m hvdkit.launch.rankwrap -- COMMAND``: the wrapper records how the
     rank ended in ``status_dir`` so the launcher can name the rank that failed first.
-    ``is_root`` adds mpirun's ``--allow-run-as-root``; ``num_proc > cores`` adds ``--oversubscribe``.
+    ``is_root`` adds mpirun's ``--allow-run-as-root``. Without hosts the ranks run here
+    (``localhost:N``) and ``num_proc > cores`` adds ``--oversubscribe``; with hosts they become
+    ``-H a:2,b:2``, and mpirun exports PATH, LD_LIBRARY_PATH and PYTHONPATH (those set in
+    ``base_env``) when any host is not localhost.
     ``progress`` (True/False/None) sets HVDKIT_PROGRESS for the ranks unless the user set it.
     """
     python = python or sys.executable
@@ -49,16 +56,21 @@ def build(spec: JobSpec, *, is_root, cores, python=None, status_dir=None, progre
     wrapped = (python, "-m", "hvdkit.launch.rankwrap", "--", *spec.command) if status_dir else spec.command
     n = str(spec.num_proc)
     if spec.controller == "gloo":
-        argv = (find_tool("horovodrun", python), "-np", n, "-H", f"localhost:{n}", "--gloo", *wrapped)
-    else:
-        argv = [find_tool("mpirun", python), "-np", n]
-        if is_root:
-            argv.append("--allow-run-as-root")
-        if spec.num_proc > cores:
-            argv.append("--oversubscribe")
-        argv += ["--bind-to", "none", "--map-by", "slot", "--tag-output"]
-        for name in sorted(env):
-            argv += ["-x", name]
-        argv += [*spec.mpi_args, *wrapped]
-        argv = tuple(argv)
-    return Plan(argv=argv, env=env)
+        hosts = format_hosts(spec.hosts) if spec.hosts else f"localhost:{n}"
+        argv = (find_tool("horovodrun", python), "-np", n, "-H", hosts, "--gloo", *wrapped)
+        return Plan(argv=argv, env=env)
+    argv = [find_tool("mpirun", python), "-np", n]
+    if spec.hosts:
+        argv += ["-H", format_hosts(spec.hosts)]
+    if is_root:
+        argv.append("--allow-run-as-root")
+    if not spec.hosts and spec.num_proc > cores:  # given hosts state their slots; no need
+        argv.append("--oversubscribe")
+    argv += ["--bind-to", "none", "--map-by", "slot", "--tag-output"]
+    exported = set(env)
+    if not is_local(spec.hosts):
+        exported.update(name for name in FORWARDED if name in base_env)
+    for name in sorted(exported):
+        argv += ["-x", name]
+    argv += [*spec.mpi_args, *wrapped]
+    return Plan(argv=tuple(argv), env=env)

@@ -5,6 +5,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError
+from .hosts import Host, check_slots
 
 __all__ = ["JobSpec", "CONTROLLERS"]
 
@@ -14,22 +15,31 @@ _PYTHONS = ("python", "python3")
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A job: ``num_proc`` copies of ``command`` started by mpirun (``mpi``) or horovodrun (``gloo``)."""
+    """A job: ``num_proc`` copies of ``command`` started by mpirun (``mpi``) or horovodrun (``gloo``).
+
+    ``hosts`` (a tuple of ``Host``) says where the ranks run; empty means this machine only.
+    """
 
     command: tuple
     num_proc: int
     controller: str = "mpi"
     env: dict = field(default_factory=dict)  # extra variables for every rank
     mpi_args: tuple = ()  # passed to mpirun as they are
+    hosts: tuple = ()  # Host(name, slots) each; () = localhost
 
     def __post_init__(self):
         object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
         if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
             raise ConfigError(f"-np must be an integer >= 1 (got {self.num_proc!r}): the number of processes to start")
         if self.controller not in CONTROLLERS:
             raise ConfigError(f"controller must be one of {CONTROLLERS} (got {self.controller!r})")
         if not self.command:
             raise ConfigError("no command given; put it after '--', e.g. hvdkit run -np 2 -- python train.py")
+        bad = [h for h in self.hosts if not isinstance(h, Host)]
+        if bad:
+            raise ConfigError(f"hosts must be Host(name, slots) values (got {bad[0]!r}); see hvdkit.launch.hosts")
+        check_slots(self.hosts, self.num_proc)
 
 
 def check_command(command, cwd=None):

@@ -1,0 +1,303 @@
+"""Cluster files from one job description: SLURM batch script, MPIJob, mpirun/horovodrun scripts, hostfile.
+
+Pure: ``render`` returns text. ``save`` and ``main`` (``python -m hvdkit.launch.render [DIR]``, which
+rewrites the examples in the top-level ``launch/`` folder) are the only parts that write files.
+"""
+
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+
+from ..core.errors import ConfigError
+from . import plan as _plan
+from .hosts import Host, check_slots, format_hosts, total_slots
+from .spec import JobSpec
+
+__all__ = [
+    "RenderSpec",
+    "TARGETS",
+    "EXAMPLE",
+    "EXAMPLE_FILES",
+    "render",
+    "render_command",
+    "example_files",
+    "save",
+    "main",
+]
+
+TARGETS = ("slurm", "mpijob", "mpirun", "horovodrun", "hostfile")
+SSH_HOME = "/home/hvdkit"  # the image runs as user hvdkit; the MPI Operator mounts its keys there
+# The environment a rendered script is assumed to start in: only PATH among the variables that
+# mpirun forwards, so the line never depends on the machine that rendered it.
+SCRIPT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?$")  # a Kubernetes name that leaves room for suffixes
+_MEMORY = re.compile(r"^([1-9][0-9]*)(Mi|Gi|Ti)$")
+
+
+def _default(value, fallback):
+    return fallback if value is None else value
+
+
+def _count(value, flag):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{flag} must be an integer >= 1 (got {value!r})")
+    return value
+
+
+@dataclass(frozen=True)
+class RenderSpec:
+    """One job: ``num_proc`` ranks of ``command`` on ``nodes`` machines, ``slots_per_node`` ranks on each.
+
+    ``cpu`` (whole CPUs, default one per slot) and ``memory`` (``512Mi``, ``4Gi``) are per worker node.
+    ``hosts`` (tuple of ``Host``) name the machines for the mpirun/horovodrun scripts; without them
+    the scripts use placeholders ``node1:S`` .. ``nodeN:S``. Unset counts follow from the others.
+    """
+
+    command: tuple
+    num_proc: int | None = None
+    nodes: int | None = None
+    slots_per_node: int | None = None
+    image: str = "hvdkit:cpu"
+    name: str = "hvdkit-job"
+    cpu: int | None = None
+    memory: str = "2Gi"
+    hosts: tuple = ()
+
+    def __post_init__(self):
+        def fill(name, value):
+            object.__setattr__(self, name, value)
+
+        fill("command", tuple(self.command))
+        fill("hosts", tuple(self.hosts))
+        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+            raise ConfigError(
+                f"command must be a non-empty list of words (got {list(self.command)!r}); put it after '--', "
+                "e.g. hvdkit render slurm -- python train.py"
+            )
+        if not all(isinstance(h, Host) for h in self.hosts):
+            raise ConfigError(f"hosts must be Host(name, slots) values (got {self.hosts!r})")
+        most = max([h.slots for h in self.hosts] or [1])
+        fill("nodes", _count(_default(self.nodes, len(self.hosts) or 1), "--nodes"))
+        fill("slots_per_node", _count(_default(self.slots_per_node, most), "--slots-per-node"))
+        capacity = self.nodes * self.slots_per_node
+        fill("num_proc", _count(_default(self.num_proc, total_slots(self.hosts) or capacity), "-np/--num-proc"))
+        if self.num_proc > capacity:
+            raise ConfigError(
+                f"-np {self.num_proc} does not fit {self.nodes} node(s) x {self.slots_per_node} slot(s) = {capacity}; "
+                f"lower -np or raise --nodes/--slots-per-node"
+            )
+        check_slots(self.hosts, self.num_proc, origin=f"-H {format_hosts(self.hosts)}")
+        fill("cpu", _count(_default(self.cpu, self.slots_per_node), "--cpu"))
+        if self.cpu < self.slots_per_node:
+            raise ConfigError(
+                f"--cpu {self.cpu} per worker is fewer than its {self.slots_per_node} slots; give each rank a CPU "
+                f"(--cpu {self.slots_per_node}) or lower --slots-per-node"
+            )
+        if not _NAME.match(self.name):
+            raise ConfigError(
+                f"--name {self.name!r} must be lowercase letters, digits and '-', at most 50, e.g. hvdkit-digits"
+            )
+        if not _MEMORY.match(self.memory):
+            raise ConfigError(f"--memory {self.memory!r} must be a whole number of Mi, Gi or Ti, e.g. 4Gi")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ConfigError(f"--image {self.image!r} must be an image reference, e.g. hvdkit:cpu")
+
+    @property
+    def launch_hosts(self):
+        """The hosts the mpirun/horovodrun scripts name: the given ones, else placeholders."""
+        return self.hosts or tuple(Host(f"node{i}", self.slots_per_node) for i in range(1, self.nodes + 1))
+
+
+def _line(argv):
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def render_command(target, spec):
+    """The ``hvdkit render`` argv that produces this file again (written into its header)."""
+    argv = ["hvdkit", "render", target, "--name", spec.name, "-np", str(spec.num_proc)]
+    argv += ["--nodes", str(spec.nodes), "--slots-per-node", str(spec.slots_per_node)]
+    if target == "mpijob":
+        argv += ["--image", spec.image]
+    if target in ("slurm", "mpijob"):
+        argv += ["--cpu", str(spec.cpu), "--memory", spec.memory]
+    if spec.hosts and target in ("mpirun", "horovodrun", "hostfile"):
+        argv += ["-H", format_hosts(spec.hosts)]
+    return [*argv, "--", *spec.command]
+
+
+def _header(target, spec, what):
+    return [
+        f"# {what}",
+        f"# Job {spec.name}: `{_line(spec.command)}` with -np {spec.num_proc}"
+        f" on {spec.nodes} node(s) x {spec.slots_per_node} slot(s).",
+        "# Rendered by hvdkit from one job description; change the description and render again:",
+        f"#   {_line(render_command(target, spec))}",
+    ]
+
+
+def _slurm(spec):
+    memory = _MEMORY.match(spec.memory)
+    command = _line(spec.command)
+    lines = [
+        "#!/bin/bash",
+        *_header("slurm", spec, "SLURM batch script: `sbatch slurm.sbatch` in the folder the command's paths start."),
+        f"#SBATCH --job-name={spec.name}",
+        f"#SBATCH --nodes={spec.nodes}",
+        f"#SBATCH --ntasks={spec.num_proc}",
+        f"#SBATCH --ntasks-per-node={spec.slots_per_node}",
+        f"#SBATCH --cpus-per-task={spec.cpu // spec.slots_per_node}",
+        f"#SBATCH --mem={memory.group(1)}{memory.group(2)[0]}",
+        "set -euo pipefail",
+        "",
+        "# hvdkit must be on PATH on every node (activate its virtualenv here if needed).",
+        "# hvdkit run reads this allocation's hosts from SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE,",
+        "# starts mpirun with -H host:slots for them and names the rank that fails first.",
+        "# Without hvdkit run, when Slurm and Open MPI are built with PMIx, srun starts the ranks itself:",
+        f"#   srun --mpi=pmix {command}",
+        f'hvdkit run -np "$SLURM_NTASKS" -- {command}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _mpijob_dict(spec):
+    def container(name, command, **extra):
+        return {"name": name, "image": spec.image, "command": list(command), **extra}
+
+    launch = ["hvdkit", "run", "-np", str(spec.num_proc), "--", *spec.command]
+    sshd = ["/usr/sbin/sshd", "-De", "-f", f"{SSH_HOME}/.sshd_config"]
+    limits = {"limits": {"cpu": str(spec.cpu), "memory": spec.memory}}
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": {"name": spec.name},
+        "spec": {
+            "slotsPerWorker": spec.slots_per_node,
+            "runPolicy": {"cleanPodPolicy": "Running"},
+            "sshAuthMountPath": f"{SSH_HOME}/.ssh",
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": {"spec": {"containers": [container("launcher", launch)]}}},
+                "Worker": {
+                    "replicas": spec.nodes,
+                    "template": {"spec": {"containers": [container("worker", sshd, resources=limits)]}},
+                },
+            },
+        },
+    }
+
+
+def _mpijob(spec):
+    import yaml  # only this target needs it; keeps `hvdkit` start-up light
+
+    header = _header("mpijob", spec, "Kubeflow MPI Operator job: kubectl apply -f mpijob.yaml")
+    header += [
+        "# The launcher's `hvdkit run` reads the workers from the operator's hostfile (/etc/mpi/hostfile);",
+        f"# workers run sshd as user hvdkit with the config {SSH_HOME}/.sshd_config from the image.",
+    ]
+    return "\n".join(header) + "\n" + yaml.safe_dump(_mpijob_dict(spec), sort_keys=False, default_flow_style=False)
+
+
+def _script(spec, controller):
+    tool = "mpirun" if controller == "mpi" else "horovodrun"
+    job = JobSpec(spec.command, spec.num_proc, controller=controller, hosts=spec.launch_hosts)
+    built = _plan.build(job, is_root=False, cores=spec.num_proc, python="python", base_env=SCRIPT_ENV)
+    argv = [tool, *built.argv[1:]]
+    dry_run = ["hvdkit", "run", "--dry-run", "-np", str(spec.num_proc), "-H", format_hosts(spec.launch_hosts)]
+    if controller == "gloo":
+        dry_run.append("--gloo")
+    lines = [
+        "#!/bin/bash",
+        *_header(tool, spec, f"The plain {tool} line for this job, to start it without `hvdkit run`."),
+        "# It is what this prints, less hvdkit's rank wrapper:",
+        f"#   {_line([*dry_run, '--', *spec.command])}",
+    ]
+    if tool == "mpirun":
+        lines += [
+            "# Put your hosts in -H, or replace `-H ...` by `--hostfile FILE` (see hostfile.example).",
+            "# As root add --allow-run-as-root.",
+        ]
+    else:
+        lines += [
+            "# Put your hosts in -H, or replace `-H ...` by `--hostfile FILE`: horovodrun reads only",
+            "# `host slots=N` lines there, no comments and no blank lines.",
+        ]
+    lines += ["set -euo pipefail", *(f"export {k}={shlex.quote(v)}" for k, v in sorted(built.env.items()))]
+    lines.append(f"exec {_line(argv)}")
+    return "\n".join(lines) + "\n"
+
+
+def _hostfile(spec):
+    lines = [
+        *_header("hostfile", spec, "Hostfile: one host per line with the number of ranks it runs (its slots)."),
+        "# Read by `hvdkit run --hostfile FILE` and `mpirun --hostfile FILE`; '#' starts a comment.",
+        "# hvdkit also takes horovodrun's form `node1:2`. `horovodrun --hostfile` takes only",
+        "# `host slots=N` lines: strip the comments first (grep -v '^#' FILE).",
+        *(f"{h.name} slots={h.slots}" for h in spec.launch_hosts),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render(target, spec):
+    """The text of the ``target`` file (one of ``TARGETS``) for ``spec``."""
+    if target == "slurm":
+        return _slurm(spec)
+    if target == "mpijob":
+        return _mpijob(spec)
+    if target in ("mpirun", "horovodrun"):
+        return _script(spec, "mpi" if target == "mpirun" else "gloo")
+    if target == "hostfile":
+        return _hostfile(spec)
+    raise ConfigError(f"unknown render target {target!r}; choose one of {', '.join(TARGETS)}")
+
+
+# The job the committed files in launch/ describe.
+EXAMPLE = RenderSpec(
+    command=("python", "examples/torch_digits.py"),
+    nodes=2,
+    slots_per_node=2,
+    image="hvdkit:cpu",
+    name="hvdkit-digits",
+    cpu=2,
+    memory="4Gi",
+)
+EXAMPLE_FILES = {
+    "slurm.sbatch": "slurm",
+    "mpijob.yaml": "mpijob",
+    "mpirun.sh": "mpirun",
+    "horovodrun.sh": "horovodrun",
+    "hostfile.example": "hostfile",
+}
+
+
+def example_files(spec=EXAMPLE):
+    """``{file name: text}`` of the example files kept in the top-level ``launch/`` folder."""
+    return {name: render(target, spec) for name, target in EXAMPLE_FILES.items()}
+
+
+def save(path, text):
+    """Write ``text`` to ``path``; scripts (``#!``) become executable."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        if text.startswith("#!"):
+            os.chmod(path, 0o755)
+    except OSError as e:
+        problem = f"cannot write {path!r} ({e.strerror})"
+        raise ConfigError(f"{problem}; check that its folder exists and is writable") from None
+
+
+def main(argv=None):
+    """Rewrite the example files in DIR (default ``launch``): ``python -m hvdkit.launch.render [DIR]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    folder = argv[0] if argv else "launch"
+    for name, text in example_files().items():
+        save(os.path.join(folder, name), text)
+        print(os.path.join(folder, name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
