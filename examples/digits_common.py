@@ -36,18 +36,19 @@ def parse_args(description, default_checkpoint_dir, argv=None):
     return p.parse_args(argv)
 
 
-def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss):
+def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss, preempted=False):
     """The one JSON line every example prints on rank 0 at the end."""
     import json
 
     return json.dumps(
         {
+            "preempted": preempted,
             "world_size": world_size,
             "epochs": args.epochs,
             "resumed_from_epoch": start_epoch,
             "steps": steps,
-            "val_accuracy": round(float(val_accuracy), 6),
-            "val_loss": round(float(val_loss), 6),
+            "val_accuracy": None if val_accuracy is None else round(float(val_accuracy), 6),
+            "val_loss": None if val_loss is None else round(float(val_loss), 6),
             "compression": args.compression,
         }
     )

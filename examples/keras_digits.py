@@ -35,9 +35,6 @@ def train(args):
     topo = hk.init()
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, x_val, y_val = load_split(args.seed)
-    # even=True: every rank gets the same number of samples, so the same number of steps
-    train_ds = hk.shard(tf.data.Dataset.from_tensor_slices((x_train, y_train)), even=True)
-    train_ds = train_ds.shuffle(len(x_train), seed=args.seed).batch(args.batch_size)
     val_ds = hk.shard(tf.data.Dataset.from_tensor_slices((x_val, y_val)), even=False).batch(256)
 
     model = build_model()
@@ -49,11 +46,15 @@ def train(args):
     )
     ckpt = hk.Checkpoint(args.checkpoint_dir, model, keep=args.keep)
     start_epoch = ckpt.restore()
+    # Epoch e's order depends on (seed, e) only, so a resumed run sees the batches an uninterrupted
+    # one would; every rank gets the same number of steps.
+    train_ds, steps = hk.epoch_dataset((x_train, y_train), args.batch_size, args.epochs, start_epoch, seed=args.seed)
     report = keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: topo.is_rank0 and log_epoch(log, epoch, args.epochs, logs)
     )
     model.fit(
         train_ds,
+        steps_per_epoch=steps,
         validation_data=val_ds,
         epochs=args.epochs,
         initial_epoch=start_epoch,

@@ -46,8 +46,6 @@ def train(args):
     topo = htf.init()
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, x_val, y_val = load_split(args.seed)
-    train_ds = htf.shard(tf.data.Dataset.from_tensor_slices((x_train, y_train)), even=True)
-    train_ds = train_ds.shuffle(len(x_train), seed=args.seed).batch(args.batch_size)
     val_ds = htf.shard(tf.data.Dataset.from_tensor_slices((x_val, y_val)), even=False).batch(256)
 
     model = build_model()
@@ -69,9 +67,10 @@ def train(args):
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    steps_per_epoch = int(train_ds.cardinality())
     for epoch in range(start_epoch, args.epochs):
         t0 = time.perf_counter()
+        # epoch e's order depends on (seed, e) only: a resumed run sees the same batches
+        train_ds, steps_per_epoch = htf.epoch_dataset((x_train, y_train), args.batch_size, epoch + 1, epoch, seed=args.seed)
         tracker = MetricTracker(["loss"])
         progress = Progress(steps_per_epoch, desc=f"epoch {epoch + 1}/{args.epochs}", show=topo.is_rank0)
         for x, y in train_ds:

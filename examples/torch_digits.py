@@ -5,10 +5,12 @@
     horovodrun -np 2 --gloo python examples/torch_digits.py
 
 Shows the whole hvdkit path: sharded data, fp16 gradient compression, sample-weighted validation
-metrics, a rank-0 checkpoint every epoch and automatic resume from the newest one. Nothing is
-downloaded. Ends with one JSON line on rank 0.
+metrics, a rank-0 checkpoint every epoch and automatic resume from the newest one. On SIGTERM
+(preemption) every rank stops after the same step and rank 0 saves it; the next start continues
+from that batch. Nothing is downloaded. Ends with one JSON line on rank 0.
 """
 
+import itertools
 import sys
 import time
 
@@ -62,9 +64,10 @@ def train(args):
     resumed = ckpt.restore()
     if resumed is None:
         hk.broadcast_state(model, optimizer)
-        start_epoch, step = 0, 0
-    else:
-        start_epoch, step = resumed.epoch, resumed.step
+        start_epoch, step, position = 0, 0, {}
+    else:  # position: where a preempted epoch stopped (empty after a whole epoch)
+        start_epoch, step, position = resumed.epoch, resumed.step, resumed.extra or {}
+    guard = hk.PreemptionGuard()
     train_loader = hk.train_loader(train_ds, args.batch_size, seed=args.seed)
     val_loader = hk.eval_loader(val_ds, batch_size=256)
 
@@ -73,15 +76,26 @@ def train(args):
         model.train()
         train_loader.sampler.set_epoch(epoch)
         tracker = MetricTracker(["loss"])
+        done = position.get("batches_done", 0)
+        for name, (total, count) in position.get("train_totals", {}).items():
+            tracker.update_sum(name, total, count)
+        position = {}
         progress = Progress(len(train_loader), desc=f"epoch {epoch + 1}/{args.epochs}", show=topo.is_rank0)
-        for x, y in train_loader:
+        for x, y in itertools.islice(train_loader, done, None):  # skip what a preempted run did
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
             step += 1
+            done += 1
             tracker.update("loss", loss.item(), len(y))
             progress.update(1, samples=len(y) * topo.size)
+            if guard.should_stop():  # every rank agrees to stop after this same step
+                ckpt.save(step, epoch, extra={"batches_done": done, "train_totals": tracker.local()})
+                if topo.is_rank0:
+                    log.info("stopped by a signal at epoch %d, batch %d (step %d): checkpoint saved", epoch + 1, done, step)
+                    print(result_line(topo.size, args, start_epoch, step, None, None, preempted=True), flush=True)
+                return
         progress.close()
         scheduler.step()
         metrics = {**hk.average_metrics(tracker), **evaluate(model, val_loader)}

@@ -1,10 +1,8 @@
-"""The ``hvdkit`` command: ``run`` and ``doctor``."""
+"""The ``hvdkit`` command: ``run``, ``render`` and ``doctor``."""
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 
 from .core.errors import HvdkitError
 
@@ -22,18 +20,141 @@ def _parser():
     r.add_argument("-np", "--num-proc", dest="num_proc", type=int, required=True, help="number of processes")
     r.add_argument("--gloo", action="store_true", help="use Horovod's Gloo controller via horovodrun instead of MPI")
     r.add_argument("--dry-run", action="store_true", help="print the exact command and exit")
+    r.add_argument(
+        "-H",
+        "--hosts",
+        dest="hosts",
+        metavar="HOST:SLOTS,...",
+        help="hosts and their slots, e.g. node1:2,node2:2 (slots default to 1); wins over every other host source",
+    )
+    r.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="file of 'host slots=N' or 'host:N' lines. Without -H/--hostfile the hosts come from the MPI "
+        "Operator's hostfile, else the SLURM allocation, else this machine",
+    )
+    r.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="K",
+        help="relaunch the whole job after a rank fails, at most K times; ranks resume from their newest "
+        "checkpoint (default: $HVDKIT_MAX_RESTARTS or 0)",
+    )
+    r.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="end the job when a rank stays out of a collective this long, naming it "
+        "(default: $HVDKIT_STALL_TIMEOUT or 600)",
+    )
+    r.add_argument(
+        "--grace-period",
+        type=float,
+        metavar="SECONDS",
+        help="after SIGTERM/SIGINT, how long ranks get to checkpoint and exit before they are killed "
+        "(default: $HVDKIT_GRACE_PERIOD or 30)",
+    )
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
+    _render_parser(sub)
     d = sub.add_parser("doctor", help="check the installation and run a 2-rank allreduce")
     d.add_argument("--no-smoke", action="store_true", help="skip the 2-rank smoke test")
     return p
 
 
+def _render_parser(sub):
+    from .launch.render import TARGETS
+
+    job = argparse.ArgumentParser(add_help=False)  # the job description, shared by every target
+    job.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of ranks (default: all slots)")
+    job.add_argument("--nodes", type=int, help="number of machines (default 1, or the number of -H hosts)")
+    job.add_argument("--slots-per-node", dest="slots_per_node", type=int, help="ranks per machine (default 1)")
+    job.add_argument("--image", default="hvdkit:cpu", help="container image for mpijob (default hvdkit:cpu)")
+    job.add_argument("--name", default="hvdkit-job", help="job name (default hvdkit-job)")
+    job.add_argument("--cpu", type=int, help="whole CPUs per worker machine (default: one per slot)")
+    job.add_argument("--memory", default="2Gi", help="memory per worker machine, e.g. 4Gi (default 2Gi)")
+    job.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...", help="hosts for mpirun/horovodrun")
+    job.add_argument("--hostfile", metavar="FILE", help="read the hosts for mpirun/horovodrun from FILE")
+    job.add_argument("-o", "--output", metavar="FILE", help="write here instead of to stdout")
+    job.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
+    r = sub.add_parser(
+        "render",
+        help="write a SLURM script, MPIJob, mpirun/horovodrun script or hostfile for a job",
+        description="Write a ready-to-submit file for one job. Example: hvdkit render slurm --nodes 2 "
+        "--slots-per-node 2 -o job.sbatch -- python train.py",
+    )
+    targets = r.add_subparsers(dest="target", required=True, metavar="{" + ",".join(TARGETS) + "}")
+    helps = {
+        "slurm": "SLURM batch script that runs hvdkit run inside the allocation",
+        "mpijob": "Kubeflow MPI Operator MPIJob (kubeflow.org/v2beta1)",
+        "mpirun": "bash script with the plain mpirun line",
+        "horovodrun": "bash script with the plain horovodrun --gloo line",
+        "hostfile": "Open MPI hostfile of the hosts",
+    }
+    for target in TARGETS:
+        targets.add_parser(target, parents=[job], help=helps[target])
+
+
+def _render(args):
+    from .launch import hosts, render
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.hosts:  # only the hosts given count: a render describes another machine, not this one
+        found = hosts.parse_host_list(args.hosts)
+    else:
+        found = hosts.read_hostfile(args.hostfile) if args.hostfile else ()
+    spec = render.RenderSpec(
+        command=command,
+        num_proc=args.num_proc,
+        nodes=args.nodes,
+        slots_per_node=args.slots_per_node,
+        image=args.image,
+        name=args.name,
+        cpu=args.cpu,
+        memory=args.memory,
+        hosts=found,
+    )
+    text = render.render(args.target, spec)
+    if args.output:
+        render.save(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _run_settings(args):
+    """``(max_restarts, stall_timeout or None, grace)``: flag > HVDKIT_* variable > default."""
+    from .core import env
+    from .core.errors import ConfigError
+
+    restarts = args.max_restarts if args.max_restarts is not None else os.environ.get(env.MAX_RESTARTS, "0")
+    try:
+        restarts = int(restarts)
+    except ValueError:
+        restarts = -1
+    if restarts < 0:
+        raise ConfigError(f"--max-restarts must be an integer >= 0 (got {restarts!r})")
+    for flag, value in (("--stall-timeout", args.stall_timeout), ("--grace-period", args.grace_period)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be a positive number of seconds (got {value!r})")
+    stall = args.stall_timeout or (env.seconds(env.STALL_TIMEOUT, None) if os.environ.get(env.STALL_TIMEOUT) else None)
+    grace = args.grace_period or env.seconds(env.GRACE_PERIOD, env.DEFAULT_GRACE_PERIOD)
+    return restarts, stall, grace
+
+
 def _run(args):
-    from .launch import execute, plan
+    import dataclasses
+
+    from .core import env
+    from .launch import execute, hosts, plan, supervise
     from .launch.spec import JobSpec, check_command
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    spec = JobSpec(command=command, num_proc=args.num_proc, controller="gloo" if args.gloo else "mpi")
+    found, origin = hosts.resolve(host_list=args.hosts, hostfile=args.hostfile, environ=os.environ)
+    hosts.check_slots(found, args.num_proc, origin)
+    controller = "gloo" if args.gloo else "mpi"
+    restarts, stall, grace = _run_settings(args)
+    extra_env = {env.STALL_TIMEOUT: f"{stall:g}"} if stall else {}
+    spec = JobSpec(command=command, num_proc=args.num_proc, controller=controller, hosts=found, env=extra_env)
     check_command(spec.command)
     is_root = os.geteuid() == 0
     cores = len(os.sched_getaffinity(0))
@@ -41,15 +162,21 @@ def _run(args):
         built = plan.build(spec, is_root=is_root, cores=cores)
         print(" ".join(_quote(a) for a in built.argv))
         return 0
-    status_dir = tempfile.mkdtemp(prefix="hvdkit-run-")
-    try:
-        built = plan.build(spec, is_root=is_root, cores=cores, status_dir=status_dir, progress=sys.stderr.isatty())
-        result = execute.run(built, status_dir=status_dir)
-    finally:
-        shutil.rmtree(status_dir, ignore_errors=True)
-    if result.exit_code != 0:
-        sys.stderr.write(f"hvdkit run: {result.message} (exit code {result.exit_code})\n")
-    return result.exit_code
+
+    def build_plan(status_dir, attempt):
+        attempt_spec = dataclasses.replace(spec, env={**spec.env, env.RESTART: str(attempt)})
+        return plan.build(attempt_spec, is_root=is_root, cores=cores, status_dir=status_dir, progress=sys.stderr.isatty())
+
+    report = supervise.supervise(build_plan, restarts, grace=grace, forward_usr1=controller == "mpi")
+    final = report.final
+    if final.interrupted_by is not None and final.exit_code == 0:
+        name = execute.signal_name(final.interrupted_by)
+        sys.stderr.write(f"hvdkit run: stopped by {name}: every rank exited cleanly (exit code {128 + final.interrupted_by})\n")
+        return 128 + final.interrupted_by
+    summary = report.summary()
+    if summary:
+        sys.stderr.write(f"hvdkit run: {summary}\n")
+    return final.exit_code
 
 
 def _quote(arg):
@@ -63,6 +190,8 @@ def main(argv=None):
     try:
         if args.cmd == "run":
             return _run(args)
+        if args.cmd == "render":
+            return _render(args)
         from .launch.doctor import diagnose
 
         return 1 if diagnose(smoke=not args.no_smoke) else 0

@@ -16,6 +16,7 @@ from .errors import (
 from .log import get_logger
 from .metrics import MetricTracker, average_metrics, sum_states
 from .options import COMPRESSIONS, check_compression
+from .preemption import PreemptionGuard
 from .progress import Progress
 from .topology import Topology, from_env
 
@@ -32,6 +33,7 @@ __all__ = [
     "LocalCommunicator",
     "MetricTracker",
     "MissingDependencyError",
+    "PreemptionGuard",
     "Progress",
     "Topology",
     "average_metrics",

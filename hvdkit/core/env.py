@@ -9,9 +9,19 @@ import os
 LOG_LEVEL = "HVDKIT_LOG_LEVEL"  # DEBUG, INFO (default), WARNING, ERROR
 PROGRESS = "HVDKIT_PROGRESS"  # "auto" (default: on when stderr is a terminal), "1"/"on", "0"/"off"
 NUM_THREADS = "HVDKIT_NUM_THREADS"  # intra-op threads per rank (default: cores / local size)
+STALL_TIMEOUT = "HVDKIT_STALL_TIMEOUT"  # seconds a rank may stay out of a collective (default 600)
+GRACE_PERIOD = "HVDKIT_GRACE_PERIOD"  # seconds ranks get to checkpoint after SIGTERM (default 30)
+MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # `hvdkit run` relaunches after a failure (default 0)
 
 # Set by `hvdkit run` for the ranks it starts.
-STATUS_DIR = "HVDKIT_STATUS_DIR"  # where each rank's wrapper records how it ended
+STATUS_DIR = "HVDKIT_STATUS_DIR"  # where each rank's wrapper records its pid and how it ended
+RESTART = "HVDKIT_RESTART"  # 0 for the first launch, k for the k-th restart
+
+# Horovod's own stall inspector, which hvdkit configures from STALL_TIMEOUT unless these are set.
+HOROVOD_STALL_CHECK = "HOROVOD_STALL_CHECK_TIME_SECONDS"
+HOROVOD_STALL_SHUTDOWN = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+DEFAULT_STALL_TIMEOUT = 600
+DEFAULT_GRACE_PERIOD = 30
 
 # Rank variables set by the launchers hvdkit supports, in order of preference.
 # (rank, size, local rank, local size)
@@ -46,3 +56,32 @@ def flag(name, default=None, environ=None):
     if raw in _FALSE:
         return False
     raise ConfigError(f"{name} must be one of 1/on, 0/off or auto (got {raw!r}); fix or unset it")
+
+
+def seconds(name, default, environ=None):
+    """A positive number of seconds from variable ``name``, or ``default`` when unset."""
+    from .errors import ConfigError
+
+    raw = (environ if environ is not None else os.environ).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise ConfigError(f"{name} must be a positive number of seconds (got {raw!r}); fix or unset it")
+    return value
+
+
+def stall_settings(environ=None):
+    """The Horovod stall-inspector variables hvdkit sets: ``{name: value}`` for those not set already.
+
+    A rank missing from a collective for HVDKIT_STALL_TIMEOUT seconds (default 600) makes Horovod
+    shut down with an error naming it, instead of every other rank waiting forever. Horovod's own
+    default only warns. Variables the user set win.
+    """
+    environ = os.environ if environ is None else environ
+    timeout = int(seconds(STALL_TIMEOUT, DEFAULT_STALL_TIMEOUT, environ))
+    wanted = {HOROVOD_STALL_SHUTDOWN: str(timeout), HOROVOD_STALL_CHECK: str(min(60, max(1, timeout // 3)))}
+    return {k: v for k, v in wanted.items() if k not in environ}

@@ -5,6 +5,9 @@ The core never imports Horovod: an adapter hands in a function that returns its 
 and a communicator class over it.
 """
 
+import os
+
+from . import env as _env
 from . import log as _log
 from .metrics import average_metrics as _average_metrics
 from .topology import Topology
@@ -28,11 +31,15 @@ class Runtime:
     def init(self, threads=None):
         """Start Horovod (once) and return this process's Topology.
 
-        Also sets hvdkit's rank-prefixed logging. Collective: every rank calls it.
+        Also sets hvdkit's rank-prefixed logging and turns on Horovod's stall shutdown, so a rank
+        that stops taking part in collectives ends the job with an error naming it.
+        Collective: every rank calls it.
+        Env: HVDKIT_STALL_TIMEOUT (seconds, default 600), unless HOROVOD_STALL_* are set.
         """
         hvd = self._engine()
         first = self._comm is None
         if first and not (hasattr(hvd, "is_initialized") and hvd.is_initialized()):
+            os.environ.update(_env.stall_settings())  # Horovod reads them when it starts
             hvd.init()
         topo = self.topology()
         _log.set_topology(topo)

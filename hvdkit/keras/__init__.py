@@ -13,9 +13,11 @@ Why not ``horovod.tensorflow.keras``: under Keras 3 its DistributedOptimizer hoo
 """
 
 from ..tensorflow import (  # noqa: F401 - one runtime for TensorFlow and Keras
+    PreemptionGuard,
     average_metrics,
     broadcast_variables,
     communicator,
+    epoch_dataset,
     init,
     is_rank0,
     local_rank,
@@ -29,6 +31,7 @@ from .callbacks import BroadcastInitialState, Checkpoint, LearningRateWarmup, Me
 from .optimizer import DistributedOptimizer, is_distributed
 
 __all__ = [
+    "PreemptionGuard",
     "BroadcastInitialState",
     "Checkpoint",
     "DistributedOptimizer",
@@ -38,6 +41,7 @@ __all__ = [
     "average_model_metrics",
     "broadcast_variables",
     "communicator",
+    "epoch_dataset",
     "init",
     "is_distributed",
     "is_rank0",

@@ -6,16 +6,19 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 from .plan import Plan
 
-__all__ = ["JobResult", "LineDemux", "run", "read_statuses", "retag"]
+__all__ = ["JobResult", "LineDemux", "run", "read_statuses", "retag", "signal_name"]
 
 # mpirun --tag-output: "[1,0]<stdout>:text"; horovodrun: "[0]<stdout>:text" (or with a timestamp).
 _TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)$", re.S)
 _ANY_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
+# Horovod's stall inspector lists missing ranks as "1: [tensor, ...]"; "1!:" once past the shutdown time.
+_STALLED = re.compile(r"^\[rank \d+\] (\d+)!: \[(.*)\]")
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class JobResult:
     signal: int | None = None  # or the signal that killed it
     seconds: float = 0.0
     message: str = ""
+    stalled_ranks: tuple = ()  # ranks Horovod's stall inspector found missing from collectives
+    interrupted_by: int | None = None  # a signal the launcher itself received and passed on
 
 
 def retag(line):
@@ -100,35 +105,72 @@ def read_statuses(status_dir):
     return records
 
 
-def _signal_name(num):
+def local_rank_pids(status_dir):
+    """Pids of the rank wrappers on this host that are still running (from their ``rank-N.pid``)."""
+    pids = []
+    if not status_dir or not os.path.isdir(status_dir):
+        return pids
+    for name in os.listdir(status_dir):
+        if not (name.startswith("rank-") and name.endswith(".pid")):
+            continue
+        try:
+            with open(os.path.join(status_dir, name)) as f:
+                pid = int(f.read().split()[0])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:  # still our wrapper, not a reused pid
+                if b"hvdkit.launch.rankwrap" in f.read():
+                    pids.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+def _signal_pids(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_name(num):
     try:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
 
 
-def _outcome(returncode, statuses, seconds):
+def _outcome(returncode, statuses, seconds, stalled=(), interrupted_by=None):
     failures = [r for r in statuses.values() if r.get("exit_code") != 0]
+    extra = {"seconds": seconds, "stalled_ranks": tuple(stalled), "interrupted_by": interrupted_by}
     if not failures:
         if returncode == 0:
-            return JobResult(0, seconds=seconds)
+            return JobResult(0, **extra)
         return JobResult(
             returncode or 1,
-            seconds=seconds,
             message=f"the launcher exited with {returncode} before any rank reported a failure (see its output above)",
+            **extra,
         )
     first = min(failures, key=lambda r: r["ended"])
     rank, sig, code = first["rank"], first.get("signal"), first.get("exit_code")
-    how = f"was killed by {_signal_name(sig)}" if sig else f"exited with code {code}"
+    how = f"was killed by {signal_name(sig)}" if sig else f"exited with code {code}"
     exit_code = 128 + sig if sig else code
     message = f"rank {rank} {how} on {first.get('host', '?')} after {first.get('seconds', 0):.1f} s; job stopped"
-    return JobResult(exit_code, rank, code, sig, seconds, message)
+    if stalled:
+        names = ", ".join(f"rank {r}" for r in stalled)
+        message = f"{names} stopped taking part in collectives (Horovod's stall inspector gave up waiting); " + message
+    if interrupted_by:
+        message = f"stopped by {signal_name(interrupted_by)} sent to the launcher; " + message
+    return JobResult(exit_code, rank, code, sig, message=message, **extra)
 
 
-def run(plan: Plan, status_dir=None, out=None, err=None):
+def run(plan: Plan, status_dir=None, out=None, err=None, grace=30.0, forward_usr1=True):
     """Start ``plan``, stream every rank's output tagged with its rank, return a JobResult.
 
-    SIGINT and SIGTERM sent to the launcher are passed to the whole job.
+    A SIGTERM or SIGINT sent to the launcher is a graceful stop: the ranks on this host get SIGTERM
+    directly from their wrappers (and, with ``forward_usr1``, mpirun passes SIGUSR1 to every rank,
+    also on other hosts), so a PreemptionGuard can checkpoint the current step. After ``grace``
+    seconds, or at a second signal, the launcher itself is terminated. Afterwards no rank
+    process of this job is left on this host.
     """
     out = out or sys.stdout
     err = err or sys.stderr
@@ -145,17 +187,36 @@ def run(plan: Plan, status_dir=None, out=None, err=None):
         bufsize=1,
     )
 
-    def forward(signum, _frame):
+    received = []
+
+    def stop_now():
+        _signal_pids(local_rank_pids(status_dir), signal.SIGTERM)
         try:
-            os.killpg(proc.pid, signum)
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 
+    def forward(signum, _frame):
+        received.append(signum)
+        if len(received) > 1:
+            stop_now()
+            return
+        _signal_pids(local_rank_pids(status_dir), signal.SIGTERM)
+        if forward_usr1:
+            _signal_pids([proc.pid], signal.SIGUSR1)
+        timer = threading.Timer(grace, stop_now)
+        timer.daemon = True
+        timer.start()
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     demux = LineDemux()
+    stalled = []
 
     def write(lines):
         for stream, text in lines:
+            m = _STALLED.match(text)
+            if m and int(m.group(1)) not in stalled:
+                stalled.append(int(m.group(1)))
             target = out if stream == "stdout" else err
             target.write(text)
             target.flush()
@@ -168,13 +229,16 @@ def run(plan: Plan, status_dir=None, out=None, err=None):
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _reap_group(proc.pid)
-    return _outcome(returncode, read_statuses(status_dir), time.perf_counter() - start)
+        _reap(proc.pid, status_dir)
+    seconds = time.perf_counter() - start
+    return _outcome(returncode, read_statuses(status_dir), seconds, stalled, received[0] if received else None)
 
 
-def _reap_group(pgid):
-    """Kill whatever the launcher left behind in its process group (no orphan ranks)."""
+def _reap(pgid, status_dir):
+    """Kill whatever the job left behind on this host: the launcher's group and any rank wrapper
+    still running (their commands die with them)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    _signal_pids(local_rank_pids(status_dir), signal.SIGKILL)

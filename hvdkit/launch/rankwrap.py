@@ -3,8 +3,10 @@
     python -m hvdkit.launch.rankwrap -- python train.py ...
 
 The record (``rank-N.json`` in HVDKIT_STATUS_DIR: exit code, signal, time, host) lets the launcher
-name the rank that failed first, for mpirun and horovodrun alike. Signals the launcher sends are
-passed on to the command; the command is killed if the wrapper itself dies.
+name the rank that failed first, for mpirun and horovodrun alike. ``rank-N.pid`` lets a launcher on
+the same host signal the rank directly (SIGTERM for preemption, SIGKILL for clean-up): mpirun puts
+ranks in their own process groups and kills them 1 s after a SIGTERM. Signals are passed on to the
+command; the command is killed if the wrapper dies, and the wrapper if its own parent does.
 """
 
 import ctypes
@@ -30,6 +32,20 @@ def _die_with_parent():
         pass
 
 
+def _write_atomic(status_dir, name, text):
+    tmp = os.path.join(status_dir, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(status_dir, name))
+
+
+def _register(status_dir, rank):
+    try:
+        _write_atomic(status_dir, f"rank-{rank}.pid", f"{os.getpid()} {socket.gethostname()}\n")
+    except OSError:  # a rank on another host: its launcher-side folder is not here
+        pass
+
+
 def _record(status_dir, rank, returncode, started):
     record = {
         "rank": rank,
@@ -40,10 +56,7 @@ def _record(status_dir, rank, returncode, started):
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
-    tmp = os.path.join(status_dir, f".rank-{rank}.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.json"))
+    _write_atomic(status_dir, f"rank-{rank}.json", json.dumps(record))
 
 
 def main(argv=None):
@@ -54,6 +67,14 @@ def main(argv=None):
         sys.stderr.write("usage: python -m hvdkit.launch.rankwrap -- COMMAND [ARGS...]\n")
         return 2
     started = time.time()
+    ppid = os.getppid()
+    _die_with_parent()
+    if os.getppid() != ppid:  # the parent died before the request took effect
+        return 137
+    status_dir = os.environ.get(_env.STATUS_DIR)
+    rank = from_env().rank
+    if status_dir:
+        _register(status_dir, rank)
     try:
         child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
     except OSError as e:
@@ -63,10 +84,9 @@ def main(argv=None):
         for sig in _FORWARD:
             signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
         returncode = child.wait()
-    status_dir = os.environ.get(_env.STATUS_DIR)
     if status_dir:
         try:
-            _record(status_dir, from_env().rank, returncode, started)
+            _record(status_dir, rank, returncode, started)
         except OSError as e:  # the record is a courtesy; never mask the command's own result
             sys.stderr.write(f"hvdkit: could not record the exit status in {status_dir}: {e}\n")
     return returncode if returncode >= 0 else 128 - returncode

@@ -21,7 +21,17 @@ from .runtime import average_metrics, communicator, init, is_rank0, local_rank, 
 from .state import broadcast_state  # noqa: E402
 
 
+def PreemptionGuard(every=1):  # noqa: N802 - a factory that reads like the class it returns
+    """A ``hvdkit.core.PreemptionGuard`` on this job's communicator: stop all ranks at the same step
+    after SIGTERM/SIGUSR1 (see its docs). Collective: every rank creates it and calls ``should_stop()``.
+    """
+    from ..core.preemption import PreemptionGuard as _Guard
+
+    return _Guard(communicator(), every=every)
+
+
 __all__ = [
+    "PreemptionGuard",
     "Checkpointer",
     "DistributedOptimizer",
     "EvalSampler",

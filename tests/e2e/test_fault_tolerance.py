@@ -1,0 +1,157 @@
+"""Faults injected into real 2-rank jobs started by `hvdkit run`: what the user gets afterwards.
+
+Each test is bounded in time (a hang fails it) and checks that no rank process is left behind.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import BIN, HVDKIT, PYTHON, ROOT, hvdkit_run, result_line
+
+pytestmark = pytest.mark.dist
+TORCH = "examples/torch_digits.py"
+KERAS = "examples/keras_digits.py"
+KILL_ONCE = "tests/e2e/scripts/kill_once.py"
+SKIP = "tests/e2e/scripts/skip_collective.py"
+STEPS_PER_EPOCH = 23  # 1,437 training samples, 2 ranks, batch 32
+
+
+def newest(ckpt_dir):
+    return sorted(p for p in os.listdir(ckpt_dir) if p.startswith("ckpt-"))[-1]
+
+
+def torch_params(ckpt_dir):
+    state = torch.load(os.path.join(ckpt_dir, newest(ckpt_dir), "state.pt"), weights_only=True)
+    return state["model"]
+
+
+def keras_params(ckpt_dir):
+    with np.load(os.path.join(ckpt_dir, newest(ckpt_dir), "state.npz")) as z:
+        return {k: z[k] for k in z.files if k.startswith("model/")}
+
+
+def assert_bitwise_equal(a, b):
+    assert sorted(a) == sorted(b)
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert np.array_equal(a[key], b[key]), key
+
+
+def leftovers(marker):
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    return [pid for pid in out if int(pid) != os.getpid()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Uninterrupted 12-epoch runs of the torch and Keras examples: the references."""
+    refs = {}
+    for name, script in (("torch", TORCH), ("keras", KERAS)):
+        d = tmp_path_factory.mktemp(f"ref-{name}") / "ckpt"
+        proc = hvdkit_run("-np", "2", "--", PYTHON, script, "--checkpoint-dir", str(d))
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        refs[name] = {"dir": d, "result": result_line(proc.stdout)}
+    return refs
+
+
+@pytest.mark.parametrize("framework, script, params", [("torch", TORCH, torch_params), ("keras", KERAS, keras_params)])
+def test_sigkill_of_rank1_mid_epoch_restarts_and_ends_bitwise_equal_to_an_uninterrupted_run(
+    uninterrupted, tmp_path, framework, script, params
+):
+    d = tmp_path / "ckpt"
+    # step 100 lies in epoch 5 (steps 93-115): the newest checkpoint then is the end of epoch 4
+    proc = hvdkit_run("-np", "2", "--max-restarts", "1", "--", PYTHON, KILL_ONCE, "100", script, "--checkpoint-dir", str(d))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "rank 1 was killed by SIGKILL" in proc.stderr and "restarting (1/1)" in proc.stderr
+    assert "job finished after 1 restart used" in proc.stderr
+    r = result_line(proc.stdout)
+    assert r["resumed_from_epoch"] == 4 and r["steps"] == 12 * STEPS_PER_EPOCH
+    assert_bitwise_equal(params(d), params(uninterrupted[framework]["dir"]))
+    assert (r["val_loss"], r["val_accuracy"]) == (
+        uninterrupted[framework]["result"]["val_loss"],
+        uninterrupted[framework]["result"]["val_accuracy"],
+    )
+    assert leftovers("kill_once.py") == []
+
+
+def test_a_rank_that_skips_a_collective_ends_the_job_naming_it_and_leaves_nothing_behind():
+    t0 = time.monotonic()
+    proc = hvdkit_run("-np", "2", "--stall-timeout", "10", "--", PYTHON, SKIP, timeout=60)
+    assert proc.returncode != 0
+    assert "rank 1 stopped taking part in collectives" in proc.stderr
+    assert "1!: [allreduce.hvdkit.test.skipped_by_rank1]" in proc.stderr  # Horovod's own evidence
+    assert time.monotonic() - t0 < 60
+    assert leftovers("skip_collective.py") == []
+
+
+def test_sigterm_mid_epoch_saves_the_current_step_and_the_next_start_continues_exactly(tmp_path):
+    epochs = "60"
+    d = tmp_path / "ckpt"
+    argv = [HVDKIT, "run", "-np", "2", "--", PYTHON, TORCH, "--epochs", epochs, "--checkpoint-dir", str(d)]
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (d.exists() and any(p.startswith("ckpt-000000000069") for p in os.listdir(d))):
+            assert time.monotonic() < deadline and proc.poll() is None, "the job never reached epoch 3"
+            time.sleep(0.05)
+        time.sleep(0.3)  # well inside a later epoch
+        proc.send_signal(signal.SIGTERM)  # what SLURM and Kubernetes send
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in err and "every rank exited cleanly" in err
+    stopped = result_line(out)
+    assert stopped["preempted"] is True
+    step = stopped["steps"]
+    with open(d / newest(d) / "manifest.json") as f:
+        assert json.load(f)["step"] == step  # a checkpoint of the very step it stopped at
+    # The next start continues from that batch and ends where an uninterrupted run ends.
+    again = hvdkit_run("-np", "2", "--", PYTHON, TORCH, "--epochs", epochs, "--checkpoint-dir", str(d))
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = result_line(again.stdout)
+    assert resumed["resumed_from_epoch"] == step // STEPS_PER_EPOCH
+    ref = tmp_path / "ref"
+    plain = hvdkit_run("-np", "2", "--", PYTHON, TORCH, "--epochs", epochs, "--checkpoint-dir", str(ref))
+    assert plain.returncode == 0
+    assert resumed["steps"] == result_line(plain.stdout)["steps"] == 60 * STEPS_PER_EPOCH
+    assert_bitwise_equal(torch_params(d), torch_params(ref))
+
+
+def test_flipped_bytes_in_the_newest_checkpoint_make_resume_fall_back_and_say_so(uninterrupted, tmp_path):
+    d = tmp_path / "ckpt"
+    shutil.copytree(uninterrupted["torch"]["dir"], d)
+    state = d / newest(d) / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    proc = hvdkit_run("-np", "2", "--", PYTHON, TORCH, "--checkpoint-dir", str(d))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ckpt-000000000276" in proc.stderr and "SHA-256" in proc.stderr
+    assert "after skipping 1 newer checkpoint(s)" in proc.stderr
+    r = result_line(proc.stdout)
+    assert r["resumed_from_epoch"] == 11  # fell back one epoch, retrained it ...
+    assert_bitwise_equal(torch_params(d), torch_params(uninterrupted["torch"]["dir"]))  # ... to the same model
+
+
+def test_resuming_with_another_world_size_reshards_and_continues(tmp_path):
+    d = tmp_path / "ckpt"
+    first = hvdkit_run("-np", "2", "--", PYTHON, TORCH, "--epochs", "3", "--checkpoint-dir", str(d))
+    assert first.returncode == 0
+    one = hvdkit_run("-np", "1", "--", PYTHON, TORCH, "--epochs", "4", "--checkpoint-dir", str(d))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "checkpoint was written by 2 ranks, this job has 1" in one.stderr
+    r = result_line(one.stdout)
+    assert (r["world_size"], r["resumed_from_epoch"]) == (1, 3)
+    assert r["steps"] == 3 * STEPS_PER_EPOCH + 45  # one rank takes all 1,437 samples: 45 batches
