@@ -70,3 +70,12 @@ def result_line(stdout):
     lines = [line.split("] ", 1)[1] for line in stdout.splitlines() if line.startswith("[rank 0] {")]
     assert len(lines) == 1, stdout
     return json.loads(lines[0])
+
+
+def record_figures(test, **figures):
+    """Append what a fault test measured to build/reliability.json (for docs/reliability.md)."""
+    path = ROOT / "build" / "reliability.json"
+    path.parent.mkdir(exist_ok=True)
+    rows = json.loads(path.read_text()) if path.exists() else []
+    rows = [r for r in rows if r["test"] != test] + [{"test": test, **figures}]
+    path.write_text(json.dumps(rows, indent=1))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from helpers import PYTHON, ROOT
+from helpers import PYTHON, ROOT, record_figures
 from hvdkit.core import CheckpointStore, LocalCommunicator
 from hvdkit.core.checkpoint import verify
 
@@ -73,3 +73,4 @@ def test_killing_the_writer_anywhere_never_loses_a_saved_checkpoint_or_loads_a_p
         assert info.step == newest_complete(root)  # the newest complete one, not an older one
         assert info.step >= last_reported  # nothing the writer reported as saved was lost
     assert outcomes["rename_window"] == 8 and outcomes["leftover_partial"] >= 8  # the window was really hit
+    record_figures("checkpoint_writer_killed", trials=TRIALS, **outcomes, partial_loads=0, saved_checkpoints_lost=0)
