@@ -34,6 +34,12 @@ def _parser():
         "Operator's hostfile, else the SLURM allocation, else this machine",
     )
     r.add_argument(
+        "--network-interface",
+        metavar="IFACE",
+        help="network interface the ranks talk over across hosts, e.g. eth0 (mpirun: btl/oob_tcp_if_include; "
+        "horovodrun: --network-interface)",
+    )
+    r.add_argument(
         "--max-restarts",
         type=int,
         metavar="K",
@@ -58,6 +64,9 @@ def _parser():
     _render_parser(sub)
     d = sub.add_parser("doctor", help="check the installation and run a 2-rank allreduce")
     d.add_argument("--no-smoke", action="store_true", help="skip the 2-rank smoke test")
+    d.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...", help="also check these hosts: ssh, versions, route, allreduce")
+    d.add_argument("--hostfile", metavar="FILE", help="also check the hosts of this hostfile")
+    d.add_argument("--network-interface", metavar="IFACE", help="the interface the job will use across hosts")
     return p
 
 
@@ -145,7 +154,7 @@ def _run(args):
     import dataclasses
 
     from .core import env
-    from .launch import execute, hosts, plan, supervise
+    from .launch import execute, hosts, plan, remote, supervise
     from .launch.spec import JobSpec, check_command
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -154,7 +163,14 @@ def _run(args):
     controller = "gloo" if args.gloo else "mpi"
     restarts, stall, grace = _run_settings(args)
     extra_env = {env.STALL_TIMEOUT: f"{stall:g}"} if stall else {}
-    spec = JobSpec(command=command, num_proc=args.num_proc, controller=controller, hosts=found, env=extra_env)
+    spec = JobSpec(
+        command=command,
+        num_proc=args.num_proc,
+        controller=controller,
+        hosts=found,
+        env=extra_env,
+        network_interface=args.network_interface,
+    )
     check_command(spec.command)
     is_root = os.geteuid() == 0
     cores = len(os.sched_getaffinity(0))
@@ -162,6 +178,7 @@ def _run(args):
         built = plan.build(spec, is_root=is_root, cores=cores)
         print(" ".join(_quote(a) for a in built.argv))
         return 0
+    remote.check_reachable(found)  # an unreachable host is an error before anything starts
 
     def build_plan(status_dir, attempt):
         attempt_spec = dataclasses.replace(spec, env={**spec.env, env.RESTART: str(attempt)})
@@ -192,9 +209,12 @@ def main(argv=None):
             return _run(args)
         if args.cmd == "render":
             return _render(args)
+        from .launch import hosts
         from .launch.doctor import diagnose
 
-        return 1 if diagnose(smoke=not args.no_smoke) else 0
+        found = hosts.parse_host_list(args.hosts) if args.hosts else hosts.read_hostfile(args.hostfile) if args.hostfile else ()
+        problems = diagnose(smoke=not args.no_smoke, hosts=found, network_interface=args.network_interface)
+        return 1 if problems else 0
     except HvdkitError as e:
         sys.stderr.write(f"hvdkit {args.cmd}: error: {e}\n")
         return 2

@@ -1,14 +1,22 @@
-"""``hvdkit doctor``: what is installed, what Horovod was built with, and a 2-rank smoke test."""
+"""``hvdkit doctor``: what is installed, what Horovod was built with, and a 2-rank smoke test.
 
+With ``--hosts``: every host reachable over ssh, the same versions everywhere, the route and
+network interface to each, and an allreduce across all of them.
+"""
+
+import json
 import platform
 import re
+import socket
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from .hosts import format_hosts
 from .plan import find_tool
+from .remote import is_this_machine, remote_json
 
-__all__ = ["diagnose", "check_build"]
+__all__ = ["diagnose", "check_build", "local_versions"]
 
 _FIX_SETUP = "run `make setup` in the hvdkit checkout (it installs and builds everything)"
 
@@ -32,12 +40,37 @@ def _run(argv, timeout):
     return p.returncode, p.stdout + p.stderr
 
 
+def local_versions(python=None):
+    """The versions that must match on every host of a job."""
+    python = python or sys.executable
+    rc, text = _run([find_tool("mpirun", python), "--version"], 30)
+    return {
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "tensorflow": _version("tensorflow-cpu", "tensorflow"),
+        "keras": _version("keras"),
+        "horovod": _version("horovod"),
+        "open mpi": text.splitlines()[0] if rc == 0 and text else None,
+    }
+
+
+def _route(name):
+    """``dev`` and source address this machine uses to reach host ``name`` (from ``ip route get``)."""
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        return None, None
+    rc, text = _run(["ip", "-o", "route", "get", address], 10)
+    m = re.search(r"dev (\S+).*?src (\S+)", text) if rc == 0 else None
+    return (m.group(1), m.group(2)) if m else (None, None)
+
+
 def check_build(report):
     """``{part: built?}`` from the text of ``horovodrun --check-build``."""
     return {m.group(2): m.group(1) == "X" for m in re.finditer(r"\[([ X])\] (\w[\w ]*)", report)}
 
 
-def diagnose(python=None, smoke=True, out=None):
+def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None):
     """Print the environment report; return the list of problems (empty when all is well)."""
     out = out or sys.stdout
     python = python or sys.executable
@@ -68,14 +101,48 @@ def diagnose(python=None, smoke=True, out=None):
         for controller in ("mpi", "gloo"):
             ok, detail = _smoke(python, controller)
             row(f"2-rank allreduce ({controller})", detail if ok else None, f"{detail}; try `hvdkit run -np 2 ...` by hand")
+    if hosts and not problems:
+        _diagnose_hosts(hosts, python, network_interface, row, smoke)
     out.write("all checks passed\n" if not problems else "problems:\n" + "".join(f"  - {p}\n" for p in problems))
     return problems
 
 
-def _smoke(python, controller):
-    argv = [python, "-m", "hvdkit", "run", "-np", "2", *(["--gloo"] if controller == "gloo" else []), "--"]
-    rc, text = _run(argv + [python, "-m", "hvdkit.torch.smoke"], 180)
+def _diagnose_hosts(hosts, python, network_interface, row, smoke):
+    here = local_versions(python)
+    for host in hosts:
+        if is_this_machine(host.name):
+            row(f"host {host.name}", "this machine")
+            continue
+        there, error = remote_json(host.name, [python, "-m", "hvdkit.launch.doctor", "--versions-json"])
+        if there is None:
+            row(f"host {host.name}", None, f"{error}; check `ssh {host.name} {python} -m hvdkit.launch.doctor --versions-json`")
+            continue
+        differ = [f"{k} {here[k]} here, {there.get(k)} there" for k in here if there.get(k) != here[k]]
+        fix = "install the same versions everywhere (one image, or `make setup` at the same path on every host)"
+        row(f"host {host.name}", None if differ else "reachable, same versions", f"{'; '.join(differ)}: {fix}")
+        dev, src = _route(host.name)
+        if network_interface and dev and dev != network_interface:
+            row(f"route to {host.name}", None, f"it leaves through {dev}, not --network-interface {network_interface}")
+        else:
+            row(f"route to {host.name}", f"via {dev} (from {src})" if dev else "unknown (no `ip route get`)")
+    if smoke:
+        n = sum(h.slots for h in hosts)
+        ok, detail = _smoke(python, "mpi", hosts, network_interface, n)
+        row(f"{n}-rank allreduce across hosts", detail if ok else None, f"{detail}; try `hvdkit run` by hand")
+
+
+def _smoke(python, controller, hosts=(), network_interface=None, ranks=2):
+    argv = [python, "-m", "hvdkit", "run", "-np", str(ranks), *(["--gloo"] if controller == "gloo" else [])]
+    if hosts:
+        argv += ["-H", format_hosts(hosts)]
+    if network_interface:
+        argv += ["--network-interface", network_interface]
+    rc, text = _run(argv + ["--", python, "-m", "hvdkit.torch.smoke"], 180)
     found = re.findall(r"allreduce ok: (.*)", text)
-    if rc == 0 and len(found) == 2:
+    if rc == 0 and len(found) == ranks:
         return True, f"ok ({found[0].strip()})"
     return False, f"failed (exit {rc}): {text.strip().splitlines()[-1] if text.strip() else 'no output'}"
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--versions-json"]:
+    print(json.dumps(local_versions()))

@@ -57,7 +57,8 @@ def build(spec: JobSpec, *, is_root, cores, python=None, status_dir=None, progre
     n = str(spec.num_proc)
     if spec.controller == "gloo":
         hosts = format_hosts(spec.hosts) if spec.hosts else f"localhost:{n}"
-        argv = (find_tool("horovodrun", python), "-np", n, "-H", hosts, "--gloo", *wrapped)
+        nic = ("--network-interface", spec.network_interface) if spec.network_interface else ()
+        argv = (find_tool("horovodrun", python), "-np", n, "-H", hosts, "--gloo", *nic, *wrapped)
         return Plan(argv=argv, env=env)
     argv = [find_tool("mpirun", python), "-np", n]
     if spec.hosts:
@@ -67,6 +68,9 @@ def build(spec: JobSpec, *, is_root, cores, python=None, status_dir=None, progre
     if not spec.hosts and spec.num_proc > cores:  # given hosts state their slots; no need
         argv.append("--oversubscribe")
     argv += ["--bind-to", "none", "--map-by", "slot", "--tag-output"]
+    if spec.network_interface:  # both the data path (btl) and mpirun's own control channel (oob)
+        nic = spec.network_interface
+        argv += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic]
     exported = set(env)
     if not is_local(spec.hosts):
         exported.update(name for name in FORWARDED if name in base_env)

@@ -26,6 +26,7 @@ class JobSpec:
     env: dict = field(default_factory=dict)  # extra variables for every rank
     mpi_args: tuple = ()  # passed to mpirun as they are
     hosts: tuple = ()  # Host(name, slots) each; () = localhost
+    network_interface: str | None = None  # NIC the ranks talk over, e.g. eth0 (default: the launcher picks)
 
     def __post_init__(self):
         object.__setattr__(self, "command", tuple(self.command))
@@ -36,6 +37,9 @@ class JobSpec:
             raise ConfigError(f"controller must be one of {CONTROLLERS} (got {self.controller!r})")
         if not self.command:
             raise ConfigError("no command given; put it after '--', e.g. hvdkit run -np 2 -- python train.py")
+        nic = self.network_interface
+        if nic is not None and not (isinstance(nic, str) and nic and all(c.isalnum() or c in "._-@:" for c in nic)):
+            raise ConfigError(f"--network-interface must name one interface, e.g. eth0 (got {nic!r})")
         bad = [h for h in self.hosts if not isinstance(h, Host)]
         if bad:
             raise ConfigError(f"hosts must be Host(name, slots) values (got {bad[0]!r}); see hvdkit.launch.hosts")

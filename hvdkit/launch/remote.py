@@ -1,0 +1,79 @@
+"""Reaching other hosts over ssh before a job starts: is each host there, and is it the same?"""
+
+import ipaddress
+import json
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+from ..core.errors import LaunchError
+from .hosts import LOCAL_NAMES
+
+__all__ = ["is_this_machine", "remote_hosts", "check_reachable", "ssh", "remote_json"]
+
+_SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=5")
+
+
+def is_this_machine(name):
+    """True when ``name`` is this machine: a local name, or an address some interface here holds."""
+    if name in LOCAL_NAMES or name == socket.gethostname():
+        return True
+    try:
+        address = socket.gethostbyname(name)
+        if ipaddress.ip_address(address).is_loopback:
+            return True
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((address, 0))  # only an address of this machine can be bound
+        return True
+    except OSError:
+        return False
+
+
+def remote_hosts(hosts):
+    """The hosts that are not this machine (ranks there are started over ssh)."""
+    return [h for h in hosts if not is_this_machine(h.name)]
+
+
+def ssh(host, argv, timeout=30):
+    """Run ``argv`` on ``host`` over ssh (key-based, no prompts); returns (exit code, output)."""
+    try:
+        p = subprocess.run(
+            ["ssh", *_SSH_OPTIONS, host, "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        return 127, "ssh is not installed (Debian: apt-get install openssh-client)"
+    except subprocess.TimeoutExpired:
+        return 124, f"no answer within {timeout} s"
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def check_reachable(hosts, timeout=15):
+    """Raise LaunchError naming every host that ssh cannot reach (checked in parallel)."""
+    remote = remote_hosts(hosts)
+    if not remote:
+        return
+    with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
+        results = list(pool.map(lambda h: (h.name, *ssh(h.name, ["true"], timeout)), remote))
+    failed = [(name, code, out) for name, code, out in results if code != 0]
+    if failed:
+        detail = "; ".join(f"{name}: {(out.splitlines() or [f'exit code {code}'])[-1]}" for name, code, out in failed)
+        raise LaunchError(
+            f"cannot reach {', '.join(name for name, _, _ in failed)} over ssh ({detail}). Ranks on other hosts are "
+            "started over ssh: check the host names, that sshd runs there and that `ssh HOST true` works "
+            "without a password"
+        )
+
+
+def remote_json(host, argv, timeout=60):
+    """``(dict, None)`` from a command on ``host`` that prints one JSON object, or ``(None, error)``."""
+    code, out = ssh(host, argv, timeout)
+    if code != 0:
+        return None, out.splitlines()[-1] if out else f"exit code {code}"
+    try:
+        return json.loads(out.splitlines()[-1]), None
+    except (ValueError, IndexError):
+        return None, f"unexpected answer: {out[-200:]}"
