@@ -128,3 +128,44 @@ def test_status_files_are_read_back(tmp_path):
     rec = execute.read_statuses(str(tmp_path))[1]
     assert (rec["exit_code"], rec["signal"]) == (None, 9)
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_network_interface_reaches_both_launchers():
+    from hvdkit.launch.hosts import Host
+
+    hosts = (Host("a", 1), Host("b", 1))
+    mpi = list(build(JobSpec(["python", "t.py"], 2, hosts=hosts, network_interface="eth1"), is_root=False, cores=2).argv)
+    i = mpi.index("btl_tcp_if_include")
+    assert mpi[i - 1 : i + 5] == ["--mca", "btl_tcp_if_include", "eth1", "--mca", "oob_tcp_if_include", "eth1"]
+    gloo = list(build(JobSpec(["python", "t.py"], 2, controller="gloo", hosts=hosts, network_interface="eth1"), is_root=False, cores=2).argv)
+    assert gloo[gloo.index("--network-interface") + 1] == "eth1"
+
+
+def test_a_network_interface_that_is_not_one_name_is_rejected():
+    with pytest.raises(ConfigError, match=r"--network-interface must name one interface.*'eth0 eth1'"):
+        JobSpec(["python", "t.py"], 2, network_interface="eth0 eth1")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-restarts", "-1"], "--max-restarts must be an integer >= 0 (got -1)"),
+        (["--stall-timeout", "0"], "--stall-timeout must be a positive number of seconds (got 0.0)"),
+        (["--grace-period", "-5"], "--grace-period must be a positive number of seconds (got -5.0)"),
+    ],
+)
+def test_bad_fault_tolerance_settings_are_clear_errors(args, message, capsys):
+    from hvdkit.cli import main
+
+    assert main(["run", "-np", "1", *args, "--", "python", "-c", "pass"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_restart_summary_names_every_failed_attempt():
+    from hvdkit.launch.supervise import Report
+
+    crash = execute.JobResult(137, 1, None, 9, message="rank 1 was killed by SIGKILL on h after 3.0 s; job stopped")
+    report = Report([crash, execute.JobResult(0)])
+    assert report.restarts == 1
+    assert report.summary() == "job finished after 1 restart used (attempt 1: rank 1 was killed by SIGKILL on h after 3.0 s; job stopped)"
+    assert Report([execute.JobResult(0)]).summary() == ""
