@@ -15,5 +15,7 @@ def test_pytest_collects_the_distributed_and_end_to_end_suites():
         "tests/distributed/test_keras_contracts.py",
         "tests/e2e/test_hvdkit_run.py",
         "tests/e2e/test_tf_examples.py",
+        "tests/e2e/test_fault_tolerance.py",
+        "tests/multihost/test_two_hosts.py",
     ):
         assert expected in files
