@@ -10,6 +10,7 @@ import os
 from . import env as _env
 from . import log as _log
 from .metrics import average_metrics as _average_metrics
+from .preemption import PreemptionGuard
 from .topology import Topology
 
 __all__ = ["Runtime"]
@@ -66,6 +67,13 @@ class Runtime:
         Collective: every rank calls it with the same metric names.
         """
         return _average_metrics(metrics, self.communicator(), name=name)
+
+    def preemption_guard(self, every=1):
+        """A PreemptionGuard on this job's communicator: after SIGTERM/SIGUSR1 on any rank, every rank
+        stops at the same step (see ``hvdkit.core.PreemptionGuard``).
+        Collective: every rank creates it and calls ``should_stop()``.
+        """
+        return PreemptionGuard(self.communicator(), every=every)
 
     def rank(self):
         return self._engine().rank()

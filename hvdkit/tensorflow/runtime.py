@@ -42,3 +42,4 @@ size = _runtime.size
 local_rank = _runtime.local_rank
 local_size = _runtime.local_size
 is_rank0 = _runtime.is_rank0
+PreemptionGuard = _runtime.preemption_guard  # noqa: N816 - reads like the class it returns

@@ -17,17 +17,8 @@ from ..core.metrics import MetricTracker  # noqa: E402, F401
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, eval_loader, train_loader, train_sampler  # noqa: E402
 from .optim import DistributedOptimizer, autocast  # noqa: E402
-from .runtime import average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
+from .runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
 from .state import broadcast_state  # noqa: E402
-
-
-def PreemptionGuard(every=1):  # noqa: N802 - a factory that reads like the class it returns
-    """A ``hvdkit.core.PreemptionGuard`` on this job's communicator: stop all ranks at the same step
-    after SIGTERM/SIGUSR1 (see its docs). Collective: every rank creates it and calls ``should_stop()``.
-    """
-    from ..core.preemption import PreemptionGuard as _Guard
-
-    return _Guard(communicator(), every=every)
 
 
 __all__ = [
