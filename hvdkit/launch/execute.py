@@ -187,7 +187,7 @@ def run(plan: Plan, status_dir=None, out=None, err=None, grace=30.0, forward_usr
         bufsize=1,
     )
 
-    received = []
+    received, timers = [], []
 
     def stop_now():
         _signal_pids(local_rank_pids(status_dir), signal.SIGTERM)
@@ -204,9 +204,9 @@ def run(plan: Plan, status_dir=None, out=None, err=None, grace=30.0, forward_usr
         _signal_pids(local_rank_pids(status_dir), signal.SIGTERM)
         if forward_usr1:
             _signal_pids([proc.pid], signal.SIGUSR1)
-        timer = threading.Timer(grace, stop_now)
-        timer.daemon = True
-        timer.start()
+        timers.append(threading.Timer(grace, stop_now))
+        timers[-1].daemon = True
+        timers[-1].start()
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     demux = LineDemux()
@@ -227,6 +227,8 @@ def run(plan: Plan, status_dir=None, out=None, err=None, grace=30.0, forward_usr
         write(demux.flush())
         returncode = proc.wait()
     finally:
+        for timer in timers:  # the job is over: never signal a pid that may be reused
+            timer.cancel()
         for s, handler in previous.items():
             signal.signal(s, handler)
         _reap(proc.pid, status_dir)
