@@ -214,7 +214,10 @@ def test_build_arguments_for_base_torch_source_and_certificate(text):
     defaults = arg_defaults(text)
     assert text.index("ARG BASE_IMAGE=") < text.index("FROM ${BASE_IMAGE}")
     assert defaults["BASE_IMAGE"] == "debian:bookworm-slim"
-    assert defaults["TORCH_INDEX_URL"].endswith("/whl/cpu")  # PyPI's torch would be the CUDA build
+    # The torch source is a build argument (PyTorch's CPU index for real builds; no registry host
+    # is written into the repository), used as an extra index only when given.
+    assert defaults["TORCH_INDEX_URL"] == ""
+    assert '${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"}' in text
     # No default: an ordinary build keeps pip's own settings.
     assert defaults["PIP_CERT"] is None and defaults["PIP_FIND_LINKS"] is None
 
