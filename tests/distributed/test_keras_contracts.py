@@ -4,12 +4,11 @@ One real job per launcher runs tests/distributed/workers/keras_contracts.py; eac
 ranks recorded and asserts one contract.
 """
 
-import json
 import os
 
 import pytest
 
-from helpers import LAUNCHERS, ROOT, run_ranks
+from helpers import LAUNCHERS, ROOT, run_contract_worker
 from hvdkit.core.checkpoint import verify
 
 pytestmark = pytest.mark.dist
@@ -20,12 +19,7 @@ FP16_TOL = 2e-3  # as for torch: fp16 rounding of the averaged gradients over a 
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"keras-{request.param}")
-    proc = run_ranks(request.param, 2, [str(WORKER), str(out)], timeout=400)
-    assert proc.returncode == 0, f"{request.param} job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    results = []
-    for r in range(2):
-        with open(out / f"rank{r}.json") as f:
-            results.append(json.load(f))
+    results = run_contract_worker(request.param, WORKER, out, timeout=400)
     return {"out": out, "r": results}
 
 

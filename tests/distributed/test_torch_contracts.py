@@ -4,13 +4,12 @@ One real job per launcher runs tests/distributed/workers/torch_contracts.py; eac
 ranks recorded and asserts one contract.
 """
 
-import json
 import math
 import os
 
 import pytest
 
-from helpers import LAUNCHERS, ROOT, run_ranks
+from helpers import LAUNCHERS, ROOT, run_contract_worker
 from hvdkit.core.checkpoint import verify
 
 pytestmark = pytest.mark.dist
@@ -24,12 +23,7 @@ FP16_TOL = 2e-3
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
-    proc = run_ranks(request.param, 2, [str(WORKER), str(out)], timeout=300)
-    assert proc.returncode == 0, f"{request.param} job failed:\n{proc.stdout}\n{proc.stderr}"
-    results = []
-    for r in range(2):
-        with open(out / f"rank{r}.json") as f:
-            results.append(json.load(f))
+    results = run_contract_worker(request.param, WORKER, out, timeout=300)
     return {"launcher": request.param, "out": out, "r": results}
 
 
