@@ -39,6 +39,8 @@ def test_save_writes_a_verified_manifest_and_leaves_no_temporary_folder(store):
 def test_only_the_newest_keep_checkpoints_remain(store):
     for step in range(1, 6):
         store.save(writer(bytes([step])), step=step, epoch=step)
+    assert [os.path.basename(p) for _, p in store.candidates()] == ["ckpt-000000000005", "ckpt-000000000004"]
+    store.wait_for_cleanup()  # old ones are deleted in the background
     assert sorted(os.listdir(store.root)) == ["ckpt-000000000004", "ckpt-000000000005"]
     state, info = store.load(read)
     assert (state, info.step) == (b"\x05", 5)

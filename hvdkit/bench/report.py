@@ -1,0 +1,186 @@
+"""Turning the suite's results into goals, a table, plots and the Markdown of docs/benchmarks.md."""
+
+import math
+import os
+
+__all__ = ["goals", "table", "plots", "markdown", "update_docs", "compression_advice"]
+
+BEGIN, END = "<!-- bench:results:begin -->", "<!-- bench:results:end -->"
+MB = 1 << 20
+
+
+def _median(section, variant):
+    return section["variants"][variant]["median_s"]
+
+
+def _sweep(results, job, variant):
+    """{bytes: row} of one variant in one comm job."""
+    return {r["bytes"]: r for r in results[job]["sweep"] if r["variant"] == variant}
+
+
+def compression_advice(results, job):
+    """Sizes where fp16 compression made the allreduce faster in ``job``; [] means: never compress here."""
+    c = results[job]["controller"]
+    plain, fp16 = _sweep(results, job, f"hvd_{c}"), _sweep(results, job, f"hvd_{c}_fp16")
+    return [n for n in sorted(plain) if fp16[n]["median_s"] < plain[n]["median_s"]]
+
+
+def goals(results):
+    """The issue's goals as measured ratios: [{name, value, target, met}]."""
+    t = results["train_torch"]
+    hvdkit, horovod, ddp = (_median(t, v) for v in ("hvdkit", "horovod", "ddp"))
+    largest = max(r["bytes"] for r in results["comm_mpi"]["sweep"])
+    wire = [r["value"] for job in ("comm_mpi", "comm_gloo") for r in results[job]["sweep"] if r["variant"] == "fp16_wire_ratio"]
+    rows = [
+        ("hvdkit / raw Horovod training throughput", horovod / hvdkit, ">= 0.99", horovod / hvdkit >= 0.99),
+        ("hvdkit per-step overhead vs raw Horovod", hvdkit / horovod - 1, "<= 0.01", hvdkit / horovod - 1 <= 0.01),
+        ("hvdkit (MPI) / torch DDP (gloo) throughput", ddp / hvdkit, ">= 1.0", ddp / hvdkit >= 1.0),
+        (f"Horovod MPI bus bandwidth / memcpy at {largest // MB} MB",
+         _sweep(results, "comm_mpi", "hvd_mpi")[largest]["fraction_of_memcpy"], "report", None),
+        (f"Horovod Gloo bus bandwidth / memcpy at {largest // MB} MB",
+         _sweep(results, "comm_gloo", "hvd_gloo")[largest]["fraction_of_memcpy"], "report", None),
+        ("fp16 bytes on the wire / fp32 (every size)", max(wire), "== 0.5", all(w == 0.5 for w in wire)),
+        ("hvdkit checkpoint save / torch.save + fsync", results["checkpoint"]["hvdkit_vs_torch_save_fsync"], "<= 1.10",
+         results["checkpoint"]["hvdkit_vs_torch_save_fsync"] <= 1.10),
+        ("hvdkit run start-up - raw mpirun (s)", results["startup"]["extra_s"], "<= 0.3", results["startup"]["extra_s"] <= 0.3),
+    ]
+    return [{"name": n, "value": v, "target": tg, "met": m} for n, v, tg, m in rows]
+
+
+def _fmt_bytes(n):
+    return f"{n // MB} MB" if n >= MB else f"{n >> 10} KB"
+
+
+def _spread(section, v):
+    return f"{section['variants'][v]['spread']:.0%}"
+
+
+def table(results):
+    """The plain-text summary printed at the end of a run."""
+    lines = []
+    add = lines.append
+    for job in ("comm_mpi", "comm_gloo"):
+        c = results[job]["controller"]
+        variants = [v for v in (f"hvd_{c}", f"hvd_{c}_fp16", "mpi4py", "torch_gloo") if _sweep(results, job, v)]
+        add(f"\n(a) allreduce bus bandwidth, GB/s (fraction of memcpy), job launched over {c.upper()}")
+        add(f"{'size':>8} " + " ".join(f"{v:>20}" for v in variants) + f" {'memcpy':>9}")
+        mem = _sweep(results, job, "memcpy")
+        for n in sorted(mem):
+            cells = []
+            for v in variants:
+                r = _sweep(results, job, v)[n]
+                cells.append(f"{r['bandwidth_Bps'] / 1e9:8.3f} ({r['fraction_of_memcpy']:5.1%})")
+            add(f"{_fmt_bytes(n):>8} " + " ".join(f"{c_:>20}" for c_ in cells) + f" {mem[n]['bandwidth_Bps'] / 1e9:9.2f}")
+        plain, fp16 = _sweep(results, job, f"hvd_{c}"), _sweep(results, job, f"hvd_{c}_fp16")
+        add("(b) fp16 time / none: " + ", ".join(f"{_fmt_bytes(n)} {fp16[n]['median_s'] / plain[n]['median_s']:.2f}" for n in sorted(plain)))
+        fu = results[job]["fusion"]
+        base = fu["variants"]["one_tensor"]["median_s"]
+        add(f"(c) {fu['tensors']} x {fu['bytes_each'] >> 10} KB tensors, time / one tensor of the same total: "
+            + ", ".join(f"{v} {d['median_s'] / base:.1f}x" for v, d in fu["variants"].items()))
+    for key, title in (("train_torch", "PyTorch"), ("train_keras", "Keras")):
+        t = results[key]
+        add(f"\n(d) {title} training step, {t['model']}: per rank")
+        for v, d in t["variants"].items():
+            add(f"  {v:>13}: {d['median_s'] * 1e3:8.2f} ms/step ±{d['spread']:.0%}  {d['samples_per_s']:9.0f} samples/s  scaling efficiency {d['scaling_efficiency']:.2f}")
+        if "comm_share" in t:
+            add(f"  communication share of an hvdkit step: {t['comm_share']:.0%}")
+    ck = results["checkpoint"]
+    add(f"\n(f) checkpoint of {ck['payload_bytes'] // MB} MB: " + ", ".join(f"{v} {d['median_s'] * 1e3:.0f} ms" for v, d in ck["variants"].items()))
+    st = results["startup"]
+    add("(g) start-up of 2 ranks: " + ", ".join(f"{v} {d['median_s']:.2f} s" for v, d in st["variants"].items()))
+    if "tuning" in results:
+        add("\nHorovod settings (hvdkit step ms, 4 KB allreduce ms):")
+        for label, d in results["tuning"].items():
+            add(f"  {label:>30}: {d['step_s']['median_s'] * 1e3:7.2f}  {d['allreduce_4k_s']['median_s'] * 1e3:6.3f}")
+    add("\nGoals (ratios from this run):")
+    for g in results["goals"]:
+        verdict = {True: "met", False: "NOT met", None: ""}[g["met"]]
+        add(f"  {g['name']:<48} {g['value']:8.3f}  target {g['target']:<8} {verdict}")
+    return "\n".join(lines)
+
+
+def plots(results, out):
+    """bandwidth.png (bus bandwidth against size, with the memcpy ceiling) and scaling.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, job in zip(axes, ("comm_mpi", "comm_gloo")):
+        c = results[job]["controller"]
+        for v in (f"hvd_{c}", f"hvd_{c}_fp16", "mpi4py", "torch_gloo", "memcpy"):
+            rows = _sweep(results, job, v)
+            if rows:
+                xs = sorted(rows)
+                style = "k--" if v == "memcpy" else "o-"
+                label = "memory copy (ceiling)" if v == "memcpy" else v
+                ax.plot([x / 1024 for x in xs], [rows[x]["bandwidth_Bps"] / 1e9 for x in xs], style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (KB)")
+        ax.set_title(f"allreduce, {results['ranks']} ranks, job over {c.upper()}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("bus bandwidth (GB/s)")
+    fig.tight_layout()
+    paths.append(os.path.join(out, "bandwidth.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labels, values = [], []
+    for key, title in (("train_torch", "torch"), ("train_keras", "keras")):
+        for v, d in results[key]["variants"].items():
+            if v != "single":
+                labels.append(f"{title}\n{v}")
+                values.append(d["scaling_efficiency"])
+    bars = ax.bar(range(len(values)), values, color=["#999" if "compute_only" in lb else "#3b7" for lb in labels])
+    ax.bar_label(bars, fmt="%.2f")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(values)), labels, fontsize=8)
+    ax.set_ylabel(f"scaling efficiency, 1 -> {results['ranks']} ranks")
+    ax.set_title("training throughput per rank vs one process (grey: no communication at all)")
+    fig.tight_layout()
+    paths.append(os.path.join(out, "scaling.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def markdown(results, plots, docs_dir):
+    """The results section of docs/benchmarks.md: machine, goals, the table, the plots."""
+    m = results["machine"]
+    rel = [os.path.relpath(p, docs_dir) for p in plots]
+    lines = [
+        f"Recorded {m['date']} by `hvdkit bench` in {results['seconds']:.0f} s"
+        + (" (--quick: checks only, not figures)" if results["quick"] else "") + ".",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {(m['memory_bytes'] or 0) / 2**30:.0f} GiB, {m['os']}; "
+        f"load average at start {m['load_average_at_start'][0]:.2f}.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
+        "",
+        "| goal | measured | target | |",
+        "|---|---|---|---|",
+    ]
+    for g in results["goals"]:
+        verdict = {True: "met", False: "**not met**", None: ""}[g["met"]]
+        lines.append(f"| {g['name']} | {g['value']:.3f} | {g['target']} | {verdict} |")
+    lines += ["", *[f"![{os.path.splitext(os.path.basename(p))[0]}]({p})" for p in rel], "", "```", table(results).strip(), "```", ""]
+    return "\n".join(lines)
+
+
+def update_docs(path, section):
+    """Replace the text between the bench:results markers of ``path`` with ``section``."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{path} has no {BEGIN} ... {END} markers; add them where the results should go")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{BEGIN}\n{section}\n{END}{tail}")
+
+
+def finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x)

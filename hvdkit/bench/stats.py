@@ -1,0 +1,97 @@
+"""Timing arithmetic shared by the benchmark workers: medians, spread, bandwidth, interleaving.
+
+Framework-free. Every figure the suite publishes is a ratio of two medians taken in the same run,
+with the variants of one comparison interleaved (A B C A B C ...), so a slow spell on a shared
+machine hits every variant alike instead of one.
+"""
+
+import math
+import statistics
+import time
+
+__all__ = [
+    "Samples",
+    "bus_bandwidth",
+    "interleaved",
+    "iterations_for",
+    "ratio",
+    "check_close",
+    "BenchmarkCheckError",
+]
+
+
+class BenchmarkCheckError(AssertionError):
+    """A benchmark variant computed a wrong result, so its timing would mean nothing."""
+
+
+class Samples:
+    """Repeated timings of one variant (seconds per operation): median and spread."""
+
+    def __init__(self, values=()):
+        self.values = [float(v) for v in values]
+
+    def add(self, seconds):
+        self.values.append(float(seconds))
+
+    @property
+    def median(self):
+        return statistics.median(self.values) if self.values else math.nan
+
+    @property
+    def spread(self):
+        """(max - min) / median: how far apart the repetitions were (0.05 = 5 %)."""
+        if len(self.values) < 2 or not self.median:
+            return 0.0
+        return (max(self.values) - min(self.values)) / self.median
+
+    def as_dict(self):
+        return {"median_s": self.median, "spread": self.spread, "samples_s": self.values}
+
+
+def ratio(a, b):
+    """median(a) / median(b), NaN when b has no time."""
+    return a.median / b.median if b.median else math.nan
+
+
+def bus_bandwidth(nbytes, seconds, size):
+    """Allreduce bus bandwidth in bytes/s: algorithm bandwidth x 2(N-1)/N.
+
+    A ring allreduce moves 2(N-1)/N of the buffer through each rank's link, so bus bandwidth is
+    comparable across rank counts and with the link's (here: memory's) own bandwidth.
+    """
+    if seconds <= 0:
+        return math.nan
+    return nbytes / seconds * (2 * (size - 1) / size)
+
+
+def iterations_for(nbytes, budget_bytes=64 << 20, lo=3, hi=200):
+    """How many operations to time back to back for a buffer of ``nbytes``: equal on every rank.
+
+    Small buffers repeat more (one op is too short to time); the count depends on the size alone,
+    never on a rank's own measurement, so every rank runs the same number of collectives.
+    """
+    return int(min(hi, max(lo, budget_bytes // max(1, nbytes))))
+
+
+def interleaved(variants, reps):
+    """[(rep, variant), ...] in the order A B C A B C ...: each rep visits every variant once."""
+    return [(rep, v) for rep in range(reps) for v in variants]
+
+
+def timed(fn, iters, clock=time.perf_counter):
+    """Seconds per call of ``fn`` over ``iters`` back-to-back calls."""
+    t0 = clock()
+    for _ in range(iters):
+        fn()
+    return (clock() - t0) / iters
+
+
+def check_close(what, got, expected, tol):
+    """Raise BenchmarkCheckError naming ``what`` unless every |got - expected| <= tol."""
+    worst = max((abs(float(g) - float(e)) for g, e in zip(got, expected)), default=0.0)
+    if len(got) != len(expected) or not worst <= tol:
+        raise BenchmarkCheckError(
+            f"{what}: result is wrong (max |diff| {worst:.3g} > {tol:g}, {len(got)} values vs {len(expected)}); "
+            "its timing is not reported"
+        )
+    return worst

@@ -1,0 +1,166 @@
+"""``hvdkit bench``: the whole benchmark suite in one run, with a table, JSON and plots.
+
+    hvdkit bench [--out DIR] [--quick] [--docs docs/benchmarks.md] [-np 2]
+
+Each section is a separate job started the way users start theirs (``hvdkit run``), so the
+figures include everything a user pays for. Within a job the variants of one comparison run
+interleaved and every variant's result is checked before it is timed (see the workers:
+``comm_bench``, ``train_bench``, ``keras_bench``, ``ckpt_bench``). ``--quick`` runs every variant
+on tiny sizes once: a correctness check of the suite (``make test`` runs it), not a measurement.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from ..launch.doctor import local_versions
+from ..launch.plan import find_tool
+from . import report
+from .stats import Samples, check_close, interleaved
+
+__all__ = ["main", "run_suite"]
+
+# Horovod settings compared by the tuning section: (label, extra environment for the job).
+TUNING = (
+    ("horovod default (cycle 1 ms)", {"HOROVOD_CYCLE_TIME": "1"}),
+    ("cycle 0.5 ms", {"HOROVOD_CYCLE_TIME": "0.5"}),
+    ("cycle 5 ms", {"HOROVOD_CYCLE_TIME": "5"}),
+)
+
+
+def _say(msg):
+    print(f"[hvdkit bench] {msg}", file=sys.stderr, flush=True)
+
+
+def machine():
+    """What the figures were measured on."""
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    mem = None
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_bytes": mem,
+        "os": platform.platform(),
+        "load_average_at_start": os.getloadavg(),
+        "versions": local_versions(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+
+
+class Suite:
+    def __init__(self, out, np_, quick, python=None):
+        self.out, self.np, self.quick = out, np_, quick
+        self.python = python or sys.executable
+        self.hvdkit = find_tool("hvdkit", self.python)
+        os.makedirs(out, exist_ok=True)
+
+    def job(self, name, worker, *extra, gloo=False, env=None, ranks=True, timeout=600):
+        """Run one worker (under ``hvdkit run`` unless ``ranks`` is False); its JSON result."""
+        path = os.path.join(self.out, f"{name}.json")
+        cmd = [self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
+        if ranks:
+            cmd = [self.hvdkit, "run", "-np", str(self.np), *(["--gloo"] if gloo else []), "--", *cmd]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmark job {name!r} failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}")
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+        _say(f"{name}: done in {time.perf_counter() - t0:.0f} s")
+        return result
+
+    def startup(self, reps):
+        """(g) ``hvdkit run`` against the raw ``mpirun`` command, each starting N ranks that print their rank."""
+        probe = [self.python, "-c", "import os; print('RANK', os.environ['OMPI_COMM_WORLD_RANK'])"]
+        mpirun = [find_tool("mpirun", self.python), "-np", str(self.np), "--bind-to", "none", "--oversubscribe"]
+        if os.geteuid() == 0:
+            mpirun.append("--allow-run-as-root")
+        variants = {"mpirun": mpirun + probe, "hvdkit_run": [self.hvdkit, "run", "-np", str(self.np), "--", *probe]}
+        samples = {v: Samples() for v in variants}
+        for v, argv in variants.items():  # check, untimed: every rank started and reported
+            text = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL).stdout
+            ranks = sorted(int(ln.split("RANK")[1]) for ln in text.splitlines() if "RANK" in ln)
+            check_close(f"startup {v} ranks", ranks, list(range(self.np)), 0)
+        for _, v in interleaved(list(variants), reps):
+            t0 = time.perf_counter()
+            subprocess.run(variants[v], capture_output=True, timeout=120, stdin=subprocess.DEVNULL, check=True)
+            samples[v].add(time.perf_counter() - t0)
+        return {"variants": {v: s.as_dict() for v, s in samples.items()},
+                "extra_s": samples["hvdkit_run"].median - samples["mpirun"].median}
+
+    def tuning(self, reps):
+        """Horovod's cycle time on this machine: training step and small-allreduce latency per setting."""
+        rows = {label: {"step_s": Samples(), "allreduce_4k_s": Samples()} for label, _ in TUNING}
+        for rep, (label, env) in interleaved(TUNING, reps):
+            tag = f"tune-{rep}-{label.split()[1] if ' ' in label else label}".replace(".", "_")
+            train = self.job(tag, "train_bench", "--reps", "3", "--only", "hvdkit", env=env)
+            rows[label]["step_s"].add(train["variants"]["hvdkit"]["median_s"])
+            rows[label]["allreduce_4k_s"].add(train["allreduce_4k_s"])
+        return {label: {k: s.as_dict() for k, s in r.items()} | {"env": dict(env)} for (label, env), r in zip(TUNING, rows.values())}
+
+
+def run_suite(out, np_=2, quick=False, docs=None, tune=True):
+    """Every section; returns the assembled results (also written to ``out``/results.json)."""
+    t0 = time.perf_counter()
+    suite = Suite(out, np_, quick)
+    reps = 1 if quick else 5
+    results = {"machine": machine(), "quick": quick, "ranks": np_}
+    _say(f"{np_} ranks on {results['machine']['cores']} cores; results go to {out}")
+    results["comm_mpi"] = suite.job("comm_mpi", "comm_bench")
+    results["comm_gloo"] = suite.job("comm_gloo", "comm_bench", gloo=True)
+    results["train_torch"] = suite.job("train_torch", "train_bench")
+    results["train_keras"] = suite.job("train_keras", "keras_bench")
+    results["checkpoint"] = suite.job("checkpoint", "ckpt_bench", ranks=False)
+    results["startup"] = suite.startup(reps * 2)
+    _say("startup: done")
+    if tune and not quick:
+        results["tuning"] = suite.tuning(2)
+    results["goals"] = report.goals(results)
+    results["seconds"] = time.perf_counter() - t0
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    print(report.table(results))
+    plots = report.plots(results, out)
+    markdown = report.markdown(results, plots, docs_dir=os.path.dirname(docs) if docs else out)
+    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(markdown)
+    if docs:
+        report.update_docs(docs, markdown)
+    _say(f"all done in {results['seconds']:.0f} s: {out}/results.json, results.md, {', '.join(os.path.basename(p) for p in plots)}")
+    return results
+
+
+def parser(p=None):
+    p = p or argparse.ArgumentParser(prog="hvdkit bench", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="build/bench", help="folder for results.json, results.md and the plots (default: build/bench)")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, default=2, help="ranks per job (default: 2)")
+    p.add_argument("--quick", action="store_true", help="every variant on tiny sizes, once: checks the suite, measures nothing")
+    p.add_argument("--docs", default=None, help="also rewrite the results section of this Markdown file (docs/benchmarks.md)")
+    p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the Horovod settings comparison")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if args.np < 2:
+        raise SystemExit(f"hvdkit bench: -np must be at least 2 (got {args.np}): the suite compares 1 rank with N")
+    run_suite(args.out, args.np, args.quick, args.docs, args.tune)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
