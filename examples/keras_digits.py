@@ -58,7 +58,7 @@ def train(args):
         validation_data=val_ds,
         epochs=args.epochs,
         initial_epoch=start_epoch,
-        callbacks=[hk.BroadcastInitialState(), hk.MetricAverage(), report, ckpt],
+        callbacks=[hk.BroadcastInitialState(), hk.MetricAverage(), hk.ProgressBar(args.batch_size), report, ckpt],
         verbose=0,
     )
     model.evaluate(val_ds, verbose=0)

@@ -20,7 +20,7 @@ from digits_common import load_split, log_epoch, parse_args, result_line
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
-from hvdkit.core import HvdkitError, MetricTracker, Progress, get_logger
+from hvdkit.core import HvdkitError, MetricTracker, get_logger
 
 log = get_logger("examples.torch_digits")
 
@@ -80,8 +80,8 @@ def train(args):
         for name, (total, count) in position.get("train_totals", {}).items():
             tracker.update_sum(name, total, count)
         position = {}
-        progress = Progress(len(train_loader), desc=f"epoch {epoch + 1}/{args.epochs}", show=topo.is_rank0)
-        for x, y in itertools.islice(train_loader, done, None):  # skip what a preempted run did
+        batches = itertools.islice(train_loader, done, None)  # skip what a preempted run did
+        for x, y in hk.progress(batches, desc=f"epoch {epoch + 1}/{args.epochs}", total=len(train_loader) - done):
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -89,14 +89,12 @@ def train(args):
             step += 1
             done += 1
             tracker.update("loss", loss.item(), len(y))
-            progress.update(1, samples=len(y) * topo.size)
             if guard.should_stop():  # every rank agrees to stop after this same step
                 ckpt.save(step, epoch, extra={"batches_done": done, "train_totals": tracker.local()})
                 if topo.is_rank0:
                     log.info("stopped by a signal at epoch %d, batch %d (step %d): checkpoint saved", epoch + 1, done, step)
                     print(result_line(topo.size, args, start_epoch, step, None, None, preempted=True), flush=True)
                 return
-        progress.close()
         scheduler.step()
         metrics = {**hk.average_metrics(tracker), **evaluate(model, val_loader)}
         ckpt.save(step, epoch + 1)

@@ -1,4 +1,4 @@
-"""The ``hvdkit`` command: ``run``, ``render`` and ``doctor``."""
+"""The ``hvdkit`` command: ``run``, ``render``, ``doctor``, ``timeline`` and ``bench``."""
 
 import argparse
 import os
@@ -60,8 +60,23 @@ def _parser():
         help="after SIGTERM/SIGINT, how long ranks get to checkpoint and exit before they are killed "
         "(default: $HVDKIT_GRACE_PERIOD or 30)",
     )
+    r.add_argument(
+        "--timeline",
+        metavar="FILE",
+        help="record Horovod's timeline (HOROVOD_TIMELINE) in FILE: Chrome-trace JSON written by rank 0 on its "
+        "host (a restart overwrites it); read it with 'hvdkit timeline FILE' or chrome://tracing",
+    )
+    r.add_argument(
+        "--timeline-mark-cycles",
+        action="store_true",
+        help="also mark the start of every Horovod cycle in the timeline (HOROVOD_TIMELINE_MARK_CYCLES=1)",
+    )
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
     _render_parser(sub)
+    _timeline_parser(sub)
+    from .bench.suite import parser as bench_parser  # framework-free: the workers import torch/TF
+
+    bench_parser(sub.add_parser("bench", help="run the benchmark suite: table, JSON and plots (about 6 minutes on 2 cores)"))
     d = sub.add_parser("doctor", help="check the installation and run a 2-rank allreduce")
     d.add_argument("--no-smoke", action="store_true", help="skip the 2-rank smoke test")
     d.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...", help="also check these hosts: ssh, versions, route, allreduce")
@@ -130,6 +145,34 @@ def _render(args):
     return 0
 
 
+def _timeline_parser(sub):
+    t = sub.add_parser(
+        "timeline",
+        help="summarise a Horovod timeline: time per tensor and activity, communication against waits",
+        description="Summarise a timeline written by 'hvdkit run --timeline FILE'. Example: hvdkit timeline "
+        "tl.json --top 5 --json tl-summary.json --plot tl.png",
+    )
+    t.add_argument("file", metavar="FILE", help="the timeline (HOROVOD_TIMELINE) file")
+    t.add_argument("--json", metavar="OUT", help="also write the whole summary as JSON to OUT")
+    t.add_argument("--plot", metavar="OUT.png", help="also draw the top tensors and the span breakdown to OUT.png")
+    t.add_argument("--top", type=int, default=10, metavar="K", help="tensors to show (default 10)")
+
+
+def _timeline(args):
+    from .core.errors import ConfigError
+    from .launch import timeline
+
+    if args.top < 1:
+        raise ConfigError(f"--top must be an integer >= 1 (got {args.top})")
+    summary = timeline.summarise(args.file)
+    sys.stdout.write(timeline.format_summary(summary, args.top))
+    if args.json:
+        timeline.write_json(summary, args.json, args.top)
+    if args.plot:
+        timeline.plot(summary, args.plot, args.top)
+    return 0
+
+
 def _run_settings(args):
     """``(max_restarts, stall_timeout or None, grace)``: flag > HVDKIT_* variable > default."""
     from .core import env
@@ -152,6 +195,7 @@ def _run_settings(args):
 
 def _run(args):
     import dataclasses
+    import time
 
     from .core import env
     from .launch import execute, hosts, plan, remote, supervise
@@ -170,6 +214,8 @@ def _run(args):
         hosts=found,
         env=extra_env,
         network_interface=args.network_interface,
+        timeline=args.timeline,
+        timeline_mark_cycles=args.timeline_mark_cycles,
     )
     check_command(spec.command)
     is_root = os.geteuid() == 0
@@ -179,11 +225,16 @@ def _run(args):
         print(" ".join(_quote(a) for a in built.argv))
         return 0
     remote.check_reachable(found)  # an unreachable host is an error before anything starts
+    if spec.timeline:
+        from .launch.timeline import ensure_folder
+
+        ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
 
     def build_plan(status_dir, attempt):
         attempt_spec = dataclasses.replace(spec, env={**spec.env, env.RESTART: str(attempt)})
         return plan.build(attempt_spec, is_root=is_root, cores=cores, status_dir=status_dir, progress=sys.stderr.isatty())
 
+    started = time.time()
     report = supervise.supervise(build_plan, restarts, grace=grace, forward_usr1=controller == "mpi")
     final = report.final
     if final.interrupted_by is not None and final.exit_code == 0:
@@ -193,6 +244,8 @@ def _run(args):
     summary = report.summary()
     if summary:
         sys.stderr.write(f"hvdkit run: {summary}\n")
+    if spec.timeline and os.path.exists(spec.timeline) and os.path.getmtime(spec.timeline) >= started - 1:
+        sys.stderr.write(f"hvdkit run: timeline written; summarise it: hvdkit timeline {_quote(spec.timeline)}\n")
     return final.exit_code
 
 
@@ -209,6 +262,12 @@ def main(argv=None):
             return _run(args)
         if args.cmd == "render":
             return _render(args)
+        if args.cmd == "timeline":
+            return _timeline(args)
+        if args.cmd == "bench":
+            from .bench.suite import run_args
+
+            return run_args(args)
         from .launch import hosts
         from .launch.doctor import diagnose
 

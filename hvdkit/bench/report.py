@@ -182,5 +182,3 @@ def update_docs(path, section):
         f.write(f"{head}{BEGIN}\n{section}\n{END}{tail}")
 
 
-def finite(x):
-    return isinstance(x, (int, float)) and math.isfinite(x)

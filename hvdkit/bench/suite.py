@@ -13,10 +13,13 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 
+from ..core.errors import ConfigError, LaunchError
 from ..launch.doctor import local_versions
 from ..launch.plan import find_tool
 from . import report
@@ -60,6 +63,24 @@ def machine():
     }
 
 
+def _stream(cmd, env, timeout):
+    """Run ``cmd``; show its progress lines (``[bench ...]``) as they come; (exit code, all output)."""
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    timer.start()
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "[bench " in line:
+                print("  " + line.split("[bench ", 1)[1].rstrip().replace("] ", ": ", 1), file=sys.stderr, flush=True)
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+    return rc, "".join(lines)
+
+
 class Suite:
     def __init__(self, out, np_, quick, python=None):
         self.out, self.np, self.quick = out, np_, quick
@@ -74,10 +95,9 @@ class Suite:
         if ranks:
             cmd = [self.hvdkit, "run", "-np", str(self.np), *(["--gloo"] if gloo else []), "--", *cmd]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"benchmark job {name!r} failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}")
+        rc, output = _stream(cmd, {**os.environ, **(env or {})}, timeout)
+        if rc != 0:
+            raise LaunchError(f"benchmark job {name!r} failed (exit {rc}): {' '.join(cmd)}\n{output[-4000:]}")
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
         _say(f"{name}: done in {time.perf_counter() - t0:.0f} s")
@@ -154,12 +174,18 @@ def parser(p=None):
     return p
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
+def run_args(args):
+    """Run the suite from parsed arguments (``hvdkit bench``); the exit code."""
     if args.np < 2:
-        raise SystemExit(f"hvdkit bench: -np must be at least 2 (got {args.np}): the suite compares 1 rank with N")
+        raise ConfigError(f"-np must be at least 2 (got {args.np}): the suite compares 1 rank with N")
+    if args.docs and not os.path.isfile(args.docs):
+        raise ConfigError(f"--docs {args.docs!r} is not a file; pass the Markdown file to update (docs/benchmarks.md)")
     run_suite(args.out, args.np, args.quick, args.docs, args.tune)
     return 0
+
+
+def main(argv=None):
+    return run_args(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ from .errors import (
     MissingDependencyError,
 )
 from .log import get_logger
+from .lr import lr_scale, scaled_lr, warmup_factor
 from .metrics import MetricTracker, average_metrics, sum_states
 from .options import COMPRESSIONS, check_compression
 from .preemption import PreemptionGuard
 from .progress import Progress
+from .straggler import StragglerMonitor, StragglerReport
 from .topology import Topology, from_env
 
 __all__ = [
@@ -35,10 +37,15 @@ __all__ = [
     "MissingDependencyError",
     "PreemptionGuard",
     "Progress",
+    "StragglerMonitor",
+    "StragglerReport",
     "Topology",
     "average_metrics",
     "check_compression",
     "from_env",
     "get_logger",
+    "lr_scale",
+    "scaled_lr",
     "sum_states",
+    "warmup_factor",
 ]

@@ -8,20 +8,28 @@ import os
 # Read by hvdkit.
 LOG_LEVEL = "HVDKIT_LOG_LEVEL"  # DEBUG, INFO (default), WARNING, ERROR
 PROGRESS = "HVDKIT_PROGRESS"  # "auto" (default: on when stderr is a terminal), "1"/"on", "0"/"off"
+PROGRESS_INTERVAL = "HVDKIT_PROGRESS_INTERVAL"  # seconds between progress lines when not a terminal (default 10)
 NUM_THREADS = "HVDKIT_NUM_THREADS"  # intra-op threads per rank (default: cores / local size)
 STALL_TIMEOUT = "HVDKIT_STALL_TIMEOUT"  # seconds a rank may stay out of a collective (default 600)
 GRACE_PERIOD = "HVDKIT_GRACE_PERIOD"  # seconds ranks get to checkpoint after SIGTERM (default 30)
 MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # `hvdkit run` relaunches after a failure (default 0)
+STRAGGLER_THRESHOLD = "HVDKIT_STRAGGLER_THRESHOLD"  # slowdown above which a rank is a straggler (default 1.2)
 
 # Set by `hvdkit run` for the ranks it starts.
 STATUS_DIR = "HVDKIT_STATUS_DIR"  # where each rank's wrapper records its pid and how it ended
 RESTART = "HVDKIT_RESTART"  # 0 for the first launch, k for the k-th restart
+
+# MLflow's own, used by hvdkit.core.tracking: the first is read (an explicit URI wins), the second
+# set to "true" (if unset) when the URI is a `file:` store, which MLflow 3 refuses otherwise.
+MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+MLFLOW_ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
 
 # Horovod's own stall inspector, which hvdkit configures from STALL_TIMEOUT unless these are set.
 HOROVOD_STALL_CHECK = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 HOROVOD_STALL_SHUTDOWN = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 DEFAULT_STALL_TIMEOUT = 600
 DEFAULT_GRACE_PERIOD = 30
+DEFAULT_STRAGGLER_THRESHOLD = 1.2
 
 # Rank variables set by the launchers hvdkit supports, in order of preference.
 # (rank, size, local rank, local size)

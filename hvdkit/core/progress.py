@@ -23,10 +23,11 @@ class Progress:
     terminal. On a terminal it redraws one line; elsewhere (a pipe, under ``hvdkit run``) it prints
     a line at most every ``interval`` seconds, so long work shows progress and short work stays quiet.
 
-    Env: HVDKIT_PROGRESS (auto, 1/on, 0/off).
+    Env: HVDKIT_PROGRESS (auto, 1/on, 0/off); HVDKIT_PROGRESS_INTERVAL (seconds between lines
+    when not a terminal, when ``interval`` is not given; default 10).
     """
 
-    def __init__(self, total, desc="", show=True, stream=None, interval=10.0, clock=time.perf_counter):
+    def __init__(self, total, desc="", show=True, stream=None, interval=None, clock=time.perf_counter):
         self.stream = stream or sys.stderr
         tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         wanted = _env.flag(_env.PROGRESS, default=tty)
@@ -36,8 +37,9 @@ class Progress:
         self.desc = desc
         self.done = 0
         self.samples = 0
-        self.interval = interval
+        self.interval = interval if interval is not None else _env.seconds(_env.PROGRESS_INTERVAL, 10.0)
         self.clock = clock
+        self.unit = "samples"  # what update(samples=...) counts
         self.start = self._last = clock()
 
     def update(self, steps=1, samples=0):
@@ -62,7 +64,7 @@ class Progress:
         bar = "#" * int(frac * width) + "." * (width - int(frac * width))
         line = (
             f"{self.desc} [{bar}] {self.done}/{self.total} {frac:4.0%} "
-            f"{rate:,.0f} samples/s elapsed {_fmt_time(elapsed)} eta {_fmt_time(eta)}"
+            f"{rate:,.0f} {self.unit}/s elapsed {_fmt_time(elapsed)} eta {_fmt_time(eta)}"
         )
         self.stream.write(("\r" + line) if self.tty else line + end)
         self.stream.flush()

@@ -28,7 +28,10 @@ from ..tensorflow import (  # noqa: F401 - one runtime for TensorFlow and Keras
     topology,
 )
 from .callbacks import BroadcastInitialState, Checkpoint, LearningRateWarmup, MetricAverage, average_model_metrics
-from .optimizer import DistributedOptimizer, is_distributed
+from .monitoring import StragglerReport
+from .optimizer import DistributedOptimizer, ScaledSchedule, is_distributed, scaled_lr
+from .progress import ProgressBar
+from .tracking import TrackMetrics, Tracker
 
 __all__ = [
     "PreemptionGuard",
@@ -37,6 +40,11 @@ __all__ = [
     "DistributedOptimizer",
     "LearningRateWarmup",
     "MetricAverage",
+    "ProgressBar",
+    "ScaledSchedule",
+    "StragglerReport",
+    "TrackMetrics",
+    "Tracker",
     "average_metrics",
     "average_model_metrics",
     "broadcast_variables",
@@ -48,6 +56,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "rank",
+    "scaled_lr",
     "shard",
     "size",
     "topology",

@@ -5,6 +5,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.log import get_logger
+from ..core.lr import check_rule, lr_scale
 from ..core.metrics import sum_states
 from ..tensorflow.checkpoint import Checkpointer
 from ..tensorflow.runtime import communicator
@@ -87,15 +88,18 @@ class MetricAverage(keras.callbacks.Callback):
 
 
 class LearningRateWarmup(keras.callbacks.Callback):
-    """Raise the learning rate linearly from ``initial_lr`` to ``initial_lr * size`` over ``warmup_epochs``.
+    """Raise the learning rate linearly from ``initial_lr`` to ``initial_lr * scale`` over ``warmup_epochs``.
 
     The usual large-batch recipe (Goyal et al.): N ranks see N times the samples per step, so the
-    rate is scaled by N, gradually to keep the first steps stable. Updated every batch; after the
-    warmup the rate stays at ``initial_lr * size``. Pass ``initial_lr`` explicitly (the optimizer's
-    rate changes during warmup and is restored from checkpoints).
+    rate is scaled by N, gradually to keep the first steps stable. ``rule`` picks the scale
+    (``hvdkit.core.lr``): ``"linear"`` (default, N), ``"sqrt"`` (sqrt(N), often used with Adam) or
+    ``"none"``. Updated every batch; after the warmup the rate stays at ``initial_lr * scale``.
+    Pass ``initial_lr`` explicitly (the optimizer's rate changes during warmup and is restored from
+    checkpoints). It needs a constant rate; for a schedule, or a warmup counted in steps, use
+    ``hvdkit.keras.ScaledSchedule``.
     """
 
-    def __init__(self, initial_lr, warmup_epochs=5, verbose=0):
+    def __init__(self, initial_lr, warmup_epochs=5, verbose=0, rule="linear"):
         super().__init__()
         if not isinstance(initial_lr, (int, float)) or initial_lr <= 0:
             raise ConfigError(f"initial_lr must be a positive number (got {initial_lr!r})")
@@ -103,6 +107,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
             raise ConfigError(f"warmup_epochs must be an integer >= 0 (got {warmup_epochs!r})")
         self.initial_lr = float(initial_lr)
         self.warmup_epochs = warmup_epochs
+        self.rule = check_rule(rule)
         self.verbose = verbose
         self._epoch = 0
 
@@ -114,11 +119,11 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
     def target(self, epoch, batch, steps):
         """The learning rate at ``batch`` of ``epoch`` (``steps`` batches per epoch)."""
-        size = communicator().size
+        scale = lr_scale(communicator().size, self.rule)
         if epoch >= self.warmup_epochs:
-            return self.initial_lr * size
+            return self.initial_lr * scale
         progress = (epoch + batch / max(1, steps)) / self.warmup_epochs
-        return self.initial_lr * (1 + (size - 1) * progress)
+        return self.initial_lr * (1 + (scale - 1) * progress)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

@@ -1,17 +1,33 @@
-"""A Keras 3 optimizer that really averages gradients over ranks."""
+"""A Keras 3 optimizer that really averages gradients over ranks; learning-rate scaling for it."""
 
 import itertools
+import math
 
 import keras
+import tensorflow as tf
 
 from ..core.errors import ConfigError
+from ..core.lr import check_warmup_steps, lr_scale
+from ..core.lr import scaled_lr as _scaled_lr
 from ..core.options import check_compression, check_positive_int
 from ..tensorflow.gradients import allreduce_gradients
+from ..tensorflow.runtime import communicator
 
-__all__ = ["DistributedOptimizer", "is_distributed"]
+__all__ = ["DistributedOptimizer", "ScaledSchedule", "allreduce_seconds", "is_distributed", "scaled_lr"]
 
 _counter = itertools.count()
 _classes = {}
+
+
+class _WaitClock:
+    """Seconds spent in the gradient allreduce, waiting for the other ranks included (float64).
+
+    A plain holder, so that Keras does not track the variable as optimizer state: it is neither
+    checkpointed nor broadcast.
+    """
+
+    def __init__(self):
+        self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvdkit_allreduce_seconds")
 
 
 class _AveragingMixin:
@@ -19,14 +35,28 @@ class _AveragingMixin:
 
     ``model.fit`` (``apply_gradients`` -> ``apply``), custom loops, eager and ``tf.function``
     all reach ``apply``; Horovod's Keras optimizer hooks methods Keras 3 no longer calls, so its
-    ranks silently train apart.
+    ranks silently train apart. Keras's own clipping (``clipnorm``, ``global_clipnorm``,
+    ``clipvalue``), loss-scale unscaling and gradient accumulation run inside ``super().apply``,
+    that is after the average.
     """
 
     _hvdkit_compression = "none"
     _hvdkit_name = "hvdkit.optimizer.grads"
+    _hvdkit_wait = None
 
     def apply(self, grads, trainable_variables=None):
+        clock = self._hvdkit_wait
+        if clock is None:
+            grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name)
+            return super().apply(grads, trainable_variables)
+        # Time the allreduce (for StragglerReport): the timestamps are ordered around it by data
+        # and control dependencies, so this also holds inside tf.function.
+        start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            grads = [tf.identity(g) if isinstance(g, tf.Tensor) else g for g in grads]
         grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name)
+        with tf.control_dependencies([g for g in grads if isinstance(g, tf.Tensor)]):
+            clock.seconds.assign_add(tf.timestamp() - start)
         return super().apply(grads, trainable_variables)
 
 
@@ -43,6 +73,16 @@ def is_distributed(optimizer):
     return isinstance(optimizer, _AveragingMixin)
 
 
+def allreduce_seconds(optimizer):
+    """Seconds ``optimizer`` (a ``DistributedOptimizer``) has spent in its gradient allreduce so far.
+
+    Includes the time waiting for slower ranks; ``StragglerReport`` subtracts it from batch times.
+    None for any other optimizer.
+    """
+    clock = getattr(optimizer, "_hvdkit_wait", None) if is_distributed(optimizer) else None
+    return None if clock is None else float(clock.seconds.numpy())
+
+
 def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step=1):  # noqa: N802 - mirrors Horovod
     """A copy of the Keras 3 ``optimizer`` (same class and config) that averages gradients over ranks.
 
@@ -54,6 +94,11 @@ def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step
 
     Use it in ``model.compile(optimizer=...)`` or call ``apply``/``apply_gradients`` in a custom
     loop. Pass the plain optimizer: its state (if any) is not copied.
+
+    Clipping: the optimizer's own ``global_clipnorm`` (or ``clipnorm``, ``clipvalue``) acts on the
+    *averaged* gradient, because Keras clips inside ``apply`` after this wrapper has averaged:
+    ``DistributedOptimizer(keras.optimizers.SGD(0.1, global_clipnorm=1.0))`` clips the gradient of
+    the global batch, identically on every rank.
     Collective: every rank must apply gradients the same number of times.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -77,4 +122,68 @@ def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step
     wrapped._hvdkit_compression = compression
     # Wrapping happens in program order, so the n-th optimizer has the same name on every rank.
     wrapped._hvdkit_name = f"hvdkit.optimizer.{next(_counter)}.grads"
+    wrapped._hvdkit_wait = _WaitClock()
     return wrapped
+
+
+def scaled_lr(base_lr, rule="linear"):
+    """The learning rate for this job: ``base_lr`` times ``size`` ("linear"), ``sqrt(size)`` ("sqrt") or 1 ("none").
+
+    ``base_lr`` is the rate tuned for one process with the per-rank batch (``hvdkit.core.lr``).
+    For a gradual start, use ``ScaledSchedule`` or the ``LearningRateWarmup`` callback instead.
+    """
+    return _scaled_lr(base_lr, communicator().size, rule)
+
+
+@keras.saving.register_keras_serializable(package="hvdkit")
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning-rate schedule: ``learning_rate`` scaled for the job's ranks, reached by linear warmup.
+
+    ``lr(step) = learning_rate(step) * warmup_factor(step, warmup_steps, scale)`` with
+    ``scale = lr_scale(size, rule)`` (``hvdkit.core.lr``): the rate starts at the single-process
+    ``learning_rate`` and reaches ``learning_rate * scale`` after ``warmup_steps`` optimizer steps.
+    ``learning_rate`` is a number or a Keras schedule in single-process terms (its factor
+    multiplies on top):
+
+        lr = hk.ScaledSchedule(keras.optimizers.schedules.CosineDecay(0.1, 10_000), "linear", warmup_steps=500)
+        model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(lr)), ...)
+
+    ``step`` is the optimizer's ``iterations``, restored from checkpoints, so warmup resumes where
+    it stopped. ``size`` defaults to the job's.
+    """
+
+    def __init__(self, learning_rate, rule="linear", warmup_steps=0, size=None):
+        if not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            ok = isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool)
+            if not ok or not math.isfinite(learning_rate) or learning_rate <= 0:
+                raise ConfigError(
+                    f"learning_rate must be a number > 0 or a keras LearningRateSchedule (got {learning_rate!r})"
+                )
+            learning_rate = float(learning_rate)
+        self.learning_rate = learning_rate
+        self.rule = rule
+        self.warmup_steps = check_warmup_steps(warmup_steps)
+        self.size = communicator().size if size is None else size
+        self.scale = lr_scale(self.size, rule)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        base = self.learning_rate(step) if callable(self.learning_rate) else self.learning_rate
+        if self.warmup_steps == 0:
+            factor = self.scale
+        else:
+            factor = 1.0 + (self.scale - 1.0) * tf.minimum(step, float(self.warmup_steps)) / self.warmup_steps
+        return tf.cast(base, tf.float32) * tf.cast(factor, tf.float32)
+
+    def get_config(self):
+        lr = self.learning_rate
+        if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+            lr = keras.saving.serialize_keras_object(lr)
+        return {"learning_rate": lr, "rule": self.rule, "warmup_steps": self.warmup_steps, "size": self.size}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config["learning_rate"], dict):
+            config["learning_rate"] = keras.saving.deserialize_keras_object(config["learning_rate"])
+        return cls(**config)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..core import env as _env
 from .hosts import format_hosts, is_local
 from .spec import JobSpec
+from .timeline import MARK_CYCLES, TIMELINE
 
 __all__ = ["Plan", "build", "find_tool", "FORWARDED"]
 
@@ -44,6 +45,8 @@ def build(spec: JobSpec, *, is_root, cores, python=None, status_dir=None, progre
     ``-H a:2,b:2``, and mpirun exports PATH, LD_LIBRARY_PATH and PYTHONPATH (those set in
     ``base_env``) when any host is not localhost.
     ``progress`` (True/False/None) sets HVDKIT_PROGRESS for the ranks unless the user set it.
+    ``spec.timeline`` sets HOROVOD_TIMELINE (and HOROVOD_TIMELINE_MARK_CYCLES) for every rank,
+    over any value of the user's: only rank 0 writes the file.
     """
     python = python or sys.executable
     base_env = os.environ if base_env is None else base_env
@@ -53,6 +56,10 @@ def build(spec: JobSpec, *, is_root, cores, python=None, status_dir=None, progre
         env[_env.STATUS_DIR] = status_dir
     if progress is not None and _env.PROGRESS not in base_env and _env.PROGRESS not in env:
         env[_env.PROGRESS] = "1" if progress else "0"
+    if spec.timeline:
+        env[TIMELINE] = spec.timeline
+        if spec.timeline_mark_cycles:
+            env[MARK_CYCLES] = "1"
     wrapped = (python, "-m", "hvdkit.launch.rankwrap", "--", *spec.command) if status_dir else spec.command
     n = str(spec.num_proc)
     if spec.controller == "gloo":

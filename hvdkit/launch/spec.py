@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError
 from .hosts import Host, check_slots
+from .timeline import timeline_path
 
 __all__ = ["JobSpec", "CONTROLLERS"]
 
@@ -27,6 +28,8 @@ class JobSpec:
     mpi_args: tuple = ()  # passed to mpirun as they are
     hosts: tuple = ()  # Host(name, slots) each; () = localhost
     network_interface: str | None = None  # NIC the ranks talk over, e.g. eth0 (default: the launcher picks)
+    timeline: str | None = None  # Horovod timeline file rank 0 writes (HOROVOD_TIMELINE); made absolute
+    timeline_mark_cycles: bool = False  # also mark each Horovod cycle in it (HOROVOD_TIMELINE_MARK_CYCLES)
 
     def __post_init__(self):
         object.__setattr__(self, "command", tuple(self.command))
@@ -40,6 +43,10 @@ class JobSpec:
         nic = self.network_interface
         if nic is not None and not (isinstance(nic, str) and nic and all(c.isalnum() or c in "._-@:" for c in nic)):
             raise ConfigError(f"--network-interface must name one interface, e.g. eth0 (got {nic!r})")
+        if self.timeline is not None:
+            object.__setattr__(self, "timeline", timeline_path(self.timeline))
+        elif self.timeline_mark_cycles:
+            raise ConfigError("--timeline-mark-cycles needs --timeline FILE, the timeline to mark the cycles in")
         bad = [h for h in self.hosts if not isinstance(h, Host)]
         if bad:
             raise ConfigError(f"hosts must be Host(name, slots) values (got {bad[0]!r}); see hvdkit.launch.hosts")

@@ -43,7 +43,12 @@ class DistributedGradientTape:
 
     Works with Keras 3 variables (Horovod's own DistributedGradientTape fails on them: they have no
     ``.ref()``), in eager mode and in ``tf.function``. Give two tapes used in one ``tf.function``
-    different ``name``s. Collective: every rank calls ``gradient()`` the same number of times.
+    different ``name``s.
+
+    Clipping: ``gradient()`` returns the average, so clip what it returns and every rank clips the
+    gradient of the global batch alike: ``grads, _ = tf.clip_by_global_norm(grads, 1.0)`` before
+    ``optimizer.apply(grads, variables)``, or give the plain Keras optimizer ``global_clipnorm=1.0``.
+    Collective: every rank calls ``gradient()`` the same number of times.
     """
 
     def __init__(self, tape, compression="none", name="hvdkit.tape.grads"):

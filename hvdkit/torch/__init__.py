@@ -16,9 +16,14 @@ horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is m
 from ..core.metrics import MetricTracker  # noqa: E402, F401
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, eval_loader, train_loader, train_sampler  # noqa: E402
-from .optim import DistributedOptimizer, autocast  # noqa: E402
+from .monitoring import StragglerMonitor  # noqa: E402
+from .optim import DistributedOptimizer, autocast, scale_lr  # noqa: E402
+from .progress import progress  # noqa: E402
 from .runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
 from .state import broadcast_state  # noqa: E402
+from ..core.tracking import tracker_for  # noqa: E402
+
+Tracker = tracker_for(communicator)  # noqa: N816 - rank-0 TensorBoard/MLflow tracking (core.tracking.Tracker)
 
 
 __all__ = [
@@ -28,6 +33,8 @@ __all__ = [
     "EvalSampler",
     "MetricTracker",
     "Resumed",
+    "StragglerMonitor",
+    "Tracker",
     "autocast",
     "average_metrics",
     "broadcast_state",
@@ -37,7 +44,9 @@ __all__ = [
     "is_rank0",
     "local_rank",
     "local_size",
+    "progress",
     "rank",
+    "scale_lr",
     "size",
     "topology",
     "train_loader",

@@ -1,17 +1,23 @@
-"""Gradient averaging for torch optimizers, delegated to Horovod."""
+"""Gradient averaging for torch optimizers, delegated to Horovod; clipping and LR scaling around it."""
+
+import math
+import types
 
 import torch
 
 from ..core.errors import ConfigError
+from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
 from ..core.options import check_compression, check_positive_int
 from ._engine import horovod_torch
 
-__all__ = ["DistributedOptimizer", "autocast"]
+__all__ = ["DistributedOptimizer", "ScaledLR", "autocast", "scale_lr"]
 
 _OPS = ("average", "sum")
 
 
-def DistributedOptimizer(optimizer, model=None, compression="none", backward_passes_per_step=1, op="average"):  # noqa: N802 - mirrors Horovod
+def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
+    optimizer, model=None, compression="none", backward_passes_per_step=1, op="average", max_grad_norm=None
+):
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 
     The result is Horovod's own ``horovod.torch.DistributedOptimizer`` (ring-allreduce, tensor
@@ -25,6 +31,14 @@ def DistributedOptimizer(optimizer, model=None, compression="none", backward_pas
     - ``op``: ``"average"`` (default) or ``"sum"``.
     - ``model``: gives the collectives the parameters' names (recommended; otherwise the order of
       ``optimizer.param_groups`` names them, which is the same on every rank).
+    - ``max_grad_norm``: clip the *averaged* gradient to this total 2-norm before every update, so
+      clipping sees the gradient of the global batch and acts identically on every rank. ``step()``
+      then does ``synchronize()``, ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)``,
+      and the update without a second synchronisation; the norm before clipping (the same on every
+      rank) is left in ``optimizer.last_grad_norm``. Do not call ``clip_grad_norm_`` yourself between
+      ``backward()`` and ``step()``: the gradients are still the rank's own there (and Horovod may
+      be reading them). The manual equivalent, for other per-gradient edits, is
+      ``opt.synchronize(); edit grads; with opt.skip_synchronize(): opt.step()``.
 
     Collective: every rank must call ``step()`` the same number of times.
     """
@@ -43,13 +57,101 @@ def DistributedOptimizer(optimizer, model=None, compression="none", backward_pas
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module (got {type(model).__name__})")
         named = list(model.named_parameters())
-    return hvd.DistributedOptimizer(
+    if max_grad_norm is not None:
+        _check_max_norm(max_grad_norm)
+    wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=named,
         compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
         backward_passes_per_step=backward_passes_per_step,
         op=hvd.Average if op == "average" else hvd.Sum,
     )
+    if max_grad_norm is not None:
+        _clip_after_averaging(wrapped, float(max_grad_norm))
+    return wrapped
+
+
+def _check_max_norm(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"max_grad_norm must be a finite number > 0 or None (got {value!r}); e.g. max_grad_norm=1.0")
+
+
+def _clip_after_averaging(optimizer, max_norm):
+    """Make ``optimizer.step()`` synchronize, clip the averaged gradients, then update.
+
+    An instance attribute, not a subclass: Horovod's methods call ``super(self.__class__, self)``,
+    which a subclass would turn into endless recursion. torch's LR schedulers wrap it as usual.
+    """
+    horovod_step = optimizer.step  # bound to Horovod's class
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:  # gradients first, so that they are the ones averaged and clipped
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        # Inside the user's own skip_synchronize() the gradients are averaged already.
+        if getattr(self, "_should_synchronize", True):
+            self.synchronize()
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            with self.skip_synchronize():
+                horovod_step()
+        else:
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            horovod_step()
+        return loss
+
+    optimizer.last_grad_norm = None
+    optimizer.step = types.MethodType(step, optimizer)
+
+
+class ScaledLR(torch.optim.lr_scheduler.LRScheduler):
+    """Scales every group's learning rate by the rank-count rule, with linear warmup; see ``scale_lr``."""
+
+    def __init__(self, optimizer, scale, warmup_steps=0, last_epoch=-1):
+        self.scale = float(scale)
+        self.warmup_steps = check_warmup_steps(warmup_steps)
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step):
+        """The multiplier of the optimizer's initial rate at ``step`` (``hvdkit.core.lr.warmup_factor``)."""
+        return warmup_factor(step, self.warmup_steps, self.scale)
+
+    def get_lr(self):
+        # Chainable (like MultiplicativeLR): multiply the current rate by this step's change of factor,
+        # so schedulers stepped on the same optimizer (StepLR, ExponentialLR, ...) multiply on top.
+        t = self.last_epoch
+        ratio = self.factor(t) / (self.factor(t - 1) if t > 0 else 1.0)
+        return [group["lr"] * ratio for group in self.optimizer.param_groups]
+
+
+def scale_lr(optimizer, rule="linear", warmup_steps=0, size=None):
+    """A scheduler that scales ``optimizer``'s single-process rate for the job's ranks, with warmup.
+
+    The rate of every param group goes from its value now (``base_lr``, tuned for one process with
+    the per-rank batch) to ``base_lr * scale`` linearly over ``warmup_steps`` optimizer steps
+    (Goyal et al.; no warmup when 0), then stays; ``scale`` is ``size`` for ``rule="linear"``,
+    ``sqrt(size)`` for ``"sqrt"``, 1 for ``"none"`` (``hvdkit.core.lr``). Call ``sched.step()``
+    after every ``optimizer.step()``, as for any torch scheduler:
+
+        opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+        sched = hk.scale_lr(opt, rule="linear", warmup_steps=500)   # lr 0.1 -> 0.1 * size
+        decay = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)  # optional, on top
+        for x, y in loader:
+            ...; opt.step(); sched.step(); decay.step()
+
+    It is chainable: other chainable schedulers stepped on the same optimizer multiply on top
+    (``lr(t) = base_lr * warmup_factor(t) * their factor``). Closed-form schedulers such as
+    ``LambdaLR`` overwrite the rate instead; put their factor in the lambda and use this one alone.
+    Its state (``state_dict``) checkpoints like any scheduler's. ``size`` defaults to the job's.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"optimizer must be a torch.optim.Optimizer (got {type(optimizer).__name__})")
+    if size is None:
+        from .runtime import size as job_size
+
+        size = job_size()
+    return ScaledLR(optimizer, lr_scale(size, rule), warmup_steps)
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

@@ -17,5 +17,11 @@ def test_pytest_collects_the_distributed_and_end_to_end_suites():
         "tests/e2e/test_tf_examples.py",
         "tests/e2e/test_fault_tolerance.py",
         "tests/multihost/test_two_hosts.py",
+        "tests/distributed/test_tracking_contracts.py",
+        "tests/distributed/test_straggler_contracts.py",
+        "tests/distributed/test_lr_and_clipping.py",
+        "tests/e2e/test_hvdkit_timeline.py",
+        "tests/e2e/test_bench.py",
+        "tests/e2e/test_quickstarts.py",
     ):
         assert expected in files

@@ -1,0 +1,88 @@
+"""Learning-rate policy for N ranks: how far to scale the single-process rate, and how to warm up to it.
+
+N ranks with a per-rank batch of b train on a global batch of N*b, so the single-process rate
+``base_lr`` (tuned for batch b) is usually scaled:
+
+- ``"linear"``: ``base_lr * N`` (Goyal et al. 2017, "Accurate, Large Minibatch SGD"; the rule for SGD);
+- ``"sqrt"``: ``base_lr * sqrt(N)`` (Hoffer et al. 2017; often preferred for Adam-type optimizers);
+- ``"none"``: ``base_lr``.
+
+Warmup (Goyal et al.): the rate starts at ``base_lr`` and rises linearly to ``base_lr * scale`` over
+the first ``warmup_steps`` optimizer steps, then stays there. Any user schedule multiplies on top:
+``lr(step) = base_lr * warmup_factor(step, warmup_steps, scale) * user_factor(step)``.
+The framework adapters (``hvdkit.torch.scale_lr``, ``hvdkit.keras.scaled_lr``,
+``hvdkit.keras.ScaledSchedule``, ``hvdkit.keras.LearningRateWarmup``) apply exactly these numbers.
+"""
+
+import math
+
+from .errors import ConfigError
+
+__all__ = ["RULES", "check_rule", "check_warmup_steps", "lr_scale", "scaled_lr", "warmup_factor"]
+
+RULES = ("linear", "sqrt", "none")
+
+
+def check_rule(rule):
+    """``rule`` if it names a scaling rule hvdkit knows, else ConfigError."""
+    if rule not in RULES:
+        raise ConfigError(
+            f"rule must be one of {', '.join(map(repr, RULES))} (got {rule!r}); "
+            "'linear' for SGD (lr * size), 'sqrt' for Adam-type optimizers (lr * sqrt(size)), 'none' to keep lr"
+        )
+    return rule
+
+
+def check_warmup_steps(warmup_steps, what="warmup_steps"):
+    """``warmup_steps`` if it is an int >= 0, else ConfigError naming ``what``."""
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ConfigError(f"{what} must be an integer >= 0 (got {warmup_steps!r}); 0 means no warmup")
+    return warmup_steps
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
+    return float(value)
+
+
+def lr_scale(size, rule="linear"):
+    """The factor ``rule`` scales the single-process learning rate by on ``size`` ranks.
+
+    >>> lr_scale(4, "linear"), lr_scale(4, "sqrt"), lr_scale(4, "none")
+    (4.0, 2.0, 1.0)
+    """
+    check_rule(rule)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"size must be an integer >= 1, the number of ranks (got {size!r})")
+    if rule == "linear":
+        return float(size)
+    if rule == "sqrt":
+        return math.sqrt(size)
+    return 1.0
+
+
+def scaled_lr(base_lr, size, rule="linear"):
+    """The learning rate for ``size`` ranks: ``base_lr * lr_scale(size, rule)``.
+
+    ``base_lr`` is the rate tuned for one process with the per-rank batch.
+    """
+    return _positive("base_lr", base_lr) * lr_scale(size, rule)
+
+
+def warmup_factor(step, warmup_steps, scale):
+    """The multiplier of ``base_lr`` at optimizer step ``step`` (0 is the first step).
+
+    1 at step 0, rising linearly to ``scale`` at step ``warmup_steps``, ``scale`` from then on
+    (and at every step when ``warmup_steps`` is 0). ``step`` may be fractional (epochs-based warmup).
+
+    >>> [warmup_factor(s, 4, 2.0) for s in range(6)]
+    [1.0, 1.25, 1.5, 1.75, 2.0, 2.0]
+    """
+    check_warmup_steps(warmup_steps)
+    scale = _positive("scale", scale)
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not step >= 0:
+        raise ConfigError(f"step must be a number >= 0, the count of optimizer steps taken (got {step!r})")
+    if warmup_steps == 0 or step >= warmup_steps:
+        return scale
+    return 1.0 + (scale - 1.0) * step / warmup_steps

@@ -1,0 +1,79 @@
+"""`hvdkit bench --quick`: every benchmark variant runs on real ranks and computes the right result.
+
+Untimed: --quick uses tiny sizes and one repetition, and this test asserts the workers' correctness
+checks and the suite's outputs, never a timing.
+"""
+
+import json
+
+import pytest
+from helpers import HVDKIT, run_bounded
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = run_bounded([HVDKIT, "bench", "--quick", "--out", str(out)], timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "results.json", encoding="utf-8") as f:
+        return out, json.load(f), proc.stdout
+
+
+@pytest.mark.parametrize("job,controller", [("comm_mpi", "mpi"), ("comm_gloo", "gloo")])
+def test_every_allreduce_variant_returns_the_sum_over_ranks(quick, job, controller):
+    _, r, _ = quick
+    assert r[job]["controller"] == controller and r[job]["size"] == 2
+    rows = [x for x in r[job]["sweep"] if x["variant"] != "fp16_wire_ratio"]
+    variants = {x["variant"] for x in rows}
+    expected = {f"hvd_{controller}", f"hvd_{controller}_fp16", "torch_gloo", "memcpy"} | ({"mpi4py"} if controller == "mpi" else set())
+    assert variants == expected
+    for x in rows:
+        tol = 1e-2 if x["variant"].endswith("fp16") else 0.0
+        assert x["check_max_abs_diff"] <= tol, x
+        assert x["median_s"] > 0 and x["bandwidth_Bps"] > 0
+
+
+@pytest.mark.parametrize("job", ["comm_mpi", "comm_gloo"])
+def test_fp16_compression_sends_exactly_half_the_bytes(quick, job):
+    _, r, _ = quick
+    ratios = [x["value"] for x in r[job]["sweep"] if x["variant"] == "fp16_wire_ratio"]
+    assert ratios and all(v == 0.5 for v in ratios)
+
+
+@pytest.mark.parametrize("job", ["comm_mpi", "comm_gloo"])
+def test_fused_unfused_grouped_and_single_tensor_allreduces_agree(quick, job):
+    _, r, _ = quick
+    fusion = r[job]["fusion"]
+    assert set(fusion["variants"]) == {"unfused", "fused", "grouped", "one_tensor"}
+    assert all(v["check_max_abs_diff"] == 0.0 for v in fusion["variants"].values())
+
+
+def test_training_variants_end_identical_across_ranks_and_with_each_other(quick):
+    _, r, _ = quick
+    checks = r["train_torch"]["checks"]
+    assert {k: v for k, v in checks.items() if k.endswith("across_ranks")} == {
+        "hvdkit_across_ranks": 0.0, "horovod_across_ranks": 0.0, "ddp_across_ranks": 0.0}
+    assert checks["horovod_vs_hvdkit"] <= 1e-5 and checks["ddp_vs_hvdkit"] <= 1e-5
+    assert set(r["train_torch"]["variants"]) == {"single", "compute_only", "hvdkit", "horovod", "ddp"}
+    keras = r["train_keras"]["checks"]
+    assert keras["hvdkit_across_ranks"] == 0.0 and keras["hvdkit_vs_one_process_double_batch"] <= 1e-5
+
+
+def test_checkpoints_read_back_equal_and_startup_reaches_every_rank(quick):
+    _, r, _ = quick
+    assert r["checkpoint"]["checks"] == {"torch_save": 0.0, "torch_save_fsync": 0.0, "hvdkit": 0.0}
+    assert set(r["startup"]["variants"]) == {"mpirun", "hvdkit_run"}
+
+
+def test_the_suite_writes_goals_a_table_and_plots(quick):
+    out, r, stdout = quick
+    names = [g["name"] for g in r["goals"]]
+    assert "hvdkit / raw Horovod training throughput" in names and len(names) == 8
+    assert "Goals (ratios from this run):" in stdout and "(a) allreduce bus bandwidth" in stdout
+    for png in ("bandwidth.png", "scaling.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    md = (out / "results.md").read_text()
+    assert "| goal | measured | target |" in md and "![bandwidth](bandwidth.png)" in md
