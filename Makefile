@@ -7,7 +7,7 @@ BIN    := $(abspath $(VENV))/bin
 # A whole test phase is bounded, so a hung rank fails the run instead of stalling it.
 TEST_TIMEOUT ?= 2400
 
-.PHONY: setup demo test test-unit test-dist doctor render clean
+.PHONY: setup demo test test-unit test-dist doctor render clean bench docs
 
 setup:
 	bash scripts/setup.sh
@@ -26,6 +26,15 @@ test-dist: setup
 
 doctor: setup
 	$(BIN)/hvdkit doctor
+
+# The benchmark suite (about 3-6 minutes on 2 cores; run it on a quiet machine): a table on stdout,
+# docs/bench/results.json, the plots, and the results section of docs/benchmarks.md.
+bench: setup
+	$(BIN)/hvdkit bench --out docs/bench --docs docs/benchmarks.md
+
+# Rewrite the API reference in docs/api/ from the docstrings (a unit test keeps it in sync).
+docs: setup
+	$(PY) scripts/gen_api_docs.py
 
 # Rewrite the example cluster files in launch/ from hvdkit.launch.render (a unit test keeps them in sync).
 render:

@@ -45,9 +45,10 @@ def _entry(module, name):
     lines = [f"### `{name}{_signature(obj)}`", "", f"*{_kind(obj)}*", "", doc or "(no docstring)", ""]
     if inspect.isclass(obj):
         for attr, member in sorted(vars(obj).items()):
-            if attr.startswith("_") or not callable(member) or not inspect.getdoc(member):
+            own = getattr(member, "__doc__", None)  # not an inherited one (Keras' on_* hooks)
+            if attr.startswith(("_", "on_")) or not callable(member) or not own:
                 continue
-            lines += [f"- **`{attr}{_signature(member)}`**: " + inspect.getdoc(member).replace("\n", "\n  "), ""]
+            lines += [f"- **`{attr}{_signature(member)}`**: " + inspect.cleandoc(own).replace("\n", "\n  "), ""]
     return lines
 
 

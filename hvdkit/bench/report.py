@@ -18,11 +18,15 @@ def _sweep(results, job, variant):
     return {r["bytes"]: r for r in results[job]["sweep"] if r["variant"] == variant}
 
 
-def compression_advice(results, job):
-    """Sizes where fp16 compression made the allreduce faster in ``job``; [] means: never compress here."""
+def compression_advice(results, job, min_bytes=MB, margin=0.9):
+    """Sizes where fp16 compression paid in ``job``: [] means do not compress on this machine.
+
+    Only bandwidth-bound sizes count (>= ``min_bytes``: below that an allreduce costs Horovod's
+    cycle time, whatever its size), and only a clear gain (fp16 time < ``margin`` x fp32 time).
+    """
     c = results[job]["controller"]
     plain, fp16 = _sweep(results, job, f"hvd_{c}"), _sweep(results, job, f"hvd_{c}_fp16")
-    return [n for n in sorted(plain) if fp16[n]["median_s"] < plain[n]["median_s"]]
+    return [n for n in sorted(plain) if n >= min_bytes and fp16[n]["median_s"] < margin * plain[n]["median_s"]]
 
 
 def goals(results):
@@ -73,6 +77,9 @@ def table(results):
             add(f"{_fmt_bytes(n):>8} " + " ".join(f"{c_:>20}" for c_ in cells) + f" {mem[n]['bandwidth_Bps'] / 1e9:9.2f}")
         plain, fp16 = _sweep(results, job, f"hvd_{c}"), _sweep(results, job, f"hvd_{c}_fp16")
         add("(b) fp16 time / none: " + ", ".join(f"{_fmt_bytes(n)} {fp16[n]['median_s'] / plain[n]['median_s']:.2f}" for n in sorted(plain)))
+        pays = compression_advice(results, job)
+        add("    advice: " + (f"compress gradients of {', '.join(_fmt_bytes(n) for n in pays)}" if pays
+                              else "do not compress (fp16 is not faster at any bandwidth-bound size here)"))
         fu = results[job]["fusion"]
         base = fu["variants"]["one_tensor"]["median_s"]
         add(f"(c) {fu['tensors']} x {fu['bytes_each'] >> 10} KB tensors, time / one tensor of the same total: "
@@ -119,7 +126,9 @@ def plots(results, out):
                 ax.plot([x / 1024 for x in xs], [rows[x]["bandwidth_Bps"] / 1e9 for x in xs], style, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("message size (KB)")
+        sizes = sorted(_sweep(results, job, "memcpy"))
+        ax.set_xticks([n / 1024 for n in sizes], [_fmt_bytes(n) for n in sizes], fontsize=8)
+        ax.set_xlabel("message size (fp32)")
         ax.set_title(f"allreduce, {results['ranks']} ranks, job over {c.upper()}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)

@@ -64,7 +64,7 @@ def bus_bandwidth(nbytes, seconds, size):
     return nbytes / seconds * (2 * (size - 1) / size)
 
 
-def iterations_for(nbytes, budget_bytes=64 << 20, lo=3, hi=200):
+def iterations_for(nbytes, budget_bytes=32 << 20, lo=2, hi=100):
     """How many operations to time back to back for a buffer of ``nbytes``: equal on every rank.
 
     Small buffers repeat more (one op is too short to time); the count depends on the size alone,

@@ -30,7 +30,7 @@ __all__ = ["main", "run_suite"]
 # Horovod settings compared by the tuning section: (label, extra environment for the job).
 TUNING = (
     ("horovod default (cycle 1 ms)", {"HOROVOD_CYCLE_TIME": "1"}),
-    ("cycle 0.5 ms", {"HOROVOD_CYCLE_TIME": "0.5"}),
+    ("cycle 2 ms", {"HOROVOD_CYCLE_TIME": "2"}),
     ("cycle 5 ms", {"HOROVOD_CYCLE_TIME": "5"}),
 )
 
@@ -86,11 +86,11 @@ class Suite:
         self.out, self.np, self.quick = out, np_, quick
         self.python = python or sys.executable
         self.hvdkit = find_tool("hvdkit", self.python)
-        os.makedirs(out, exist_ok=True)
+        os.makedirs(os.path.join(out, "jobs"), exist_ok=True)
 
     def job(self, name, worker, *extra, gloo=False, env=None, ranks=True, timeout=600):
         """Run one worker (under ``hvdkit run`` unless ``ranks`` is False); its JSON result."""
-        path = os.path.join(self.out, f"{name}.json")
+        path = os.path.join(self.out, "jobs", f"{name}.json")  # each job's own result; results.json has them all
         cmd = [self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
         if ranks:
             cmd = [self.hvdkit, "run", "-np", str(self.np), *(["--gloo"] if gloo else []), "--", *cmd]
@@ -148,7 +148,7 @@ def run_suite(out, np_=2, quick=False, docs=None, tune=True):
     results["startup"] = suite.startup(reps * 2)
     _say("startup: done")
     if tune and not quick:
-        results["tuning"] = suite.tuning(2)
+        results["tuning"] = suite.tuning(3)
     results["goals"] = report.goals(results)
     results["seconds"] = time.perf_counter() - t0
     with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:

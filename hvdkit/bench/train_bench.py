@@ -152,8 +152,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("--quick", action="store_true", help="tiny model, 1 repetition: checks, not figures")
-    p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--steps", type=int, default=8)
+    # Many short samples: a slow spell on a shared machine spoils one sample, not a variant's median.
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--only", nargs="+", choices=VARIANTS, help="time only these (and the single-rank baseline)")
     args = p.parse_args(argv)
     width, depth, batch = QUICK if args.quick else (WIDTH, DEPTH, BATCH)

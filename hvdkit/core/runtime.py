@@ -76,16 +76,21 @@ class Runtime:
         return PreemptionGuard(self.communicator(), every=every)
 
     def rank(self):
+        """This process's rank in the job, 0 .. size() - 1 (needs ``init()``)."""
         return self._engine().rank()
 
     def size(self):
+        """The number of ranks in the job (needs ``init()``)."""
         return self._engine().size()
 
     def local_rank(self):
+        """This process's rank among the ranks on its host (needs ``init()``)."""
         return self._engine().local_rank()
 
     def local_size(self):
+        """The number of ranks on this process's host (needs ``init()``)."""
         return self._engine().local_size()
 
     def is_rank0(self):
+        """True on rank 0, the rank that logs, writes checkpoints and shows progress."""
         return self.rank() == 0

@@ -66,9 +66,26 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         backward_passes_per_step=backward_passes_per_step,
         op=hvd.Average if op == "average" else hvd.Sum,
     )
+    _accept_set_to_none(wrapped)
     if max_grad_norm is not None:
         _clip_after_averaging(wrapped, float(max_grad_norm))
     return wrapped
+
+
+def _accept_set_to_none(optimizer):
+    """Let ``zero_grad`` take torch's ``set_to_none`` again (Horovod's override takes no argument).
+
+    ``opt.zero_grad(set_to_none=True)`` is everyday torch 2 code; on Horovod's optimizer it is a
+    TypeError. Horovod's check stays: zeroing while gradients are still being averaged raises.
+    """
+    horovod_zero_grad = optimizer.zero_grad
+
+    def zero_grad(self, set_to_none=True):
+        if self._handles:
+            return horovod_zero_grad()  # raises Horovod's "called before step()" error
+        return super(type(self), self).zero_grad(set_to_none=set_to_none)
+
+    optimizer.zero_grad = types.MethodType(zero_grad, optimizer)
 
 
 def _check_max_norm(value):

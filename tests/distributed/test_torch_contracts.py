@@ -115,3 +115,11 @@ def test_bad_input_raises_clear_errors_on_every_rank(ranks):
         assert "not writable" in bad["unwritable"] and "a-file" in bad["unwritable"]
         assert "compression must be one of 'none', 'fp16' (got 'int8')" in bad["compression"]
         assert "torch.optim.Optimizer (got str)" in bad["not_optimizer"]
+
+
+def test_zero_grad_takes_set_to_none_and_still_refuses_to_zero_gradients_being_averaged(ranks):
+    for r in ranks["r"]:
+        z = r["zero_grad"]
+        assert z["set_to_none_False"] == [0.0, 0.0]  # zeroed in place
+        assert z["set_to_none_True"] == [None, None]
+        assert "before optimizer.step()" in z["before_step"]

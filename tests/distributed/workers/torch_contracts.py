@@ -173,6 +173,22 @@ def section_bad_input(out_dir):
     }
 
 
+def section_zero_grad(rank):
+    """torch 2's zero_grad(set_to_none=...) on the wrapped optimizer, and Horovod's race check kept."""
+    model = torch.nn.Linear(2, 1)
+    opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+    out = {}
+    for set_to_none in (False, True):
+        model(torch.ones(1, 2) * (rank + 1)).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+        out[f"set_to_none_{set_to_none}"] = [None if p.grad is None else p.grad.abs().sum().item() for p in model.parameters()]
+    model(torch.ones(1, 2)).sum().backward()  # averaging in flight: zeroing now is Horovod's error
+    out["before_step"] = error_of(lambda: opt.zero_grad(set_to_none=True), AssertionError)
+    opt.step()
+    return out
+
+
 def main(out_dir):
     topo = hk.init()
     rank, size = topo.rank, topo.size
@@ -184,6 +200,7 @@ def main(out_dir):
         "broadcast": section_broadcast_extra(rank),
         "checkpoint": section_checkpoint(rank, size, out_dir),
         "bad_input": section_bad_input(out_dir),
+        "zero_grad": section_zero_grad(rank),
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f, indent=1)
