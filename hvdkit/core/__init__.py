@@ -1,4 +1,4 @@
-"""Framework-free core: topology, errors, logging, communicators, metrics, checkpoints.
+"""Framework-free core: topology, errors, logging, communicators, metrics, checkpoints, tracking.
 
 Imports the standard library only (numpy at most), never a framework or Horovod.
 """
@@ -21,6 +21,7 @@ from .preemption import PreemptionGuard
 from .progress import Progress
 from .straggler import StragglerMonitor, StragglerReport
 from .topology import Topology, from_env
+from .tracking import Tracker
 
 __all__ = [
     "CheckpointError",
@@ -40,6 +41,7 @@ __all__ = [
     "StragglerMonitor",
     "StragglerReport",
     "Topology",
+    "Tracker",
     "average_metrics",
     "check_compression",
     "from_env",

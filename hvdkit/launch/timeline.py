@@ -22,13 +22,14 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 
+from ..core import env as _env
 from ..core.errors import ConfigError, MissingDependencyError
 
 __all__ = ["TIMELINE", "MARK_CYCLES", "CATEGORIES", "TensorStats", "Summary", "timeline_path", "ensure_folder",
            "parse", "summarise", "format_summary", "write_json", "plot"]
 
-TIMELINE = "HOROVOD_TIMELINE"  # the file rank 0 writes
-MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"  # "1": a CYCLE_START record per Horovod cycle
+TIMELINE = _env.HOROVOD_TIMELINE  # the file rank 0 writes
+MARK_CYCLES = _env.HOROVOD_TIMELINE_MARK_CYCLES  # "1": a CYCLE_START record per Horovod cycle
 COMM_PREFIXES = ("MPI_", "GLOO_", "NCCL_", "CCL_", "DDL_")  # activities that move data between ranks
 OTHER = "(other)"  # time inside an operation that no activity covers
 # The span is split in this order of precedence: an instant counts for the first that applies.
