@@ -4,6 +4,11 @@ import os
 
 import pytest
 
+# MLflow 3 starts a usage-telemetry thread on import that sets, and later may unset,
+# _MLFLOW_TELEMETRY_SESSION_ID at a moment of its choosing (a spurious "leak" below), and tries to
+# reach the internet. Off for the whole test session and the ranks it starts.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 
 @pytest.fixture(autouse=True)
 def _no_leaked_env():
