@@ -81,6 +81,15 @@ def _stream(cmd, env, timeout):
     return rc, "".join(lines)
 
 
+def busy_warning(load, cores):
+    """A warning when the machine is already busy (stray ranks, other jobs), else None."""
+    if load <= 0.5 * cores:
+        return None
+    return (f"warning: the machine is busy before the suite starts (load average {load:.2f} on {cores} cores): "
+            "the figures will be noisy. Stray ranks from an earlier job spin at 100 % CPU: look for "
+            "them (ps aux | grep -e mpirun -e python) and run the suite on a quiet machine")
+
+
 class Suite:
     def __init__(self, out, np_, quick, python=None):
         self.out, self.np, self.quick = out, np_, quick
@@ -140,6 +149,9 @@ def run_suite(out, np_=2, quick=False, docs=None, tune=True):
     reps = 1 if quick else 5
     results = {"machine": machine(), "quick": quick, "ranks": np_}
     _say(f"{np_} ranks on {results['machine']['cores']} cores; results go to {out}")
+    busy = busy_warning(results["machine"]["load_average_at_start"][0], results["machine"]["cores"])
+    if busy and not quick:
+        _say(busy)
     results["comm_mpi"] = suite.job("comm_mpi", "comm_bench")
     results["comm_gloo"] = suite.job("comm_gloo", "comm_bench", gloo=True)
     results["train_torch"] = suite.job("train_torch", "train_bench")

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from hvdkit.bench import report
+from hvdkit.bench.suite import busy_warning
 from hvdkit.bench.stats import BenchmarkCheckError, Samples, bus_bandwidth, check_close, interleaved, iterations_for
 
 
@@ -102,3 +103,9 @@ def test_docs_results_section_is_replaced_between_its_markers(tmp_path):
     with pytest.raises(ValueError, match="bench:results:begin"):
         report.update_docs(bare, "x")
     json.dumps(report.goals(_results()))  # goals are plain data, as written to results.json
+
+
+def test_a_busy_machine_is_named_before_the_suite_measures_anything():
+    assert busy_warning(0.4, 2) is None
+    warning = busy_warning(3.2, 2)
+    assert "load average 3.20 on 2 cores" in warning and "stray ranks" in warning.lower()
