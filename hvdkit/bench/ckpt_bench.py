@@ -24,18 +24,11 @@ MEGABYTES = 64
 QUICK_MEGABYTES = 1
 
 
-def _fsync(path, directory=False):
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def run(megabytes, reps, root):
     import torch
 
     import hvdkit.torch as hk
+    from hvdkit.core.checkpoint import fsync_path
     from hvdkit.core.comm import LocalCommunicator
 
     side = int((megabytes * 2**20 / 4 / 2) ** 0.5)  # two square layers of fp32
@@ -52,8 +45,8 @@ def run(megabytes, reps, root):
 
     def torch_save_fsync():
         torch_save()
-        _fsync(plain)
-        _fsync(root, directory=True)
+        fsync_path(plain)
+        fsync_path(root, directory=True)
 
     def hvdkit_save():
         ckpt.save(step=next(counter), epoch=0)

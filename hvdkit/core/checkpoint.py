@@ -61,7 +61,8 @@ class Resumed:
     world_size: int
 
 
-def _fsync_path(path, directory=False):
+def fsync_path(path, directory=False):
+    """fsync a file (or, with ``directory``, a folder's entries) so it survives a crash."""
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
@@ -90,7 +91,7 @@ def _sync_and_hash(folder):
             raise CheckpointError(f"write() left {name!r}, which is not a regular file")
         paths[name] = fpath
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvdkit-fsync") as pool:
-        synced = pool.map(_fsync_path, paths.values())
+        synced = pool.map(fsync_path, paths.values())
         files = {name: {"size": os.path.getsize(p), "sha256": _sha256(p)} for name, p in paths.items()}
         list(synced)  # re-raises an fsync error
     return files
@@ -236,7 +237,7 @@ class CheckpointStore:
                 json.dump(manifest, f, indent=1, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_path(tmp, directory=True)
+            fsync_path(tmp, directory=True)
             final = os.path.join(self.root, f"{_PREFIX}{step:012d}")
             if os.path.lexists(final):  # the same step saved again (e.g. after a resume)
                 aside = os.path.join(self.root, f"{_TMP}old-{uuid.uuid4().hex[:8]}")
@@ -245,7 +246,7 @@ class CheckpointStore:
                 shutil.rmtree(aside, ignore_errors=True)
             else:
                 os.rename(tmp, final)
-            _fsync_path(self.root, directory=True)
+            fsync_path(self.root, directory=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -17,6 +17,7 @@ The framework adapters (``hvdkit.torch.scale_lr``, ``hvdkit.keras.scaled_lr``,
 import math
 
 from .errors import ConfigError
+from .options import check_number_above
 
 __all__ = ["RULES", "check_rule", "check_warmup_steps", "lr_scale", "scaled_lr", "warmup_factor"]
 
@@ -40,12 +41,6 @@ def check_warmup_steps(warmup_steps, what="warmup_steps"):
     return warmup_steps
 
 
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a finite number > 0 (got {value!r})")
-    return float(value)
-
-
 def lr_scale(size, rule="linear"):
     """The factor ``rule`` scales the single-process learning rate by on ``size`` ranks.
 
@@ -67,7 +62,7 @@ def scaled_lr(base_lr, size, rule="linear"):
 
     ``base_lr`` is the rate tuned for one process with the per-rank batch.
     """
-    return _positive("base_lr", base_lr) * lr_scale(size, rule)
+    return check_number_above("base_lr", base_lr) * lr_scale(size, rule)
 
 
 def warmup_factor(step, warmup_steps, scale):
@@ -80,7 +75,7 @@ def warmup_factor(step, warmup_steps, scale):
     [1.0, 1.25, 1.5, 1.75, 2.0, 2.0]
     """
     check_warmup_steps(warmup_steps)
-    scale = _positive("scale", scale)
+    scale = check_number_above("scale", scale)
     if isinstance(step, bool) or not isinstance(step, (int, float)) or not step >= 0:
         raise ConfigError(f"step must be a number >= 0, the count of optimizer steps taken (got {step!r})")
     if warmup_steps == 0 or step >= warmup_steps:

@@ -1,5 +1,6 @@
 """A rank-0 progress bar over a PyTorch data loader: steps, samples per second (all ranks), ETA."""
 
+from ..core.errors import ConfigError
 from ..core.progress import Progress
 from .runtime import is_rank0, size
 
@@ -27,14 +28,19 @@ def progress(loader, desc="", total=None, stream=None):
     Samples per second count every rank's batches (a rank's batch length x world size). Shown on
     rank 0 only; on a terminal the line is redrawn, in a pipe (``hvdkit run``, a log file) a line
     is printed every HVDKIT_PROGRESS_INTERVAL seconds; off when not a terminal unless
-    HVDKIT_PROGRESS=1, and always off with HVDKIT_PROGRESS=0.
+    HVDKIT_PROGRESS=1, and always off with HVDKIT_PROGRESS=0. ``total`` (steps) defaults to
+    ``len(loader)``; pass it for an iterator without a length.
     Collective: no (each rank iterates its own shard).
     Env: HVDKIT_PROGRESS, HVDKIT_PROGRESS_INTERVAL.
     """
     if total is None:
+        if not hasattr(loader, "__len__"):
+            raise ConfigError(f"progress() needs the number of steps: {type(loader).__name__} has no len(); pass total=N")
         total = len(loader)
-    bar = Progress(total, desc=desc, show=is_rank0(), stream=stream)
-    world = size()
+    return _iterate(loader, Progress(total, desc=desc, show=is_rank0(), stream=stream), size())
+
+
+def _iterate(loader, bar, world):
     try:
         for batch in loader:
             yield batch

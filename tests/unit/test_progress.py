@@ -53,3 +53,9 @@ def test_a_bad_progress_setting_names_the_variable(monkeypatch):
     monkeypatch.setenv("HVDKIT_PROGRESS", "maybe")
     with pytest.raises(ConfigError, match="HVDKIT_PROGRESS.*'maybe'"):
         Progress(10, stream=io.StringIO())
+
+
+def test_torch_progress_over_an_iterator_without_a_length_asks_for_total():
+    hk = pytest.importorskip("hvdkit.torch")
+    with pytest.raises(ConfigError, match=r"generator has no len\(\); pass total=N"):
+        hk.progress(x for x in range(3))
