@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -114,7 +115,8 @@ class Suite:
 
     def startup(self, reps):
         """(g) ``hvdkit run`` against the raw ``mpirun`` command, each starting N ranks that print their rank."""
-        probe = [self.python, "-c", "import os; print('RANK', os.environ['OMPI_COMM_WORLD_RANK'])"]
+        # One write per line: with unbuffered output, print()'s separate writes of two ranks interleave.
+        probe = [self.python, "-c", "import os; os.write(1, b'RANK %s\\n' % os.environb[b'OMPI_COMM_WORLD_RANK'])"]
         mpirun = [find_tool("mpirun", self.python), "-np", str(self.np), "--bind-to", "none", "--oversubscribe"]
         if os.geteuid() == 0:
             mpirun.append("--allow-run-as-root")
@@ -122,7 +124,7 @@ class Suite:
         samples = {v: Samples() for v in variants}
         for v, argv in variants.items():  # check, untimed: every rank started and reported
             text = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL).stdout
-            ranks = sorted(int(ln.split("RANK")[1]) for ln in text.splitlines() if "RANK" in ln)
+            ranks = sorted(int(r) for r in re.findall(r"RANK (\d+)", text))
             check_close(f"startup {v} ranks", ranks, list(range(self.np)), 0)
         for _, v in interleaved(list(variants), reps):
             t0 = time.perf_counter()
