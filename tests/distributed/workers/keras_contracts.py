@@ -5,7 +5,6 @@ deterministic; references are 1-process runs computed on each rank without any c
 Usage: python keras_contracts.py OUT
 """
 
-import hashlib
 import json
 import os
 import sys
@@ -15,6 +14,9 @@ import keras
 import tensorflow as tf
 
 import hvdkit.keras as hk
+from model_params import max_weight_diff as max_diff
+from model_params import weights_digest as digest
+from model_params import weights_of
 import hvdkit.tensorflow as htf
 from recording import error_of
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError
@@ -22,18 +24,6 @@ from hvdkit.core import CheckpointError, CollectiveError, ConfigError
 STEPS = 4
 B = 4  # per-rank batch
 LR = 0.1
-
-
-def weights_of(model):
-    return np.concatenate([np.ravel(w).astype(np.float64) for w in model.get_weights()])
-
-
-def digest(model):
-    return hashlib.sha256(weights_of(model).tobytes()).hexdigest()
-
-
-def max_diff(a, b):
-    return float(np.max(np.abs(weights_of(a) - weights_of(b))))
 
 
 def make_model(seed):

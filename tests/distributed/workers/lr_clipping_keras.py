@@ -4,7 +4,6 @@ Writes OUT/rank<r>.json. References are 1-process runs computed on each rank wit
 Usage: python lr_clipping_keras.py OUT
 """
 
-import hashlib
 import json
 import os
 import sys
@@ -14,24 +13,14 @@ import numpy as np
 import tensorflow as tf
 
 import hvdkit.keras as hk
+from model_params import max_weight_diff as max_diff
+from model_params import weights_digest as digest
 import hvdkit.tensorflow as htf
 
 STEPS = 4
 B = 4  # per-rank batch
 LR = 0.1
 MAX_NORM = 0.05  # well below the gradients' norms here, so every step is clipped
-
-
-def weights_of(model):
-    return np.concatenate([np.ravel(w).astype(np.float64) for w in model.get_weights()])
-
-
-def digest(model):
-    return hashlib.sha256(weights_of(model).tobytes()).hexdigest()
-
-
-def max_diff(a, b):
-    return float(np.max(np.abs(weights_of(a) - weights_of(b))))
 
 
 def make_model(seed=0):

@@ -14,6 +14,8 @@ import sys
 import torch
 
 import hvdkit.torch as hk
+from model_params import max_param_diff as max_diff
+from model_params import params_of
 
 STEPS = 5
 B = 4  # per-rank batch
@@ -21,16 +23,8 @@ LR = 0.1
 MAX_NORM = 0.05  # well below the gradients' norms here, so every step is clipped
 
 
-def params_of(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
-
-
 def digest(model):
     return hashlib.sha256(params_of(model).double().numpy().tobytes()).hexdigest()
-
-
-def max_diff(a, b):
-    return float((params_of(a).double() - params_of(b).double()).abs().max())
 
 
 def make_model(seed=0):

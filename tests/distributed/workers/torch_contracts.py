@@ -14,6 +14,8 @@ import sys
 import torch
 
 import hvdkit.torch as hk
+from model_params import max_param_diff as max_diff
+from model_params import params_of
 from recording import error_of
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError, MetricTracker
 
@@ -22,16 +24,8 @@ B = 4  # per-rank batch
 LR = 0.1
 
 
-def params_of(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
-
-
 def digest(tensor):
     return hashlib.sha256(tensor.double().numpy().tobytes()).hexdigest()
-
-
-def max_diff(a, b):
-    return float((params_of(a).double() - params_of(b).double()).abs().max())
 
 
 def make_model(seed=0):
