@@ -36,8 +36,10 @@ MPI_OPERATOR_HOSTFILE = "/etc/mpi/hostfile"  # where the MPI Operator mounts it
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1"})
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
-_COUNT = re.compile(r"^[0-9]+$")
+# Whole-string matches only (fullmatch): `$` would also match before a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
+_COUNT = re.compile(r"[0-9]{1,12}")  # bounded: int() refuses strings of over 4300 digits
+MAX_NODES = 100_000  # a node list or task count beyond this is a typo, not an allocation; never expand it
 _H_FORMAT = "expected host:slots, e.g. node1:4 (slots default to 1: node1,node2)"
 _FILE_FORMAT = "expected 'host slots=N' (Open MPI) or 'host:N' (horovodrun) per line, e.g. node1 slots=4"
 
@@ -50,7 +52,7 @@ class Host:
     slots: int = 1
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise ConfigError(f"host name {self.name!r} is not a host name; {_H_FORMAT}")
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"host {self.name!r} needs slots >= 1 (got {self.slots!r}); {_H_FORMAT}")
@@ -61,7 +63,7 @@ class Host:
 
 def _slots(text):
     """The slot count in ``text`` or None when it is not a whole number >= 1."""
-    return int(text) if _COUNT.match(text) and int(text) >= 1 else None
+    return int(text) if _COUNT.fullmatch(text) and int(text) >= 1 else None
 
 
 def _unique(hosts, where):
@@ -80,7 +82,7 @@ def parse_host_list(text):
         entry = entry.strip()
         name, sep, count = entry.partition(":")
         slots = _slots(count) if sep else 1
-        if not _NAME.match(name) or slots is None:
+        if not _NAME.fullmatch(name) or slots is None:
             raise ConfigError(f"bad host entry {entry!r} in -H {text!r}; {_H_FORMAT}")
         hosts.append(Host(name, slots))
     return _unique(hosts, f"-H {text!r}")
@@ -91,7 +93,7 @@ def _hostfile_line(line):
     first, *options = line.split()
     name, sep, count = first.partition(":")
     slots = _slots(count) if sep else None
-    if not _NAME.match(name) or (sep and slots is None):
+    if not _NAME.fullmatch(name) or (sep and slots is None):
         return None
     for option in options:
         key, eq, value = option.partition("=")
@@ -151,10 +153,12 @@ def _expand_range_set(body, where):
     out = []
     for item in body.split(","):
         lo, dash, hi = item.partition("-")
-        if not _COUNT.match(lo) or (dash and not _COUNT.match(hi)) or (dash and int(hi) < int(lo)):
+        if not _COUNT.fullmatch(lo) or (dash and not _COUNT.fullmatch(hi)) or (dash and int(hi) < int(lo)):
             raise ConfigError(
                 f"bad range {item!r} in SLURM node list {where!r}; expected e.g. node[01-03,07]"
             )
+        if int(hi if dash else lo) - int(lo) >= MAX_NODES:
+            raise ConfigError(f"range {item!r} in SLURM node list {where!r} names more than {MAX_NODES} nodes; check {SLURM_NODELIST} or pass -H")
         width = len(lo) if lo.startswith("0") else 1
         out += [str(i).zfill(width) for i in range(int(lo), int(hi if dash else lo) + 1)]
     return out
@@ -162,14 +166,19 @@ def _expand_range_set(body, where):
 
 def _expand_one(pattern, where):
     """Every string one node-list entry stands for: ``rack[1-2]-n[1-2]`` gives four."""
-    m = re.match(r"^([^\[\]]*)\[([^\[\]]*)\](.*)$", pattern)
+    m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]*)\](.*)", pattern, re.S)
     if not m:
         if "[" in pattern or "]" in pattern:
             raise ConfigError(f"bad entry {pattern!r} in SLURM node list {where!r}; expected e.g. node[01-03,07]")
         return [pattern]
     head, body, rest = m.groups()
     tails = _expand_one(rest, where)
-    return [f"{head}{n}{tail}" for n in _expand_range_set(body, where) for tail in tails]
+    numbers = _expand_range_set(body, where)
+    if len(numbers) * len(tails) > MAX_NODES:
+        raise ConfigError(
+            f"entry {pattern!r} in SLURM node list {where!r} names more than {MAX_NODES} nodes; check {SLURM_NODELIST} or pass -H"
+        )
+    return [f"{head}{n}{tail}" for n in numbers for tail in tails]
 
 
 def expand_nodelist(text):
@@ -177,9 +186,11 @@ def expand_nodelist(text):
     names = []
     for entry in _split_top(text.strip()):
         expanded = _expand_one(entry.strip(), text)
-        if not all(_NAME.match(name) for name in expanded):
+        if not all(_NAME.fullmatch(name) for name in expanded):
             raise ConfigError(f"bad entry {entry!r} in SLURM node list {text!r}; expected e.g. node[01-03,07]")
         names += expanded
+        if len(names) > MAX_NODES:
+            raise ConfigError(f"SLURM node list {text!r} names more than {MAX_NODES} nodes; check {SLURM_NODELIST} or pass -H")
     return tuple(names)
 
 
@@ -187,10 +198,15 @@ def expand_tasks_per_node(text):
     """SLURM_TASKS_PER_NODE as one count per node: ``"2(x3),1"`` -> ``(2, 2, 2, 1)``."""
     counts = []
     for entry in text.strip().split(","):
-        m = re.match(r"^([0-9]+)(?:\(x([0-9]+)\))?$", entry.strip())
+        m = re.fullmatch(r"([0-9]{1,12})(?:\(x([0-9]{1,12})\))?", entry.strip())
         if not m or int(m.group(1)) < 1 or (m.group(2) and int(m.group(2)) < 1):
             raise ConfigError(f"bad entry {entry!r} in {SLURM_TASKS_PER_NODE}={text!r}; expected e.g. 2(x3),1")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
+        repeat = int(m.group(2) or 1)
+        if len(counts) + repeat > MAX_NODES:
+            raise ConfigError(
+                f"{SLURM_TASKS_PER_NODE}={text!r} counts more than {MAX_NODES} nodes; check it or pass -H host:slots"
+            )
+        counts += [int(m.group(1))] * repeat
     return tuple(counts)
 
 

@@ -33,8 +33,11 @@ SSH_HOME = "/home/hvdkit"  # the image runs as user hvdkit; the MPI Operator mou
 # mpirun forwards, so the line never depends on the machine that rendered it.
 SCRIPT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?$")  # a Kubernetes name that leaves room for suffixes
-_MEMORY = re.compile(r"^([1-9][0-9]*)(Mi|Gi|Ti)$")
+# Whole-string matches only (fullmatch): `$` would also match before a trailing newline.
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?")  # a Kubernetes name that leaves room for suffixes
+_MEMORY = re.compile(r"([1-9][0-9]{0,8})(Mi|Gi|Ti)")
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")  # registry/path/name:tag@digest
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
 
 
 def _default(value, fallback):
@@ -77,6 +80,8 @@ class RenderSpec:
                 f"command must be a non-empty list of words (got {list(self.command)!r}); put it after '--', "
                 "e.g. hvdkit render slurm -- python train.py"
             )
+        for word in self.command:
+            _check_word(word)
         if not all(isinstance(h, Host) for h in self.hosts):
             raise ConfigError(f"hosts must be Host(name, slots) values (got {self.hosts!r})")
         most = max([h.slots for h in self.hosts] or [1])
@@ -96,14 +101,16 @@ class RenderSpec:
                 f"--cpu {self.cpu} per worker is fewer than its {self.slots_per_node} slots; give each rank a CPU "
                 f"(--cpu {self.slots_per_node}) or lower --slots-per-node"
             )
-        if not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise ConfigError(
                 f"--name {self.name!r} must be lowercase letters, digits and '-', at most 50, e.g. hvdkit-digits"
             )
-        if not _MEMORY.match(self.memory):
+        if not isinstance(self.memory, str) or not _MEMORY.fullmatch(self.memory):
             raise ConfigError(f"--memory {self.memory!r} must be a whole number of Mi, Gi or Ti, e.g. 4Gi")
-        if not self.image or any(c.isspace() for c in self.image):
-            raise ConfigError(f"--image {self.image!r} must be an image reference, e.g. hvdkit:cpu")
+        if not isinstance(self.image, str) or not _IMAGE.fullmatch(self.image):
+            raise ConfigError(
+                f"--image {self.image!r} must be an image reference (letters, digits and ._/:@-), e.g. hvdkit:cpu"
+            )
 
     @property
     def launch_hosts(self):
@@ -111,8 +118,42 @@ class RenderSpec:
         return self.hosts or tuple(Host(f"node{i}", self.slots_per_node) for i in range(1, self.nodes + 1))
 
 
+def _check_word(word):
+    """Raise ConfigError for a command word no rendered file can carry: NUL, or bytes that are not UTF-8."""
+    if "\0" in word:
+        raise ConfigError(
+            f"command word {word!r} holds a NUL character, which no command line can carry; remove it "
+            "(pass binary data through a file)"
+        )
+    if any("\ud800" <= c <= "\udfff" for c in word):
+        raise ConfigError(
+            f"command word {word!r} holds bytes that are not UTF-8 (a file name in another encoding?); "
+            "rendered files are UTF-8 text: rename the file or pass its name through a variable"
+        )
+
+
+def _word(word):
+    """``word`` quoted for bash, on one line.
+
+    Printable words get ``shlex.quote``; a word with a newline, tab, control or line-separator
+    character becomes ANSI-C ``$'...'`` with those characters escaped (as UTF-8 bytes), so that no
+    rendered line, and no ``#`` comment or ``#SBATCH`` block, can end inside it.
+    """
+    if word.isprintable():
+        return shlex.quote(word)
+    parts = []
+    for ch in word:
+        if ch in _ESCAPES:
+            parts.append(_ESCAPES[ch])
+        elif ch.isprintable():
+            parts.append(ch)
+        else:
+            parts.append("".join(f"\\x{b:02x}" for b in ch.encode("utf-8")))
+    return "$'" + "".join(parts) + "'"
+
+
 def _line(argv):
-    return " ".join(shlex.quote(a) for a in argv)
+    return " ".join(_word(a) for a in argv)
 
 
 def render_command(target, spec):
@@ -139,7 +180,7 @@ def _header(target, spec, what):
 
 
 def _slurm(spec):
-    memory = _MEMORY.match(spec.memory)
+    memory = _MEMORY.fullmatch(spec.memory)
     command = _line(spec.command)
     lines = [
         "#!/bin/bash",
@@ -224,7 +265,7 @@ def _script(spec, controller):
             "# Put your hosts in -H, or replace `-H ...` by `--hostfile FILE`: horovodrun reads only",
             "# `host slots=N` lines there, no comments and no blank lines.",
         ]
-    lines += ["set -euo pipefail", *(f"export {k}={shlex.quote(v)}" for k, v in sorted(built.env.items()))]
+    lines += ["set -euo pipefail", *(f"export {k}={_word(v)}" for k, v in sorted(built.env.items()))]
     lines.append(f"exec {_line(argv)}")
     return "\n".join(lines) + "\n"
 

@@ -261,3 +261,48 @@ def test_hvdkit_run_dry_run_prints_the_mpirun_line_for_the_given_hosts():
         "--bind-to", "none", "--map-by", "slot", "--tag-output", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
         "python", "examples/torch_digits.py",
     ]  # fmt: skip
+
+
+
+@pytest.mark.parametrize("text", ["node1\n:2", "node1\r:2", "a:1,node1\n:2"])
+def test_a_host_list_with_a_line_break_inside_a_host_name_is_rejected(text):
+    # `$` in a regex also matches before a trailing newline: "node1\n" once passed as a host name
+    # and went into mpirun's -H and the rendered files as a line break.
+    with pytest.raises(ConfigError, match=r"bad host entry 'node1\\[nr]:2'"):
+        hosts.parse_host_list(text)
+
+
+@pytest.mark.parametrize("name", ["node1\n", "node1\r", "node\u2028", "n\x00", "node1\n\n"])
+def test_a_host_name_with_a_line_break_or_control_character_is_not_a_host_name(name):
+    with pytest.raises(ConfigError, match="is not a host name"):
+        Host(name, 2)
+
+
+@pytest.mark.parametrize(
+    "expand, text",
+    [
+        (hosts.expand_nodelist, "n[1-100001]"),
+        (hosts.expand_nodelist, "r[1-1000]-n[1-1000]"),
+        (hosts.expand_tasks_per_node, "2(x100001)"),
+        (hosts.expand_tasks_per_node, ",".join(["1(x50000)"] * 3)),
+    ],
+)
+def test_a_slurm_list_of_more_than_max_nodes_is_an_error_not_a_huge_expansion(expand, text):
+    # n[1-100000000000] would otherwise build a list of 10^11 names before any check.
+    with pytest.raises(ConfigError, match="100000"):
+        expand(text)
+
+
+@pytest.mark.parametrize(
+    "parse, text",
+    [
+        (hosts.parse_host_list, "a:" + "1" * 5000),
+        (hosts.parse_hostfile, "a slots=" + "1" * 5000),
+        (hosts.expand_nodelist, "n[" + "1" * 5000 + "]"),
+        (hosts.expand_tasks_per_node, "1" * 5000),
+    ],
+)
+def test_a_count_of_thousands_of_digits_is_a_config_error_not_a_crash(parse, text):
+    # int() refuses strings of over 4300 digits with a plain ValueError, which `hvdkit run` does not catch.
+    with pytest.raises(ConfigError):
+        parse(text)

@@ -16,6 +16,7 @@ from hvdkit.launch.hosts import Host, parse_hostfile
 from hvdkit.launch.plan import build
 from hvdkit.launch.render import EXAMPLE, RenderSpec
 from hvdkit.launch.spec import JobSpec
+from rendered_scripts import argv_the_script_runs
 
 COMMAND = ("python", "examples/torch_digits.py")
 
@@ -168,3 +169,66 @@ def test_the_example_files_hold_nothing_of_the_machine_that_rendered_them():
         for local in (str(ROOT), sys.executable):
             assert local not in text, (name, local)
         assert "/usr/bin/mpirun" not in text and "rankwrap" not in text, name
+
+
+# Values that end a line, or that bash, YAML or sbatch read specially, must reach each rendered file
+# as the same words: no comment may end early, no key may be injected.
+CODE_WITH_NEWLINES = ("python", "-c", "import sys\nprint(sys.argv)\n#SBATCH --nodes=99", "a\u2028b\x85c\r\td")
+
+
+def _non_comment_lines(text):
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_a_newline_in_the_command_leaves_every_sbatch_line_and_comment_intact(tmp_path):
+    text = render.render("slurm", RenderSpec(command=CODE_WITH_NEWLINES, nodes=2, slots_per_node=2))
+    # sbatch reads #SBATCH lines only up to the first command: two commands in all, after them.
+    assert _non_comment_lines(text) == ["set -euo pipefail", text.splitlines()[-1]]
+    assert [line for line in text.splitlines() if line.startswith("#SBATCH")][:2] == [
+        "#SBATCH --job-name=hvdkit-job",
+        "#SBATCH --nodes=2",
+    ]
+    assert len(text.split("\n")) == len(text.splitlines()) + 1  # no line separator but "\n" anywhere
+    code, argv, err = argv_the_script_runs(text, "hvdkit", tmp_path, env={"SLURM_NTASKS": "4"})
+    assert (code, argv) == (0, ["run", "-np", "4", "--", *CODE_WITH_NEWLINES]), err
+
+
+@pytest.mark.parametrize("target, tool", [("mpirun", "mpirun"), ("horovodrun", "horovodrun")])
+def test_a_newline_in_the_command_reaches_the_launcher_as_the_same_words(target, tool, tmp_path):
+    spec = RenderSpec(command=CODE_WITH_NEWLINES, nodes=2, slots_per_node=2)
+    text = render.render(target, spec)
+    assert _non_comment_lines(text) == ["set -euo pipefail", "export PYTHONUNBUFFERED=1", text.splitlines()[-1]]
+    code, argv, err = argv_the_script_runs(text, tool, tmp_path)
+    assert code == 0, err
+    assert argv[-len(CODE_WITH_NEWLINES):] == list(CODE_WITH_NEWLINES)
+
+
+def test_a_newline_in_the_command_injects_no_key_into_the_mpijob():
+    command = ("python", "-c", "x = 1\nkind: Pod\nmetadata: {name: evil}\n- a\n")
+    text = render.render("mpijob", RenderSpec(command=command))
+    job = yaml.safe_load(text)
+    assert sorted(job) == ["apiVersion", "kind", "metadata", "spec"]
+    assert (job["kind"], job["metadata"]) == ("MPIJob", {"name": "hvdkit-job"})
+    (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert launcher["command"] == ["hvdkit", "run", "-np", "1", "--", *command]
+
+
+def test_a_newline_in_the_command_stays_in_the_hostfile_comments():
+    text = render.render("hostfile", RenderSpec(command=CODE_WITH_NEWLINES, nodes=2, slots_per_node=2))
+    assert _non_comment_lines(text) == ["node1 slots=2", "node2 slots=2"]
+    assert parse_hostfile(text) == (Host("node1", 2), Host("node2", 2))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"name": "job\n"}, r"--name 'job\\n' must be lowercase letters"),
+        ({"memory": "4Gi\n"}, r"--memory '4Gi\\n' must be a whole number"),
+        ({"image": "hvdkit:cpu\x1b[2J"}, r"--image 'hvdkit:cpu\\x1b\[2J' must be an image reference"),
+        ({"command": ("python", "a\0b")}, r"command word 'a\\x00b' holds a NUL character"),
+        ({"command": ("python", "caf\udce9.py")}, r"command word 'caf\\udce9.py' holds bytes that are not UTF-8"),
+    ],
+)
+def test_a_value_that_cannot_be_written_on_one_line_is_rejected_with_its_fix(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        RenderSpec(**{"command": COMMAND, **fields})
