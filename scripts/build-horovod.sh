@@ -2,9 +2,10 @@
 # Build (or reuse) the Horovod engine for the Python environment given by $PYTHON and install it.
 #
 # Horovod 0.28.1 from PyPI does not compile against torch >= 2.1 or TensorFlow >= 2.10 (their
-# headers need C++17). The recipe (see DESIGN.md of the project) patches the sdist in three places
+# headers need C++17). The recipe (see DESIGN.md of the project) patches the sdist in three places,
+# applies hvdkit's engine fixes (scripts/horovod-fixes/*.patch, by scripts/apply-horovod-fixes.sh)
 # and builds a wheel with MPI, Gloo, PyTorch and TensorFlow. The wheel is cached outside the
-# repository under a key made of every input, so a second run only reinstalls it.
+# repository under a key made of every input (the fixes included), so a second run only reinstalls it.
 #
 # This one script is used by `make setup` and by docker/Dockerfile.
 #
@@ -29,8 +30,8 @@ say() { printf '[build-horovod] %s\n' "$*" >&2; }
 die() { printf '[build-horovod] ERROR: %s\n' "$*" >&2; exit 1; }
 
 command -v "$PYTHON" >/dev/null || die "no interpreter '$PYTHON'; set PYTHON to the venv's python"
-for tool in mpicc cmake g++ make; do
-  command -v "$tool" >/dev/null || die "'$tool' is missing; install it (Debian: apt-get install libopenmpi-dev cmake g++ make)"
+for tool in mpicc cmake g++ make patch; do
+  command -v "$tool" >/dev/null || die "'$tool' is missing; install it (Debian: apt-get install libopenmpi-dev cmake g++ make patch)"
 done
 
 # Every input that changes the binary goes into the cache key.
@@ -55,9 +56,13 @@ mpi_version=$(mpirun --version 2>/dev/null | head -n 1)
 gcc_version=$(g++ -dumpfullversion)
 # The recipe is the block between the ">>> recipe" and "<<< recipe" lines: the edits and the flags.
 recipe_hash=$(sed -n '/^    # >>> recipe/,/^    # <<< recipe/p' "$here/build-horovod.sh" | sha256sum | cut -c1-16)
-key=$(printf '%s|%s|gcc=%s|recipe=%s' "$inputs" "$mpi_version" "$gcc_version" "$recipe_hash" | sha256sum | cut -c1-20)
+# The engine fixes: their level hashes every patch file; the applying script is an input too.
+fix_level=$("$here/apply-horovod-fixes.sh" --level) || die "could not compute the engine fix level"
+fix_tool=$(sha256sum < "$here/apply-horovod-fixes.sh" | cut -c1-16)
+key=$(printf '%s|%s|gcc=%s|recipe=%s|fixes=%s|%s' "$inputs" "$mpi_version" "$gcc_version" "$recipe_hash" \
+  "$fix_level" "$fix_tool" | sha256sum | cut -c1-20)
 wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-$key"
-say "inputs: $inputs | $mpi_version | gcc $gcc_version | recipe $recipe_hash"
+say "inputs: $inputs | $mpi_version | gcc $gcc_version | recipe $recipe_hash | $fix_level"
 
 site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 stamp="$site/.hvdkit-horovod-key"
@@ -81,6 +86,8 @@ else
     # 3. xla_mpi_ops.cc is GPU-only code; on CPU it only fails on a missing highwayhash header.
     sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
     ! grep -q 'xla_mpi_ops' "$src/horovod/tensorflow/CMakeLists.txt" || die "xla_mpi_ops edit did not apply"
+    # 4. hvdkit's engine fixes (Python only), then the fix-level marker horovod/hvdkit_fixes.py.
+    "$here/apply-horovod-fixes.sh" "$src" || die "an engine fix does not apply (named above)"
     mkdir -p "$wheel_dir"
     (
       cd "$src"
@@ -110,4 +117,8 @@ if ((${#missing[@]})); then
   rm -f "$stamp"
   die "Horovod was built without: ${missing[*]}. Check the build output for why, remove $wheel_dir and run again."
 fi
-say "ok: Horovod $HOROVOD_VERSION with TensorFlow, PyTorch, MPI and Gloo"
+grep -q "hvdkit engine fixes: $fix_level " <<<"$report" || {
+  rm -f "$stamp"
+  die "the installed Horovod does not carry fix level $fix_level (check-build says: $(grep 'hvdkit engine fixes' <<<"$report" || echo none)); remove $wheel_dir and run again"
+}
+say "ok: Horovod $HOROVOD_VERSION with TensorFlow, PyTorch, MPI and Gloo; $fix_level"

@@ -16,7 +16,7 @@ from .hosts import format_hosts
 from .plan import find_tool
 from .remote import is_this_machine, remote_json
 
-__all__ = ["diagnose", "check_build", "local_versions"]
+__all__ = ["diagnose", "check_build", "engine_fix_level", "local_versions"]
 
 _FIX_SETUP = "run `make setup` in the hvdkit checkout (it installs and builds everything)"
 
@@ -70,6 +70,16 @@ def check_build(report):
     return {m.group(2): m.group(1) == "X" for m in re.finditer(r"\[([ X])\] (\w[\w ]*)", report)}
 
 
+def engine_fix_level(report):
+    """The hvdkit engine fix level named in ``horovodrun --check-build`` output, or ``None``.
+
+    ``None`` means an unpatched upstream engine: its check-build prints no fix level (the line comes
+    from fix 01 in ``scripts/horovod-fixes``).
+    """
+    m = re.search(r"^\s*hvdkit engine fixes: (hvdkit-fixes-\S+.*)$", report, re.MULTILINE)
+    return m.group(1).strip() if m else None
+
+
 def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None):
     """Print the environment report; return the list of problems (empty when all is well)."""
     out = out or sys.stdout
@@ -91,12 +101,15 @@ def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None
     row("mpi4py", _version("mpi4py"))
     rc, text = _run([find_tool("mpirun", python), "--version"], 30)
     row("open mpi", text.splitlines()[0] if rc == 0 else None, "apt-get install openmpi-bin libopenmpi-dev")
-    built = {}
+    built, report = {}, ""
     if horovod:
         rc, report = _run([find_tool("horovodrun", python), "--check-build"], 120)
         built = check_build(report) if rc == 0 else {}
     for part in ("PyTorch", "TensorFlow", "MPI", "Gloo"):
         row(f"horovod built with {part}", "yes" if built.get(part) else None, f"rebuild Horovod: {_FIX_SETUP}")
+    if horovod:
+        unpatched = f"unpatched upstream engine (Horovod's own TF/Keras API fails on Keras 3; {_FIX_SETUP})"
+        row("horovod engine fixes", engine_fix_level(report) or unpatched)
     if smoke and not problems:
         for controller in ("mpi", "gloo"):
             ok, detail = _smoke(python, controller)

@@ -1,0 +1,169 @@
+"""scripts/horovod-fixes: every engine fix says what it cures and which test proves it, stays in its
+owner's number range, and the whole series applies in order to a pristine Horovod sdist.
+
+The mechanism itself (scripts/apply-horovod-fixes.sh) is tested on small fake trees: it stops naming a
+patch that does not apply, and its fix level changes with any patch's content (the wheel cache key).
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+
+FIXES = ROOT / "scripts" / "horovod-fixes"
+APPLY = ROOT / "scripts" / "apply-horovod-fixes.sh"
+PATCHES = sorted(FIXES.glob("*.patch"))
+HOROVOD_VERSION = "0.28.1"
+# Number range -> the folders its patches may touch (one owner per range, see the fixes README).
+RANGES = [
+    (range(1, 10), ("horovod/runner/",)),
+    (range(10, 40), ("horovod/tensorflow/", "horovod/common/")),
+    (range(40, 70), ("horovod/_keras/", "horovod/tensorflow/keras/", "horovod/keras/")),
+    (range(70, 90), ("horovod/torch/",)),
+]
+
+
+def header(text):
+    """``{Cures, Upstream, Test}`` from the lines before the first ``--- `` line."""
+    head = text.split("\n--- ", 1)[0]
+    return dict(re.findall(r"^(Cures|Upstream|Test): *(.*\S)", head, re.MULTILINE))
+
+
+def touched_files(text):
+    return re.findall(r"^\+\+\+ b/(\S+)", text, re.MULTILINE)
+
+
+def test_there_is_at_least_the_fix_that_names_the_fix_level():
+    assert [p.name for p in PATCHES if p.name.startswith("01-")] == ["01-check-build-prints-fix-level.patch"]
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_each_patch_says_what_it_cures_where_upstream_and_which_test_proves_it(patch):
+    fields = header(patch.read_text())
+    assert set(fields) == {"Cures", "Upstream", "Test"}, f"{patch.name}: header lines missing, got {fields}"
+    assert len(fields["Cures"]) > 20, f"{patch.name}: the Cures line should name the upstream symptom"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_the_test_each_patch_names_exists(patch):
+    node = header(patch.read_text())["Test"].split()[0]
+    path, _, rest = node.partition("::")
+    test_file = ROOT / path
+    assert path.startswith("tests/") and test_file.is_file(), f"{patch.name}: no test file {path}"
+    name = rest.split("::")[-1].split("[")[0]
+    assert name.startswith("test_"), f"{patch.name}: '{node}' names no test function"
+    assert re.search(rf"^\s*def {re.escape(name)}\(", test_file.read_text(), re.MULTILINE), (
+        f"{patch.name}: {path} defines no {name}"
+    )
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_each_patch_touches_only_python_files_of_its_number_range(patch):
+    number = int(patch.name.split("-", 1)[0])
+    allowed = next((folders for numbers, folders in RANGES if number in numbers), None)
+    assert allowed, f"{patch.name}: number {number} is in no owner's range"
+    files = touched_files(patch.read_text())
+    assert files, f"{patch.name}: no '+++ b/...' line (paths must be a/horovod/... b/horovod/...)"
+    for f in files:
+        assert f.endswith(".py"), f"{patch.name}: {f} is not Python (fixes are Python only)"
+        assert f.startswith(allowed), f"{patch.name}: {f} is outside {allowed}"
+        if number < 40 and f.startswith("horovod/tensorflow/keras/"):
+            pytest.fail(f"{patch.name}: {f} belongs to the keras range 40-69")
+
+
+@pytest.fixture(scope="module")
+def pristine_sdist(tmp_path_factory):
+    """The Horovod sdist from PyPI (pip's cache makes a second download quick), extracted."""
+    where = tmp_path_factory.mktemp("sdist")
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+            "-d", str(where), f"horovod=={HOROVOD_VERSION}"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.skip("pip download of the Horovod sdist timed out (no route to PyPI?)")
+    if done.returncode != 0:
+        pytest.skip(f"the Horovod {HOROVOD_VERSION} sdist could not be fetched from PyPI: {done.stderr.strip()[-300:]}")
+    with tarfile.open(where / f"horovod-{HOROVOD_VERSION}.tar.gz") as tar:
+        tar.extractall(where, filter="data")
+    return where / f"horovod-{HOROVOD_VERSION}"
+
+
+def apply(src, fixes=None):
+    env = None if fixes is None else {"HVDKIT_HOROVOD_FIXES": str(fixes), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["bash", str(APPLY), str(src)], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_every_patch_applies_in_order_to_the_pristine_sdist_and_the_marker_names_them(pristine_sdist, tmp_path):
+    src = tmp_path / "horovod"
+    shutil.copytree(pristine_sdist, src)
+    done = apply(src)
+    assert done.returncode == 0, done.stderr
+    marker = (src / "horovod" / "hvdkit_fixes.py").read_text()
+    level = subprocess.run(["bash", str(APPLY), "--level"], capture_output=True, text=True, check=True).stdout.strip()
+    assert f'LEVEL = "{level}"' in marker
+    names = re.findall(r'^    "(\S+)",$', marker, re.MULTILINE)
+    assert names == [p.stem for p in PATCHES]
+    assert not list(src.rglob("*.rej")) and not list(src.rglob("*.orig"))
+    # The fix level line is what fix 01 adds to check-build.
+    assert "hvdkit engine fixes: {hvdkit_fixes}" in (src / "horovod" / "runner" / "launch.py").read_text()
+
+
+def fake_tree(tmp_path, text="one\ntwo\n"):
+    src = tmp_path / "src"
+    (src / "horovod").mkdir(parents=True)
+    (src / "horovod" / "x.py").write_text(text)
+    return src
+
+
+def write_patch(folder, name, old, new):
+    folder.mkdir(exist_ok=True)
+    body = f"Cures: demo\nUpstream: none\nTest: none\n\n--- a/horovod/x.py\n+++ b/horovod/x.py\n@@ -1,2 +1,2 @@\n {old[0]}\n-{old[1]}\n+{new}\n"
+    (folder / name).write_text(body)
+
+
+def test_a_patch_that_does_not_apply_stops_the_build_and_is_named(tmp_path):
+    src, fixes = fake_tree(tmp_path), tmp_path / "fixes"
+    write_patch(fixes, "10-good.patch", ("one", "two"), "TWO")
+    write_patch(fixes, "11-stale.patch", ("one", "two"), "zwei")  # its context is gone after 10
+    done = apply(src, fixes)
+    assert done.returncode != 0
+    assert "fix 11-stale does not apply" in done.stderr
+    assert "applied 10-good" in done.stderr
+    assert not (src / "horovod" / "hvdkit_fixes.py").exists()
+
+
+def test_patches_apply_in_name_order(tmp_path):
+    src, fixes = fake_tree(tmp_path), tmp_path / "fixes"
+    write_patch(fixes, "20-second.patch", ("one", "2a"), "2b")
+    write_patch(fixes, "10-first.patch", ("one", "two"), "2a")
+    done = apply(src, fixes)
+    assert done.returncode == 0, done.stderr
+    assert (src / "horovod" / "x.py").read_text() == "one\n2b\n"
+    assert '"10-first",\n    "20-second",' in (src / "horovod" / "hvdkit_fixes.py").read_text()
+
+
+def test_the_fix_level_changes_with_the_content_of_any_patch(tmp_path):
+    def level(fixes):
+        env = {"HVDKIT_HOROVOD_FIXES": str(fixes), "PATH": "/usr/bin:/bin"}
+        return subprocess.run(["bash", str(APPLY), "--level"], capture_output=True, text=True, env=env, check=True).stdout.strip()
+
+    fixes = tmp_path / "fixes"
+    write_patch(fixes, "10-a.patch", ("one", "two"), "TWO")
+    first = level(fixes)
+    write_patch(fixes, "10-a.patch", ("one", "two"), "Two")
+    assert re.fullmatch(r"hvdkit-fixes-[0-9a-f]{12}", first)
+    assert level(fixes) != first
+
+
+def test_the_build_script_applies_the_fixes_inside_the_recipe_and_keys_the_cache_on_them():
+    text = (ROOT / "scripts" / "build-horovod.sh").read_text()
+    recipe = text.split("\n    # >>> recipe\n", 1)[1].split("\n    # <<< recipe\n", 1)[0]
+    assert 'apply-horovod-fixes.sh" "$src"' in recipe
+    key_line = next(line for line in text.splitlines() if line.startswith("key="))
+    assert "fixes=" in key_line
