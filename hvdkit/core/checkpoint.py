@@ -288,21 +288,58 @@ class CheckpointStore:
     def load(self, read):
         """Restore the newest good checkpoint on every rank: ``(state, CheckpointInfo)`` or None.
 
-        Rank 0 walks the checkpoints newest first and calls ``read(folder)`` on the first that
-        verifies; a checkpoint that fails verification or ``read`` is reported and skipped. The
-        state is broadcast, so every rank gets rank 0's. Returns None on every rank when there is
-        no checkpoint. Collective: every rank calls it; only rank 0 calls ``read``.
+        Like ``load_on_rank0``, then rank 0's whole state is pickled and broadcast: meant for
+        small states (under 2 GiB, and it costs time on every rank). The framework adapters
+        restore through ``load_on_rank0`` and send tensors in chunks instead.
+        Collective: every rank calls it; only rank 0 calls ``read``.
         """
-        result = None
+        loaded = self.load_on_rank0(read)
+        if loaded is None:
+            return None
+        state, _, info = loaded
+        return self.comm.broadcast_object(state, name="hvdkit.checkpoint.load.state"), info
+
+    def load_on_rank0(self, read, describe=None):
+        """Read the newest good checkpoint on rank 0 and tell every rank which one it is.
+
+        Rank 0 walks the checkpoints newest first and calls ``read(folder)`` on the first that
+        verifies; a checkpoint that fails verification or ``read`` is reported and skipped. Then
+        rank 0 calls ``describe(state, info)`` (if given): its result, the header, must be small,
+        since it is broadcast with the outcome. Returns ``(state, header, info)`` on rank 0,
+        ``(None, header, info)`` on the other ranks, None on every rank when there is no
+        checkpoint. Any failure on rank 0 (the folder cannot be listed, no checkpoint loads,
+        ``describe`` raises) raises CheckpointError on every rank, so no rank waits for another.
+        Collective: every rank calls it; only rank 0 touches the file system.
+        """
+        outcome, state = None, None
         if self.comm.is_rank0:
-            self.wait_for_cleanup()
-            result = self._read_newest(read)
-        status, value = self.comm.broadcast_object(result, name="hvdkit.checkpoint.load")
+            try:
+                outcome, state = self._open_newest(read, describe)
+            except CheckpointError as e:
+                outcome = ("error", str(e))
+            except Exception as e:  # noqa: BLE001 - any failure must reach every rank
+                outcome = ("error", f"reading the checkpoints under {self.root!r} failed on rank 0 ({type(e).__name__}: {e}); "
+                           "pass a checkpoint directory that rank 0 can list and read (--checkpoint-dir)")
+        status, value = self.comm.broadcast_object(outcome, name="hvdkit.checkpoint.load")
         if status == "error":
             raise CheckpointError(value)
-        return value
+        if value is None:
+            return None
+        header, info = value
+        return state, header, info
+
+    def _open_newest(self, read, describe):
+        """Rank 0: ``(outcome to broadcast, state)``; raises on any failure."""
+        self.wait_for_cleanup()
+        found = self._read_newest(read)
+        if found is None:
+            return ("ok", None), None
+        state, info = found
+        header = describe(state, info) if describe is not None else None
+        return ("ok", (header, info)), state
 
     def _read_newest(self, read):
+        """Rank 0: ``(state, CheckpointInfo)`` of the newest checkpoint that verifies and reads, or None."""
         skipped = []
         for _, path in self.candidates():
             try:
@@ -314,8 +351,7 @@ class CheckpointStore:
                 continue
             if skipped:
                 _log.warning("resuming from %s after skipping %d newer checkpoint(s)", path, len(skipped))
-            info = CheckpointInfo(path, int(m["step"]), int(m["epoch"]), int(m["world_size"]), m)
-            return ("ok", (state, info))
+            return state, CheckpointInfo(path, int(m["step"]), int(m["epoch"]), int(m["world_size"]), m)
         if skipped:
-            return ("error", f"no checkpoint under {self.root!r} could be loaded; skipped: {', '.join(skipped)}")
-        return ("ok", None)
+            raise CheckpointError(f"no checkpoint under {self.root!r} could be loaded; skipped: {', '.join(skipped)}")
+        return None

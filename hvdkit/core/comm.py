@@ -9,6 +9,8 @@ import copy
 
 __all__ = ["Communicator", "LocalCommunicator", "HorovodCommunicatorBase"]
 
+CHUNK_BYTES = 64 * 2**20  # the most bytes one tensor broadcast sends (and holds in flight) at once
+
 
 class Communicator(abc.ABC):
     """Collectives over numbers and Python objects.
@@ -45,6 +47,15 @@ class Communicator(abc.ABC):
     def barrier(self):
         """Return once every rank has called it."""
 
+    def broadcast_tensors(self, tensors, name, root=0):
+        """Overwrite each of ``tensors`` in place with ``root``'s, bitwise.
+
+        ``tensors`` are the framework's writable buffers (torch tensors, or numpy arrays for
+        TensorFlow), of the same shapes and dtypes on every rank. They travel as bytes in chunks
+        of at most ``CHUNK_BYTES``, so the extra memory stays bounded whatever their size.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot broadcast tensors")
+
 
 class LocalCommunicator(Communicator):
     """The communicator of a job of one process."""
@@ -63,6 +74,9 @@ class LocalCommunicator(Communicator):
 
     def barrier(self):
         pass
+
+    def broadcast_tensors(self, tensors, name, root=0):
+        pass  # the only rank is the root: its tensors already hold the values
 
 
 class HorovodCommunicatorBase(Communicator):

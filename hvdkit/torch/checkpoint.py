@@ -10,6 +10,7 @@ from ..core.checkpoint import CheckpointStore, Resumed
 from ..core.errors import CheckpointError
 from ..core.log import get_logger
 from .runtime import communicator
+from .state import describe_state, receive_state
 
 __all__ = ["Checkpointer", "Resumed"]
 
@@ -78,23 +79,27 @@ class Checkpointer:
         Returns a ``Resumed`` or None when there is no checkpoint. Every rank ends with rank 0's
         parameters and optimizer state, and its own RNG state when the world size is unchanged.
         A checkpoint that does not fit the model raises CheckpointError and is left untouched.
+        Rank 0 maps the file into memory and loads it into its own model and optimizer; the other
+        ranks receive rank 0's tensors in bounded chunks straight into their parameters and
+        buffers (the path ``broadcast_state`` takes): no rank holds a pickled copy of the state.
+        Collective: every rank calls it.
         """
-        loaded = self.store.load(_read_state)
+        kept = {}
+
+        def describe(state, info):  # rank 0; what it raises fails every rank
+            self._apply(state, info.path)
+            rest = {k: state.get(k) for k in ("scheduler", "step", "epoch", "rng", "extra")}
+            header, kept["tensors"] = describe_state(self.model, self.optimizer, rest)
+            return header
+
+        loaded = self.store.load_on_rank0(_read_state, describe)
         if loaded is None:
             return None
-        state, info = loaded
-        try:
-            self.model.load_state_dict(state["model"])
-            if self.optimizer is not None and state["optimizer"] is not None:
-                self.optimizer.load_state_dict(state["optimizer"])
-            if self.scheduler is not None and state["scheduler"] is not None:
-                self.scheduler.load_state_dict(state["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise CheckpointError(
-                f"checkpoint {info.path} does not fit this model/optimizer ({str(e).splitlines()[0]}); "
-                "point --checkpoint-dir at the checkpoints of this model, or at an empty directory"
-            ) from e
-        rngs = state["rng"]
+        _, header, info = loaded
+        rest = receive_state(self.comm, header, kept.get("tensors"), self.model, self.optimizer, error=CheckpointError)
+        if not self.comm.is_rank0 and self.scheduler is not None and rest["scheduler"] is not None:
+            self.scheduler.load_state_dict(rest["scheduler"])
+        rngs = rest["rng"]
         if len(rngs) == self.comm.size:
             _set_rng_state(rngs[self.comm.rank])
         elif self.comm.is_rank0:
@@ -105,8 +110,29 @@ class Checkpointer:
             )
         if self.comm.is_rank0:
             _log.info("resumed from %s (step %d, epoch %d)", info.path, info.step, info.epoch)
-        return Resumed(state["step"], state["epoch"], state["extra"], info.path, info.world_size)
+        return Resumed(rest["step"], rest["epoch"], rest["extra"], info.path, info.world_size)
+
+    def _apply(self, state, path):
+        """Load ``state`` into this rank's model, optimizer and scheduler, or CheckpointError."""
+        try:
+            self.model.load_state_dict(state["model"])
+            if self.optimizer is not None and state["optimizer"] is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+            if self.scheduler is not None and state["scheduler"] is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this model/optimizer ({str(e).splitlines()[0]}); "
+                "point --checkpoint-dir at the checkpoints of this model, or at an empty directory"
+            ) from e
 
 
 def _read_state(folder):
-    return torch.load(os.path.join(folder, STATE_FILE), map_location="cpu", weights_only=True)
+    """The state in ``folder``, memory-mapped: the tensors are read from the file as they are used."""
+    path = os.path.join(folder, STATE_FILE)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):  # only a file in torch's legacy format cannot be mapped
+            raise
+        return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,8 +1,136 @@
-"""Making every rank start from rank 0's state."""
+"""Making every rank hold one rank's model, optimizer and small state: fresh start and resume alike.
 
-from ._engine import horovod_torch
+The root describes what it holds in a small header (names, shapes, dtypes, and every non-tensor
+value) that is broadcast as an object; the tensors follow as tensors, in bounded chunks, straight
+into the model's own parameters and buffers on the other ranks (``Communicator.broadcast_tensors``).
+Nothing is pickled whole, so a state of any size costs about one chunk of extra memory.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.errors import CollectiveError
+from .runtime import communicator
 
 __all__ = ["broadcast_state"]
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    """Where a header holds a tensor: its index in the tensor list, shape and dtype."""
+
+    index: int
+    shape: tuple
+    dtype: torch.dtype
+
+
+def _split(obj, tensors):
+    """``obj`` with every tensor moved to ``tensors`` and replaced by its ``_TensorSpec``."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSpec(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return type(obj)((k, _split(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_split(v, tensors) for v in obj)
+    return obj
+
+
+def _join(obj, tensors):
+    """The inverse of ``_split``: every ``_TensorSpec`` replaced by its tensor."""
+    if isinstance(obj, _TensorSpec):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return type(obj)((k, _join(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_join(v, tensors) for v in obj)
+    return obj
+
+
+def _specs(obj):
+    """Every ``_TensorSpec`` in ``obj``, in ``_split`` order."""
+    if isinstance(obj, _TensorSpec):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [s for v in obj for s in _specs(v)]
+    return []
+
+
+def describe_state(model, optimizer, rest):
+    """On the root: ``(header, tensors)`` for ``receive_state`` (``rest``: any picklable data).
+
+    The tensors are the model's own parameters and buffers, the optimizer's own state and the
+    tensors in ``rest``: nothing is copied.
+    """
+    tensors = []
+    header = {
+        "model": _split(model.state_dict(), tensors) if model is not None else None,
+        "optimizer": _split(optimizer.state_dict(), tensors) if optimizer is not None else None,
+        "rest": _split(rest, tensors),
+    }
+    return header, tensors
+
+
+def _fit_error(header, model, optimizer, root):
+    """Why this rank's model or optimizer cannot take the root's state, or None."""
+    if (header["model"] is None) != (model is None) or (header["optimizer"] is None) != (optimizer is None):
+        return f"a model and optimizer were passed on rank {root} and not here, or the other way round"
+    if model is not None:
+        own, theirs = model.state_dict(), header["model"]
+        if list(own) != list(theirs):
+            missing, unexpected = sorted(set(theirs) - set(own)), sorted(set(own) - set(theirs))
+            return f"the model's entries differ from rank {root}'s (missing here: {missing[:5]}, only here: {unexpected[:5]})"
+        for key, spec in theirs.items():
+            if isinstance(spec, _TensorSpec) and (tuple(own[key].shape), own[key].dtype) != (spec.shape, spec.dtype):
+                return f"model entry {key!r} is {tuple(own[key].shape)} {own[key].dtype} here, {spec.shape} {spec.dtype} on rank {root}"
+    if optimizer is not None:
+        own = [len(g["params"]) for g in optimizer.param_groups]
+        theirs = [len(g["params"]) for g in header["optimizer"]["param_groups"]]
+        if own != theirs:
+            return f"the optimizer has parameter groups of sizes {own} here, {theirs} on rank {root}"
+    return None
+
+
+def receive_state(comm, header, tensors, model=None, optimizer=None, root=0, error=CollectiveError):
+    """Give every rank the root's state described by ``header``; returns the root's ``rest``.
+
+    ``tensors`` is what ``describe_state`` returned on the root (ignored elsewhere). The other
+    ranks check that their model and optimizer fit (all ranks raise ``error`` if any does not),
+    receive the model's tensors in place, and load the optimizer state with ``load_state_dict``.
+    Collective: every rank calls it after the header was broadcast; names are fixed here.
+    """
+    if comm.size == 1:
+        return _join(header["rest"], tensors)
+    is_root = comm.rank == root
+    problem = None if is_root else _fit_error(header, model, optimizer, root)
+    problems = comm.allgather_object(problem, name="hvdkit.state.fit")
+    bad = [(r, p) for r, p in enumerate(problems) if p]
+    if bad:
+        r, p = bad[0]
+        raise error(f"rank {r} cannot take rank {root}'s state: {p}; every rank must build the same model and optimizer")
+    if not is_root:
+        tensors = _targets(header, model)
+    comm.broadcast_tensors(tensors, name="hvdkit.state.tensors", root=root)
+    if not is_root and optimizer is not None:
+        optimizer.load_state_dict(_join(header["optimizer"], tensors))
+    return _join(header["rest"], tensors)
+
+
+def _targets(header, model):
+    """Where a non-root rank receives each tensor: its model's own tensors, new ones for the rest."""
+    specs = _specs([header["model"], header["optimizer"], header["rest"]])
+    tensors = [None] * len(specs)
+    own = model.state_dict() if model is not None else {}
+    for key, spec in (header["model"] or {}).items():
+        if isinstance(spec, _TensorSpec):
+            tensors[spec.index] = own[key]
+    for spec in specs:
+        if tensors[spec.index] is None:
+            tensors[spec.index] = torch.empty(spec.shape, dtype=spec.dtype)
+    return tensors
 
 
 def broadcast_state(model=None, optimizer=None, extra=None, root_rank=0):
@@ -12,21 +140,23 @@ def broadcast_state(model=None, optimizer=None, extra=None, root_rank=0):
     type, e.g. None). Every collective has a name fixed by hvdkit, never derived from a value,
     so ranks that pass objects of different types do not hang (Horovod's ``broadcast_object``
     names the collective after the object's type by default).
-    The optimizer state is sent as a whole ``state_dict``; unlike Horovod's
+    The tensors are sent as tensors, in bounded chunks, into the model's own parameters and
+    buffers; the optimizer state arrives through ``load_state_dict``. Unlike Horovod's
     ``broadcast_optimizer_state`` no fake zero-gradient step is taken on a fresh optimizer, so
-    Adam's step count and weight decay are not touched.
+    Adam's step count and weight decay are not touched. A rank whose model or optimizer does not
+    match ``root_rank``'s makes every rank raise CollectiveError.
 
     Collective: every rank calls it with the same kind of model and optimizer.
     """
-    hvd = horovod_torch()
-    if model is not None:
-        tensors = {f"hvdkit.state.model.{k}": v for k, v in model.state_dict().items()}
-        hvd.broadcast_parameters(tensors, root_rank)
-    if optimizer is not None:
-        is_root = hvd.rank() == root_rank
-        sd = hvd.broadcast_object(
-            optimizer.state_dict() if is_root else None, root_rank, name="hvdkit.state.optimizer"
-        )
-        if not is_root:
-            optimizer.load_state_dict(sd)
-    return hvd.broadcast_object(extra, root_rank, name="hvdkit.state.extra")
+    comm = communicator()
+    outcome, tensors = None, None
+    if comm.rank == root_rank:
+        try:
+            header, tensors = describe_state(model, optimizer, {"extra": extra})
+            outcome = ("ok", header)
+        except Exception as e:  # noqa: BLE001 - any failure must reach every rank
+            outcome = ("error", f"rank {root_rank} could not describe its state ({type(e).__name__}: {e})")
+    status, header = comm.broadcast_object(outcome, name="hvdkit.state.header", root=root_rank)
+    if status != "ok":
+        raise CollectiveError(header)
+    return receive_state(comm, header, tensors, model, optimizer, root_rank)["extra"]
