@@ -106,20 +106,30 @@ def _clip_after_averaging(optimizer, max_norm):
         if closure is not None:  # gradients first, so that they are the ones averaged and clipped
             with torch.enable_grad():
                 loss = closure()
-        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
         # Inside the user's own skip_synchronize() the gradients are averaged already.
         if getattr(self, "_should_synchronize", True):
             self.synchronize()
-            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            self.last_grad_norm = _clip_grads(self, max_norm)
             with self.skip_synchronize():
                 horovod_step()
         else:
-            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            self.last_grad_norm = _clip_grads(self, max_norm)
             horovod_step()
         return loss
 
     optimizer.last_grad_norm = None
     optimizer.step = types.MethodType(step, optimizer)
+
+
+def _clip_grads(optimizer, max_norm):
+    """Clip the gradients ``optimizer`` holds now to ``max_norm`` in total; their norm before.
+
+    The list is taken after averaging: a parameter unused on this rank in this step has a gradient
+    only once Horovod has averaged in the other ranks' (taken before, it would be left out of this
+    rank's norm, the ranks would clip by different factors and drift apart).
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
 class ScaledLR(torch.optim.lr_scheduler.LRScheduler):
