@@ -5,12 +5,16 @@ Layout under the checkpoint root::
     ckpt-000000000040/            one complete checkpoint (step 40)
         state.pt                  files written by the framework adapter
         manifest.json             step, epoch, world size, versions, size and SHA-256 of every file
-    .tmp-ckpt-...                 a write in progress (never loaded; removed by the next save)
+    ckpt-000000000040.1/          a newer copy of step 40, while a save of step 40 again replaces it
+    .tmp-<job>-...                a write in progress or a deletion (never loaded)
+    .hvdkit.lock                  rank 0 of the job using the folder holds a flock on it
 
-Only rank 0 touches the file system. A save writes into a temporary folder, fsyncs every file and
-the folder, renames it into place and fsyncs the root, so a crash at any point leaves either the old
-set of checkpoints or the new one, never a half-written checkpoint under a ``ckpt-`` name. The
-outcome is broadcast, so when rank 0 fails every rank raises the same CheckpointError.
+Only rank 0 touches the file system, and only one job at a time (see ``checkpoint_lock``). A save
+writes into a temporary folder, fsyncs every file and the folder, renames it into place and fsyncs
+the root, so a crash at any point leaves either the old set of checkpoints or the new one, never a
+half-written checkpoint under a ``ckpt-`` name. Saving a step that exists already never retires its
+old copy before the new one is in place (see ``_place``). The outcome is broadcast, so when rank 0
+fails every rank raises the same CheckpointError.
 Loading walks the checkpoints newest first, verifies each manifest (sizes and checksums), skips and
 reports the ones that fail, and broadcasts the first good state to every rank.
 """
@@ -23,9 +27,11 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from . import checkpoint_lock
 from .errors import CheckpointError, ConfigError
 from .log import get_logger
 
@@ -33,7 +39,7 @@ __all__ = ["CheckpointStore", "CheckpointInfo", "Resumed", "MANIFEST"]
 
 MANIFEST = "manifest.json"
 _PREFIX = "ckpt-"
-_NAME = re.compile(r"^ckpt-(\d{12})$")
+_NAME = re.compile(r"^ckpt-(\d{12})(?:\.(\d{1,9}))?$")  # step, then the copy's generation (none: 0)
 _TMP = ".tmp-"
 _log = get_logger("checkpoint")
 _DELETERS = {}  # root -> the thread deleting that root's pruned checkpoints (see _prune)
@@ -97,6 +103,16 @@ def _sync_and_hash(folder):
     return files
 
 
+def _signature(path):
+    """What changes when a checkpoint folder's files change: (name, inode, size, mtime) of each."""
+    try:
+        return tuple(
+            sorted((e.name, e.inode(), e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(path))
+        )
+    except OSError:
+        return None
+
+
 def _remove_all(paths, previous):
     if previous is not None:
         previous.join()  # one deleter at a time, in order
@@ -140,8 +156,9 @@ class CheckpointStore:
     """Rank-0 checkpoints under ``root``, shared by the framework adapters.
 
     Collective: the constructor, ``save`` and ``load`` must be called by every rank. The
-    constructor checks on rank 0 that ``root`` can be created and written, so a bad path fails
-    on every rank before any training happens.
+    constructor checks on rank 0 that ``root`` can be created and written and takes the folder's
+    lock (held until ``close``, the store's garbage collection or the process's exit), so a bad
+    path, or a folder in use by another job, fails on every rank before any training happens.
     """
 
     def __init__(self, root, comm, keep=3, framework="none"):
@@ -151,33 +168,74 @@ class CheckpointStore:
         self.comm = comm
         self.keep = keep
         self.framework = framework
-        error = self._check_writable() if comm.is_rank0 else None
+        self._lock = self._finalizer = None
+        self._verified = {}  # path -> _signature of a checkpoint known to verify (rank 0)
+        error = self._preflight() if comm.is_rank0 else None
         error = comm.broadcast_object(error, name="hvdkit.checkpoint.preflight")
         if error:
+            self.close()
             raise CheckpointError(error)
 
-    def _check_writable(self):
+    def _preflight(self):
+        """Rank 0: create the folder, lock it, sweep what dead jobs left; an error message or None."""
         try:
             os.makedirs(self.root, exist_ok=True)
-            probe = os.path.join(self.root, f"{_TMP}probe-{os.getpid()}")
+            self._lock = checkpoint_lock.acquire(self.root)
+            self._finalizer = weakref.finalize(self, checkpoint_lock.release, self._lock)
+            probe = self._tmp_path("probe")
             with open(probe, "w") as f:
                 f.write("ok")
             os.remove(probe)
+        except CheckpointError as e:
+            return str(e)
         except OSError as e:
             return (
                 f"checkpoint directory {self.root!r} is not writable ({e.strerror or e}); "
                 "pass a directory rank 0 can create and write (--checkpoint-dir)"
             )
+        if self._lock.locked:
+            self._sweep_dead_jobs()
         return None
+
+    def close(self):
+        """Release the folder's lock (rank 0; no collective). The store must not be used after."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+
+    def _tmp_path(self, kind):
+        """A fresh temporary name carrying this job's id: ``.tmp-<job>-<kind>-<random>``."""
+        return os.path.join(self.root, f"{_TMP}{self._lock.job}-{kind}-{uuid.uuid4().hex[:8]}")
+
+    def _sweep_dead_jobs(self):
+        """Delete the temporary entries of earlier jobs (rank 0, holding the lock).
+
+        Every writer holds the folder's lock, so while this job holds it any other job's ``.tmp-``
+        entry is what a job that died left behind (a write or a deletion cut short).
+        """
+        mine = f"{_TMP}{self._lock.job}-"
+        dead = [n for n in os.listdir(self.root) if n.startswith(_TMP) and not n.startswith(mine)]
+        if dead:
+            _log.info("removing %d leftover(s) of earlier jobs under %s: %s", len(dead), self.root, ", ".join(sorted(dead)))
+            self._delete([os.path.join(self.root, n) for n in dead])
 
     # ---------------------------------------------------------------- listing (rank 0)
     def candidates(self):
-        """``(step, path)`` of every ``ckpt-`` folder, newest first, unverified."""
+        """``(step, path)`` of every ``ckpt-`` folder, newest first, unverified.
+
+        Copies of one step (``ckpt-S.N``, left by a save of step S again that was cut short) come
+        newest generation first, then the plain ``ckpt-S``.
+        """
+        return [(step, path) for step, _, path in self._listing()]
+
+    def _listing(self):
         try:
             names = os.listdir(self.root)
         except FileNotFoundError:
             return []
-        found = [(int(m.group(1)), os.path.join(self.root, n)) for n in names if (m := _NAME.match(n))]
+        found = [
+            (int(m.group(1)), int(m.group(2) or 0), os.path.join(self.root, n)) for n in names if (m := _NAME.match(n))
+        ]
         return sorted(found, reverse=True)
 
     def latest(self):
@@ -195,20 +253,28 @@ class CheckpointStore:
         return None
 
     # ---------------------------------------------------------------- save
-    def save(self, write, step, epoch, meta=None):
+    def save(self, write, step, epoch, meta=None, check=None):
         """Write a checkpoint of ``step`` on rank 0; ``write(folder)`` puts the files in ``folder``.
 
-        Returns the checkpoint's path on every rank. Raises CheckpointError on every rank when
-        rank 0 could not write it; earlier checkpoints are then left untouched.
-        Collective: every rank calls it; only rank 0 calls ``write``.
+        ``check()``, if given, runs on rank 0 before anything is written; a ConfigError it raises
+        (data that could not be read back, say) is raised on every rank as ConfigError. Returns
+        the checkpoint's path on every rank. Raises CheckpointError on every rank when rank 0
+        could not write it; earlier checkpoints are then left untouched.
+        Collective: every rank calls it; only rank 0 calls ``check`` and ``write``.
         """
         result = None
         if self.comm.is_rank0:
             try:
+                if check is not None:
+                    check()
                 result = ("ok", self._write(write, int(step), int(epoch), meta or {}))
+            except ConfigError as e:
+                result = ("invalid", f"the checkpoint of step {step} was not saved: {e}")
             except Exception as e:  # noqa: BLE001 - any failure must reach every rank
                 result = ("error", f"saving the checkpoint of step {step} to {self.root!r} failed: {e}")
         status, value = self.comm.broadcast_object(result, name="hvdkit.checkpoint.save")
+        if status == "invalid":
+            raise ConfigError(value)
         if status != "ok":
             raise CheckpointError(value)
         return value
@@ -216,7 +282,7 @@ class CheckpointStore:
     def _write(self, write, step, epoch, meta):
         t0 = time.perf_counter()
         self.wait_for_cleanup()  # the previous save's deletions (normally long done)
-        tmp = os.path.join(self.root, f"{_TMP}{_PREFIX}{step:012d}-{uuid.uuid4().hex[:8]}")
+        tmp = self._tmp_path(f"{_PREFIX}{step:012d}")
         os.makedirs(tmp)
         try:
             write(tmp)
@@ -238,39 +304,85 @@ class CheckpointStore:
                 f.flush()
                 os.fsync(f.fileno())
             fsync_path(tmp, directory=True)
-            final = os.path.join(self.root, f"{_PREFIX}{step:012d}")
-            if os.path.lexists(final):  # the same step saved again (e.g. after a resume)
-                aside = os.path.join(self.root, f"{_TMP}old-{uuid.uuid4().hex[:8]}")
-                os.rename(final, aside)
-                os.rename(tmp, final)
-                shutil.rmtree(aside, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
-            fsync_path(self.root, directory=True)
+            final = self._place(tmp, step)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self._verified[final] = _signature(final)  # written and hashed just now
         self._prune(keep_path=final)
         _log.info("saved checkpoint step %d epoch %d in %.3f s: %s", step, epoch, time.perf_counter() - t0, final)
         return final
 
-    def _prune(self, keep_path):
-        """Keep the newest ``keep`` checkpoints; remove older ones and leftovers of dead writes.
+    def _place(self, tmp, step):
+        """Rename the finished ``tmp`` in as the checkpoint of ``step``; its path.
 
+        When the step exists already (saved again after a resume), the new copy goes in first
+        under the next generation's name ``ckpt-S.N``, which ``candidates`` ranks above the older
+        copies, and the root is fsynced; only then are the older copies retired and the new one
+        renamed to ``ckpt-S``. At every instant a complete copy of the step is under a ``ckpt-``
+        name, so a crash (or a full disk) in between loses nothing.
+        """
+        final = os.path.join(self.root, f"{_PREFIX}{step:012d}")
+        older = [(gen, path) for s, gen, path in self._listing() if s == step]
+        if not older:
+            os.rename(tmp, final)
+            fsync_path(self.root, directory=True)
+            return final
+        staged = f"{final}.{max(gen for gen, _ in older) + 1}"
+        os.rename(tmp, staged)
+        fsync_path(self.root, directory=True)
+        try:
+            for _, path in older:
+                os.rename(path, self._tmp_path("trash"))  # this job's leftover: _prune deletes it
+            os.rename(staged, final)
+            fsync_path(self.root, directory=True)
+        except OSError as e:  # the new copy is in place and loads under the name it has
+            _log.warning("checkpoint of step %d saved as %s; tidying the older copies failed: %s", step, staged, e)
+            return staged
+        return final
+
+    def _prune(self, keep_path):
+        """Keep the newest ``keep`` checkpoints that verify; remove the rest and this job's leftovers.
+
+        A checkpoint that fails verification does not count toward ``keep`` (it would crowd out a
+        good one) and is removed. Checkpoints this store wrote or verified before are not hashed
+        again. Only this job's ``.tmp-`` entries are swept; other jobs' are left alone.
         What goes is first renamed out of the ``ckpt-`` namespace (instant: the listing is right
         when ``save`` returns), then deleted by a background thread, so freeing a large checkpoint's
         disk blocks does not hold up training. The thread is not a daemon: a process waits for
-        it before exiting. A process killed mid-deletion leaves a ``.tmp-`` folder that the next
-        save removes.
+        it before exiting. A process killed mid-deletion leaves a ``.tmp-`` entry that the next
+        job to take the folder's lock removes.
         """
-        doomed = [path for _, path in self.candidates()[self.keep :] if path != keep_path]
-        doomed += [os.path.join(self.root, n) for n in os.listdir(self.root) if n.startswith(_TMP)]
+        kept, doomed = 0, []
+        for _, path in self.candidates():
+            if path == keep_path or (kept < self.keep and self._verifies(path)):
+                kept += 1
+            else:
+                doomed.append(path)
+        mine = f"{_TMP}{self._lock.job}-"
+        self._delete(doomed + [os.path.join(self.root, n) for n in os.listdir(self.root) if n.startswith(mine)])
+
+    def _verifies(self, path):
+        """Whether the checkpoint ``path`` verifies (hashed once per store, unless it changes)."""
+        signature = _signature(path)
+        if signature is not None and self._verified.get(path) == signature:
+            return True
+        try:
+            verify(path)
+        except CheckpointError as e:
+            _log.warning("removing a checkpoint that fails verification (it does not count toward keep=%d): %s", self.keep, e)
+            return False
+        self._verified[path] = signature
+        return True
+
+    def _delete(self, paths):
+        """Rename ``paths`` out of the way now and delete them in a background thread."""
         trash = []
-        for path in doomed:
-            aside = os.path.join(self.root, f"{_TMP}trash-{uuid.uuid4().hex[:8]}")
+        for path in paths:
+            aside = self._tmp_path("trash")
             try:
                 os.rename(path, aside)
-            except OSError:  # being deleted by an earlier save's thread
+            except OSError:  # gone already
                 continue
             trash.append(aside)
         if trash:

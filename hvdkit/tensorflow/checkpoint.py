@@ -8,6 +8,7 @@ import numpy as np
 from ..core.checkpoint import CheckpointStore, Resumed
 from ..core.errors import CheckpointError
 from ..core.log import get_logger
+from ..core.plain_data import check_json_plain
 from .runtime import communicator
 
 __all__ = ["Checkpointer", "Resumed"]
@@ -48,7 +49,12 @@ class Checkpointer:
         return list(opt.variables)
 
     def save(self, step, epoch, extra=None):
-        """Write a checkpoint of ``step``; ``epoch`` is the number of epochs completed."""
+        """Write a checkpoint of ``step``; ``epoch`` is the number of epochs completed.
+
+        ``extra`` is kept in the manifest as JSON: what JSON would not give back as it was (a
+        tuple, a non-string key, a NumPy value, a path) raises ConfigError on every rank naming its
+        key path and type, and nothing is written. Collective: every rank calls it.
+        """
         opt_vars = self._optimizer_variables()  # builds the optimizer on every rank alike
         model_vals = _values(self.model.weights) if self.comm.is_rank0 else None
         opt_vals = _values(opt_vars) if self.comm.is_rank0 else None
@@ -61,7 +67,7 @@ class Checkpointer:
             with open(os.path.join(folder, STATE_FILE), "wb") as f:
                 f.write(buf.getvalue())
 
-        return self.store.save(write, step, epoch, meta={"extra": extra})
+        return self.store.save(write, step, epoch, meta={"extra": extra}, check=lambda: check_json_plain(extra, "extra"))
 
     def restore(self):
         """Load the newest good checkpoint into the model and optimizer on every rank.

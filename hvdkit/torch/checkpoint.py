@@ -10,6 +10,7 @@ from ..core.checkpoint import CheckpointStore, Resumed
 from ..core.errors import CheckpointError
 from ..core.log import get_logger
 from .runtime import communicator
+from .safe_load import check_loadable
 from .state import describe_state, receive_state
 
 __all__ = ["Checkpointer", "Resumed"]
@@ -55,12 +56,16 @@ class Checkpointer:
     def save(self, step, epoch, extra=None):
         """Write a checkpoint of ``step`` (rank 0 writes; every rank's RNG state is included).
 
-        ``epoch`` is the number of epochs completed. Returns the checkpoint path.
+        ``epoch`` is the number of epochs completed. Returns the checkpoint path. A value that
+        ``torch.load(weights_only=True)`` would refuse at resume (a NumPy scalar or array, a
+        ``pathlib.Path``, an instance of your own class), in ``extra`` or in a state dict, raises
+        ConfigError on every rank naming its key path and type, and nothing is written.
+        Collective: every rank calls it.
         """
         rngs = self.comm.allgather_object(_rng_state(), name="hvdkit.checkpoint.rng")
 
-        def write(folder):
-            state = {
+        def state():
+            return {
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -69,9 +74,15 @@ class Checkpointer:
                 "rng": rngs,
                 "extra": extra,
             }
-            torch.save(state, os.path.join(folder, STATE_FILE))
 
-        return self.store.save(write, step, epoch)
+        def check():  # rank 0, before anything is written
+            for key, value in state().items():
+                check_loadable(value, key)
+
+        def write(folder):
+            torch.save(state(), os.path.join(folder, STATE_FILE))
+
+        return self.store.save(write, step, epoch, check=check)
 
     def restore(self):
         """Load the newest good checkpoint into the model, optimizer and scheduler on every rank.

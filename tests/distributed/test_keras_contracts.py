@@ -107,7 +107,7 @@ def test_resume_restores_weights_optimizer_state_and_epoch_on_every_rank(ranks):
 
 def test_only_rank0_writes_and_the_newest_two_are_kept(ranks):
     l0, l1 = both(ranks, "checkpoint", "listing")
-    assert l0 == ["ckpt-000000000008", "ckpt-000000000012"]
+    assert l0 == [".hvdkit.lock", "ckpt-000000000008", "ckpt-000000000012"]  # the lock: one job per directory
     assert l1 is None and not os.path.exists(ranks["out"] / "ckpt-of-rank1")
 
 

@@ -87,7 +87,7 @@ def test_broadcast_state_with_extras_of_different_types_completes(ranks):
 
 def test_only_rank0_creates_files_in_the_checkpoint_directory(ranks):
     r0, r1 = (r["checkpoint"] for r in ranks["r"])
-    assert r0["listing"] == ["ckpt-000000000003"]
+    assert r0["listing"] == [".hvdkit.lock", "ckpt-000000000003"]  # the lock: one job per directory
     assert r1["listing"] is None and not os.path.exists(ranks["out"] / "ckpt-of-rank1")
     assert verify(str(ranks["out"] / "ckpt-of-rank0" / "ckpt-000000000003"))["world_size"] == 2
 

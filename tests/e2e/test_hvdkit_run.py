@@ -35,7 +35,7 @@ def test_demo_output_is_tagged_by_rank_and_progress_is_logged_on_rank0_only(demo
 
 
 def test_demo_keeps_the_newest_three_checkpoints(demo):
-    assert sorted(os.listdir(demo["ckpt"])) == [f"ckpt-{s:012d}" for s in (230, 253, 276)]
+    assert sorted(os.listdir(demo["ckpt"])) == [".hvdkit.lock"] + [f"ckpt-{s:012d}" for s in (230, 253, 276)]
 
 
 def test_rerun_resumes_after_the_last_epoch_and_reports_the_same_model(demo):

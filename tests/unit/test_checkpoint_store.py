@@ -7,6 +7,7 @@ import pytest
 
 from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore, verify
+from hvdkit.core.checkpoint_lock import LOCK_FILE
 
 
 def writer(payload):
@@ -33,7 +34,7 @@ def test_save_writes_a_verified_manifest_and_leaves_no_temporary_folder(store):
     manifest = verify(path)
     assert manifest["step"] == 10 and manifest["epoch"] == 1 and manifest["world_size"] == 1
     assert manifest["files"]["state.bin"]["size"] == 3
-    assert os.listdir(store.root) == ["ckpt-000000000010"]
+    assert sorted(os.listdir(store.root)) == [LOCK_FILE, "ckpt-000000000010"]
 
 
 def test_only_the_newest_keep_checkpoints_remain(store):
@@ -41,7 +42,7 @@ def test_only_the_newest_keep_checkpoints_remain(store):
         store.save(writer(bytes([step])), step=step, epoch=step)
     assert [os.path.basename(p) for _, p in store.candidates()] == ["ckpt-000000000005", "ckpt-000000000004"]
     store.wait_for_cleanup()  # old ones are deleted in the background
-    assert sorted(os.listdir(store.root)) == ["ckpt-000000000004", "ckpt-000000000005"]
+    assert sorted(os.listdir(store.root)) == [LOCK_FILE, "ckpt-000000000004", "ckpt-000000000005"]
     state, info = store.load(read)
     assert (state, info.step) == (b"\x05", 5)
 
@@ -65,7 +66,7 @@ def test_a_write_that_fails_raises_and_keeps_earlier_checkpoints(store):
 
     with pytest.raises(CheckpointError, match="disk full"):
         store.save(broken, step=2, epoch=2)
-    assert os.listdir(store.root) == ["ckpt-000000000001"]
+    assert sorted(os.listdir(store.root)) == [LOCK_FILE, "ckpt-000000000001"]
     assert store.load(read)[0] == b"good"
 
 

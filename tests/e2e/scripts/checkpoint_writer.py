@@ -27,7 +27,7 @@ def main():
     real_rename = os.rename
 
     def slow_rename(src, dst):
-        if os.path.basename(src).startswith(".tmp-ckpt-"):
+        if os.path.basename(src).startswith(".tmp-") and "-ckpt-" in os.path.basename(src):  # a finished write
             print("RENAMING", flush=True)
             time.sleep(pause)
         real_rename(src, dst)
