@@ -71,6 +71,16 @@ def _parser():
         action="store_true",
         help="also mark the start of every Horovod cycle in the timeline (HOROVOD_TIMELINE_MARK_CYCLES=1)",
     )
+    r.add_argument(
+        "-x",
+        "--env",
+        dest="env_vars",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="set NAME for every rank on every host (repeatable); NAME alone passes this shell's value, "
+        "as mpirun -x does. E.g. -x HVDKIT_NUM_THREADS=1",
+    )
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
     _render_parser(sub)
     _timeline_parser(sub)
@@ -199,14 +209,16 @@ def _run(args):
 
     from .core import env
     from .launch import execute, hosts, plan, remote, supervise
-    from .launch.spec import JobSpec, check_command
+    from .launch.spec import JobSpec, check_command, parse_env_vars
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     found, origin = hosts.resolve(host_list=args.hosts, hostfile=args.hostfile, environ=os.environ)
     hosts.check_slots(found, args.num_proc, origin)
     controller = "gloo" if args.gloo else "mpi"
     restarts, stall, grace = _run_settings(args)
-    extra_env = {env.STALL_TIMEOUT: f"{stall:g}"} if stall else {}
+    extra_env = parse_env_vars(args.env_vars, os.environ)
+    if stall:
+        extra_env[env.STALL_TIMEOUT] = f"{stall:g}"
     spec = JobSpec(
         command=command,
         num_proc=args.num_proc,
@@ -230,9 +242,9 @@ def _run(args):
 
         ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
 
-    def build_plan(status_dir, attempt):
+    def build_plan(job_id, attempt):
         attempt_spec = dataclasses.replace(spec, env={**spec.env, env.RESTART: str(attempt)})
-        return plan.build(attempt_spec, is_root=is_root, cores=cores, status_dir=status_dir, progress=sys.stderr.isatty())
+        return plan.build(attempt_spec, is_root=is_root, cores=cores, job_id=job_id, progress=sys.stderr.isatty())
 
     started = time.time()
     report = supervise.supervise(build_plan, restarts, grace=grace, forward_usr1=controller == "mpi")

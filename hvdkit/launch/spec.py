@@ -1,6 +1,7 @@
 """What a user asks to run: a typed, validated job description."""
 
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 
@@ -8,10 +9,11 @@ from ..core.errors import ConfigError
 from .hosts import Host, check_slots
 from .timeline import timeline_path
 
-__all__ = ["JobSpec", "CONTROLLERS"]
+__all__ = ["JobSpec", "CONTROLLERS", "parse_env_vars"]
 
 CONTROLLERS = ("mpi", "gloo")
 _PYTHONS = ("python", "python3")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class JobSpec:
             raise ConfigError(f"controller must be one of {CONTROLLERS} (got {self.controller!r})")
         if not self.command:
             raise ConfigError("no command given; put it after '--', e.g. hvdkit run -np 2 -- python train.py")
+        _check_no_nul(self)
         nic = self.network_interface
         if nic is not None and not (isinstance(nic, str) and nic and all(c.isalnum() or c in "._-@:" for c in nic)):
             raise ConfigError(f"--network-interface must name one interface, e.g. eth0 (got {nic!r})")
@@ -51,6 +54,15 @@ class JobSpec:
         if bad:
             raise ConfigError(f"hosts must be Host(name, slots) values (got {bad[0]!r}); see hvdkit.launch.hosts")
         check_slots(self.hosts, self.num_proc)
+
+
+def _check_no_nul(spec):
+    """Raise ConfigError for a command word or variable that is not text or holds NUL (no process can get it)."""
+    words = [("command word", w) for w in spec.command] + [("mpi argument", w) for w in spec.mpi_args]
+    words += [(f"-x {name}", value) for name, value in spec.env.items()] + [("-x name", n) for n in spec.env]
+    for what, word in words:
+        if not isinstance(word, str) or "\0" in word:
+            raise ConfigError(f"{what} {word!r} must be text without NUL characters; no process can receive it")
 
 
 def check_command(command, cwd=None):
@@ -87,3 +99,24 @@ def _python_script(args):
             continue
         return arg
     return None
+
+
+def parse_env_vars(items, environ):
+    """``{NAME: VALUE}`` from ``-x`` arguments: ``NAME=VALUE``, or ``NAME`` for its value in ``environ``.
+
+    Like mpirun's ``-x``: a bare NAME passes the launcher's own value, which must be set.
+    """
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not _ENV_NAME.fullmatch(name):
+            raise ConfigError(
+                f"-x needs NAME or NAME=VALUE with NAME made of letters, digits and '_' (got {item!r}); "
+                "e.g. -x HVDKIT_NUM_THREADS=1"
+            )
+        if not sep:
+            if name not in environ:
+                raise ConfigError(f"-x {name}: {name} is not set in this shell; give a value: -x {name}=VALUE")
+            value = environ[name]
+        env[name] = value
+    return env

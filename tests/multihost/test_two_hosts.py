@@ -1,7 +1,10 @@
 """A real multi-host job: two hosts made of network namespaces on this machine, sshd in each.
 
 `hvdkit run -H a:1,b:1` trains the torch digits example across them over MPI and over Gloo and
-must reach exactly what the same job reaches on one host. Needs root (namespaces, mounts).
+must reach exactly what the same job reaches on one host. Both runs use one intra-op thread per
+rank: by default a rank alone on a host takes every core, and with more threads torch's kernels may
+sum in another order (on AVX-512 CPUs they do), which moves the result in the last digits.
+Needs root (namespaces, mounts).
 """
 
 import os
@@ -18,6 +21,12 @@ pytestmark = [
     pytest.mark.skipif(not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")), reason="needs iproute2 and openssh-server (make setup installs them)"),
 ]
 EXAMPLE = str(ROOT / "examples" / "torch_digits.py")
+SAME_THREADS = ("-x", "HVDKIT_NUM_THREADS=1")  # like with like: one thread per rank on one host and on two
+THREADS_LINE = "1 thread(s) per rank"  # what rank 0 logs at start-up
+
+
+def check_threads(proc):
+    assert THREADS_LINE in proc.stdout + proc.stderr, "the run did not use one thread per rank"
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +43,9 @@ def hosts():
 
 @pytest.fixture(scope="module")
 def one_host_result(tmp_path_factory):
-    proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path_factory.mktemp("one") / "c"))
+    proc = hvdkit_run("-np", "2", *SAME_THREADS, "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path_factory.mktemp("one") / "c"))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    check_threads(proc)
     return result_line(proc.stdout)
 
 
@@ -49,8 +59,9 @@ def test_training_across_two_hosts_reaches_what_one_host_reaches(hosts, one_host
     a, b = hosts.names
     gloo = ["--gloo"] if controller == "gloo" else []
     proc = run_on_a(hosts, "run", "-np", "2", *gloo, "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0",
-                    "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path / "c"))
+                    *SAME_THREADS, "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path / "c"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    check_threads(proc)
     r = result_line(proc.stdout)
     assert r["world_size"] == 2 and r["val_accuracy"] >= 0.95
     assert (r["val_accuracy"], r["val_loss"]) == (one_host_result["val_accuracy"], one_host_result["val_loss"])

@@ -169,3 +169,39 @@ def test_the_restart_summary_names_every_failed_attempt():
     assert report.restarts == 1
     assert report.summary() == "job finished after 1 restart used (attempt 1: rank 1 was killed by SIGKILL on h after 3.0 s; job stopped)"
     assert Report([execute.JobResult(0)]).summary() == ""
+
+
+def test_env_assignments_reach_every_rank_through_both_launchers(capsys):
+    from hvdkit.cli import main
+    from hvdkit.launch.hosts import Host
+    from hvdkit.launch.spec import parse_env_vars
+
+    env = parse_env_vars(["HVDKIT_NUM_THREADS=1", "A=x=y", "HOME"], {"HOME": "/h"})
+    assert env == {"HVDKIT_NUM_THREADS": "1", "A": "x=y", "HOME": "/h"}
+    hosts = (Host("a", 1), Host("b", 1))
+    plan = build(JobSpec(["python", "t.py"], 2, hosts=hosts, env=env), is_root=False, cores=2)
+    argv = list(plan.argv)
+    exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert {"HVDKIT_NUM_THREADS", "A", "HOME"} <= exported  # mpirun exports them to remote ranks
+    assert plan.env["HVDKIT_NUM_THREADS"] == "1" and plan.env["A"] == "x=y"
+    gloo = build(JobSpec(["python", "t.py"], 2, controller="gloo", hosts=hosts, env=env), is_root=False, cores=2)
+    assert gloo.env["HVDKIT_NUM_THREADS"] == "1"  # horovodrun passes its environment on
+    assert main(["run", "-np", "2", "-x", "HVDKIT_NUM_THREADS=1", "--dry-run", "--", "python", "-c", "pass"]) == 0
+    assert "-x HVDKIT_NUM_THREADS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("1BAD=x", "-x needs NAME or NAME=VALUE with NAME made of letters, digits and '_' (got '1BAD=x')"),
+        ("=x", "(got '=x')"),
+        ("A\n=1", "(got 'A\\n=1')"),
+        ("HVDKIT_SURELY_UNSET_VAR", "-x HVDKIT_SURELY_UNSET_VAR: HVDKIT_SURELY_UNSET_VAR is not set in this shell"),
+    ],
+)
+def test_bad_env_assignments_are_clear_errors(item, message):
+    from hvdkit.launch.spec import parse_env_vars
+
+    with pytest.raises(ConfigError) as e:
+        parse_env_vars([item], {})
+    assert message in str(e.value)
