@@ -377,8 +377,11 @@ class CheckpointStore:
 
     def _delete(self, paths):
         """Rename ``paths`` out of the way now and delete them in a background thread."""
-        trash = []
+        trash, named = [], f"{_TMP}{self._lock.job}-trash-"
         for path in paths:
+            if os.path.basename(path).startswith(named):  # out of the way already
+                trash.append(path)
+                continue
             aside = self._tmp_path("trash")
             try:
                 os.rename(path, aside)

@@ -1,6 +1,7 @@
 """Kill a checkpoint writer at random points: loading must always give the newest complete
 checkpoint and never anything partial. Real processes, real SIGKILL; no MPI needed."""
 
+import itertools
 import os
 import random
 import signal
@@ -8,12 +9,12 @@ import subprocess
 import sys
 import time
 
-from helpers import PYTHON, ROOT, record_figures
+from helpers import PYTHON, ROOT, record_figures, run_bounded
 from hvdkit.core import CheckpointStore, LocalCommunicator
 from hvdkit.core.checkpoint import verify
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e" / "scripts"))
-from checkpoint_writer import payload  # noqa: E402
+from checkpoint_writer import RESAVED_STEP, payload, writer  # noqa: E402
 
 WRITER = str(ROOT / "tests" / "e2e" / "scripts" / "checkpoint_writer.py")
 TRIALS = 24
@@ -74,3 +75,33 @@ def test_killing_the_writer_anywhere_never_loses_a_saved_checkpoint_or_loads_a_p
         assert info.step >= last_reported  # nothing the writer reported as saved was lost
     assert outcomes["rename_window"] == 8 and outcomes["leftover_partial"] >= 8  # the window was really hit
     record_figures("checkpoint_writer_killed", trials=TRIALS, **outcomes, partial_loads=0, saved_checkpoints_lost=0)
+
+
+def test_killing_a_resave_of_the_newest_step_at_every_operation_never_loses_that_step(tmp_path):
+    # keep=1 and step 5 saved again (a resumed run reaching the step it was preempted at): the
+    # writer SIGKILLs itself right before the k-th rename/fsync/mkdir/unlink/rmdir of the second save,
+    # for k = 1, 2, ... until the save completes. After each kill the next job opens the folder
+    # (taking the lock and sweeping what the dead one left), must load step 5 whole, and saves it again.
+    outcomes = {"kill_points": 0, "loaded_first_copy": 0, "loaded_second_copy": 0, "leftovers_swept": 0}
+    for kill_at in itertools.count(1):
+        root = tmp_path / f"kill-at-{kill_at}"
+        proc = run_bounded([PYTHON, WRITER, str(root), "resave", str(kill_at)], timeout=120)
+        if proc.returncode == 0:
+            assert "DONE after" in proc.stdout and kill_at > 8, proc.stdout  # every point was reached
+            break
+        assert proc.returncode == -signal.SIGKILL and "KILLED before operation" in proc.stdout, proc.stdout + proc.stderr
+        outcomes["kill_points"] += 1
+        leftovers = any(n.startswith(".tmp-") for n in os.listdir(root))
+        store = CheckpointStore(root, LocalCommunicator(), keep=1)
+        loaded = store.load(read)
+        assert loaded is not None, f"step {RESAVED_STEP} lost when killed at {proc.stdout.splitlines()[-1]}"
+        state, info = loaded
+        assert info.step == RESAVED_STEP and state in (payload(RESAVED_STEP), payload(RESAVED_STEP, 1)), kill_at
+        outcomes["loaded_second_copy" if state == payload(RESAVED_STEP, 1) else "loaded_first_copy"] += 1
+        store.save(writer(RESAVED_STEP, 2), RESAVED_STEP, 1)  # the resumed job reaches the step again
+        store.wait_for_cleanup()
+        outcomes["leftovers_swept"] += leftovers
+        assert [n for n in os.listdir(root) if n != ".hvdkit.lock"] == [f"ckpt-{RESAVED_STEP:012d}"]
+        assert store.load(read)[0] == payload(RESAVED_STEP, 2)
+    assert outcomes["loaded_first_copy"] > 0 and outcomes["loaded_second_copy"] > 0  # both sides of the swap hit
+    record_figures("checkpoint_resave_killed", **outcomes, steps_lost=0)
