@@ -51,9 +51,9 @@ def _holder(fd):
 
 def _in_use(root, holder):
     since = holder.get("since")
-    when = time.strftime(" since %Y-%m-%d %H:%M:%S UTC", time.gmtime(since)) if isinstance(since, (int, float)) else ""
+    when = time.strftime(", since %Y-%m-%d %H:%M:%S UTC", time.gmtime(since)) if isinstance(since, (int, float)) else ""
     who = f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, job {holder.get('job', '?')}{when}"
-    command = f" ({holder['command']})" if holder.get("command") else ""
+    command = f", running {holder['command']}" if holder.get("command") else ""
     return (
         f"checkpoint directory {root!r} is in use by another job: {who}{command}. Two jobs on one "
         "directory delete each other's checkpoints; give this job its own directory (--checkpoint-dir), "
