@@ -7,6 +7,7 @@ network interface to each, and an allreduce across all of them.
 import json
 import platform
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -37,7 +38,18 @@ def _run(argv, timeout):
         return 127, f"{argv[0]}: not found"
     except subprocess.TimeoutExpired:
         return 124, f"timed out after {timeout} s"
+    except OSError as e:  # found but not runnable: a folder, no permission, not a program
+        return 126, f"cannot run {argv[0]} ({e.strerror})"
     return p.returncode, p.stdout + p.stderr
+
+
+def _tool_fix(name, python, rc, text, fix):
+    """The fix for tool ``name`` that answered ``rc``/``text``: says whether it was missing or broken."""
+    if rc == 127:
+        return f"{name} is not next to {python} nor on PATH: {fix}"
+    if rc == 126:
+        return f"{text}: {fix}"
+    return fix
 
 
 def local_versions(python=None):
@@ -100,14 +112,18 @@ def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None
     row("horovod", horovod, _FIX_SETUP)
     row("mpi4py", _version("mpi4py"))
     rc, text = _run([find_tool("mpirun", python), "--version"], 30)
-    row("open mpi", text.splitlines()[0] if rc == 0 else None, "apt-get install openmpi-bin libopenmpi-dev")
-    built, report = {}, ""
+    mpi_fix = _tool_fix("mpirun", python, rc, text, "apt-get install openmpi-bin libopenmpi-dev")
+    row("open mpi", text.splitlines()[0] if rc == 0 and text else None, mpi_fix)
+    built, report, runnable = {}, "", True
     if horovod:
         rc, report = _run([find_tool("horovodrun", python), "--check-build"], 120)
         built = check_build(report) if rc == 0 else {}
-    for part in ("PyTorch", "TensorFlow", "MPI", "Gloo"):
+        runnable = rc not in (126, 127)
+        if not runnable:  # the engine may be fine; what is missing is its launcher
+            row("horovodrun", None, _tool_fix("horovodrun", python, rc, report, _FIX_SETUP))
+    for part in ("PyTorch", "TensorFlow", "MPI", "Gloo") if runnable else ():
         row(f"horovod built with {part}", "yes" if built.get(part) else None, f"rebuild Horovod: {_FIX_SETUP}")
-    if horovod:
+    if horovod and runnable:
         unpatched = f"unpatched upstream engine (Horovod's own TF/Keras API fails on Keras 3; {_FIX_SETUP})"
         row("horovod engine fixes", engine_fix_level(report) or unpatched)
     if smoke and not problems:
@@ -126,9 +142,13 @@ def _diagnose_hosts(hosts, python, network_interface, row, smoke):
         if is_this_machine(host.name):
             row(f"host {host.name}", "this machine")
             continue
-        there, error = remote_json(host.name, [python, "-m", "hvdkit.launch.doctor", "--versions-json"])
+        # ssh hands the remote shell one string: quote it, or a path with a space splits there.
+        command = shlex.join([python, "-m", "hvdkit.launch.doctor", "--versions-json"])
+        there, error = remote_json(host.name, [command])
+        if there is not None and not isinstance(there, dict):
+            there, error = None, f"unexpected answer {there!r}"
         if there is None:
-            row(f"host {host.name}", None, f"{error}; check `ssh {host.name} {python} -m hvdkit.launch.doctor --versions-json`")
+            row(f"host {host.name}", None, f"{error}; check `ssh {host.name} {shlex.quote(command)}`")
             continue
         differ = [f"{k} {here[k]} here, {there.get(k)} there" for k in here if there.get(k) != here[k]]
         fix = "install the same versions everywhere (one image, or `make setup` at the same path on every host)"

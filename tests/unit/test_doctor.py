@@ -1,6 +1,13 @@
 import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from unittest.mock import ANY
 
 from hvdkit.launch import doctor
+from hvdkit.launch.hosts import Host
 
 
 def test_check_build_report_is_parsed():
@@ -22,3 +29,67 @@ def test_the_engine_fix_level_is_read_from_check_build_and_its_absence_means_unp
     assert doctor.engine_fix_level(patched) == "hvdkit-fixes-0123456789ab (3 fixes)"
     assert doctor.engine_fix_level("    Horovod v0.28.1:\n\n    Available Frameworks:\n") is None
     assert doctor.engine_fix_level("    hvdkit engine fixes: none (unpatched upstream engine)\n") is None
+
+
+def _venv_with_a_space(tmp_path, tools=()):
+    """A virtualenv at ``.../my venv`` (this one's packages, linked) whose bin holds python and ``tools``."""
+    venv = tmp_path / "my venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text((Path(sys.prefix) / "pyvenv.cfg").read_text())
+    (venv / "lib").symlink_to(Path(sys.prefix) / "lib")
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    for tool in tools:
+        (venv / "bin" / tool).symlink_to(Path(sys.executable).with_name(tool))
+    return venv / "bin" / "python"
+
+
+def _path_with_only(tmp_path, *tools):
+    """A PATH folder with only these system tools, and an ``ssh`` that runs its command here.
+
+    Like real ssh it joins the command's words with spaces for the remote user's shell (here: bash -c).
+    """
+    folder = tmp_path / "path"
+    folder.mkdir()
+    for tool in ("bash", "sh", "ip", *tools):
+        (folder / tool).symlink_to(shutil.which(tool))
+    ssh = folder / "ssh"
+    ssh.write_text(
+        "#!/bin/bash\nwhile [[ $1 == -* && $1 != -- ]]; do [[ $1 == -o ]] && shift; shift; done\n"
+        'shift; [[ $1 == -- ]] && shift\nexec bash -c "$*"\n'
+    )
+    ssh.chmod(0o755)
+    return str(folder)
+
+
+def test_doctor_names_a_missing_mpirun_and_horovodrun_and_where_it_looked(tmp_path, monkeypatch):
+    python = _venv_with_a_space(tmp_path)
+    monkeypatch.setenv("PATH", _path_with_only(tmp_path))
+    out = io.StringIO()
+    problems = doctor.diagnose(python=str(python), smoke=False, out=out, hosts=(Host("10.255.255.1"),))
+    text = "\n".join(problems)
+    assert f"mpirun is not next to {python} nor on PATH" in text, out.getvalue()
+    assert f"horovodrun is not next to {python} nor on PATH" in text, out.getvalue()
+    assert "rebuild Horovod" not in text  # the engine is fine; its launcher was not found
+
+
+def test_doctor_with_a_broken_mpirun_reports_it_instead_of_a_traceback(tmp_path):
+    python = _venv_with_a_space(tmp_path)  # no horovodrun either: no 30 s check-build
+    broken = python.with_name("mpirun")
+    broken.write_bytes(b"\x7fELF\x02\x01\x01 not a program")
+    broken.chmod(0o755)
+    env = {**os.environ, "PATH": _path_with_only(tmp_path)}
+    done = subprocess.run(
+        [str(python), "-m", "hvdkit", "doctor", "--no-smoke", "-H", "10.255.255.1"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1
+    assert f"cannot run {broken} (Exec format error)" in done.stdout, done.stdout
+
+
+def test_doctor_hosts_runs_a_python_whose_path_has_a_space_on_the_other_host(tmp_path, monkeypatch):
+    python = _venv_with_a_space(tmp_path)
+    monkeypatch.setenv("PATH", _path_with_only(tmp_path, "mpirun"))
+    rows = {}
+    doctor._diagnose_hosts((Host("10.255.255.1"),), str(python), None, lambda name, value, fix=None: rows.setdefault(name, (value, fix)), False)
+    assert rows["host 10.255.255.1"] == ("reachable, same versions", ANY), rows
