@@ -16,7 +16,7 @@ MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # `hvdkit run` relaunches after a failure 
 STRAGGLER_THRESHOLD = "HVDKIT_STRAGGLER_THRESHOLD"  # slowdown above which a rank is a straggler (default 1.2)
 
 # Set by `hvdkit run` for the ranks it starts.
-STATUS_DIR = "HVDKIT_STATUS_DIR"  # where each rank's wrapper records its pid and how it ended
+JOB_ID = "HVDKIT_JOB_ID"  # random per launch: each rank's wrapper tags its reports (pid, how it ended) with it
 RESTART = "HVDKIT_RESTART"  # 0 for the first launch, k for the k-th restart
 
 # MLflow's own, used by hvdkit.core.tracking: the first is read (an explicit URI wins), the second

@@ -4,21 +4,26 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
+from ..core import env as _env
 from .plan import Plan
+from .rankwrap import MARK, die_with_parent
 
-__all__ = ["JobResult", "LineDemux", "run", "read_statuses", "retag", "signal_name"]
+__all__ = ["JobResult", "LineDemux", "RankReports", "local_rank_pids", "run", "retag", "signal_name"]
 
 # mpirun --tag-output: "[1,0]<stdout>:text"; horovodrun: "[0]<stdout>:text" (or with a timestamp).
 _TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)$", re.S)
 _ANY_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 # Horovod's stall inspector lists missing ranks as "1: [tensor, ...]"; "1!:" once past the shutdown time.
 _STALLED = re.compile(r"^\[rank \d+\] (\d+)!: \[(.*)\]")
+# A rank wrapper's report, once retagged: "[rank 1] hvdkit-rank JOB {...}".
+_REPORT = re.compile(rf"^\[rank (\d+)\] {MARK} (\S+) (\{{.*\}})\s*$")
 
 
 @dataclass(frozen=True)
@@ -89,39 +94,66 @@ class LineDemux:
         return _tagged(*key, self._partial.pop(key))
 
 
-def read_statuses(status_dir):
-    """Every rank's exit record written by ``hvdkit.launch.rankwrap``, by rank."""
-    records = {}
-    if not status_dir or not os.path.isdir(status_dir):
-        return records
-    for name in os.listdir(status_dir):
-        if name.startswith("rank-") and name.endswith(".json"):
-            try:
-                with open(os.path.join(status_dir, name)) as f:
-                    rec = json.load(f)
-                records[int(rec["rank"])] = rec
-            except (OSError, ValueError, KeyError):
-                continue
-    return records
+class RankReports:
+    """What the rank wrappers of one job reported on their output: where each started, how it ended.
 
+    A report is a line ``[rank N] hvdkit-rank JOB {json}`` (see ``hvdkit.launch.rankwrap``); only
+    those of this job are taken, and the rank is the launcher's tag, never what the line claims.
+    The first report of each kind per rank counts. ``ended`` is stamped with this host's clock on
+    arrival, so ranks on hosts with different clocks are ordered as the launcher saw them end.
+    """
 
-def local_rank_pids(status_dir):
-    """Pids of the rank wrappers on this host that are still running (from their ``rank-N.pid``)."""
-    pids = []
-    if not status_dir or not os.path.isdir(status_dir):
-        return pids
-    for name in os.listdir(status_dir):
-        if not (name.startswith("rank-") and name.endswith(".pid")):
-            continue
+    def __init__(self, job_id):
+        self.job_id = job_id
+        self.started = {}  # rank -> {"pid", "host", ...}
+        self.ended = {}  # rank -> {"exit_code", "signal", "host", "seconds", "ended", ...}
+
+    def take(self, text):
+        """The record if ``text`` is one of this job's reports (then not shown to the user), else None."""
+        m = _REPORT.match(text)
+        if not (m and self.job_id and m.group(2) == self.job_id):
+            return None
         try:
-            with open(os.path.join(status_dir, name)) as f:
-                pid = int(f.read().split()[0])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:  # still our wrapper, not a reused pid
-                if b"hvdkit.launch.rankwrap" in f.read():
-                    pids.append(pid)
-        except (OSError, ValueError, IndexError):
-            continue
-    return pids
+            record = json.loads(m.group(3))
+        except ValueError:
+            return None
+        if not isinstance(record, dict) or record.get("event") not in ("start", "exit"):
+            return None
+        record["rank"] = int(m.group(1))
+        if record["event"] == "start":
+            self.started.setdefault(record["rank"], record)
+        else:
+            record["ended"] = time.time()
+            self.ended.setdefault(record["rank"], record)
+        return record
+
+
+def local_rank_pids(started, job_id, host=None):
+    """Pids of this job's rank wrappers on this host that are still running, from their start reports.
+
+    A pid counts only if its report names this host and the process with that pid here is a rank
+    wrapper started for ``job_id`` (its HVDKIT_JOB_ID): never a rank of another job, a pid of
+    another host, or a pid reused since.
+    """
+    host = host or socket.gethostname()
+    return [
+        rec["pid"]
+        for rec in started.values()
+        if rec.get("host") == host and isinstance(rec.get("pid"), int) and _is_wrapper_of(rec["pid"], job_id)
+    ]
+
+
+def _is_wrapper_of(pid, job_id):
+    if pid <= 1 or not job_id:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"hvdkit.launch.rankwrap" not in f.read():
+                return False
+        with open(f"/proc/{pid}/environ", "rb") as f:  # readable for our own processes (and root)
+            return f"{_env.JOB_ID}={job_id}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def _signal_pids(pids, sig):
@@ -163,14 +195,18 @@ def _outcome(returncode, statuses, seconds, stalled=(), interrupted_by=None):
     return JobResult(exit_code, rank, code, sig, message=message, **extra)
 
 
-def run(plan: Plan, status_dir=None, out=None, err=None, grace=30.0, forward_usr1=True):
+def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=True):
     """Start ``plan``, stream every rank's output tagged with its rank, return a JobResult.
 
-    A SIGTERM or SIGINT sent to the launcher is a graceful stop: the ranks on this host get SIGTERM
-    directly from their wrappers (and, with ``forward_usr1``, mpirun passes SIGUSR1 to every rank,
-    also on other hosts), so a PreemptionGuard can checkpoint the current step. After ``grace``
-    seconds, or at a second signal, the launcher itself is terminated. Afterwards no rank
-    process of this job is left on this host.
+    ``job_id`` is the HVDKIT_JOB_ID the plan gave its rank wrappers: their reports (pid, how each
+    rank ended) are taken from the stream, not shown. A SIGTERM, SIGINT or SIGHUP (a closed
+    terminal or ssh session; unless ignored, as under nohup) sent to the launcher is a graceful
+    stop: the ranks on this host get SIGTERM directly from their wrappers (and, with
+    ``forward_usr1``, mpirun passes SIGUSR1 to every rank, also on other hosts), so a
+    PreemptionGuard can checkpoint the current step. After ``grace`` seconds, or at a second
+    signal, the launcher itself is terminated. Afterwards no rank process of this job is left on
+    this host. If this process dies without a word (SIGKILL, its process group killed), mpirun or
+    horovodrun gets SIGTERM from the kernel and ends the job on every host.
     """
     out = out or sys.stdout
     err = err or sys.stderr
@@ -181,16 +217,20 @@ def run(plan: Plan, status_dir=None, out=None, err=None, grace=30.0, forward_usr
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        start_new_session=True,
+        start_new_session=True,  # a Ctrl-C in the terminal reaches the launcher only; it decides
+        preexec_fn=_end_with(os.getpid()),
         text=True,
         errors="replace",
         bufsize=1,
     )
-
+    reports = RankReports(job_id)
     received, timers = [], []
 
+    def local_ranks():
+        return local_rank_pids(reports.started, job_id)
+
     def stop_now():
-        _signal_pids(local_rank_pids(status_dir), signal.SIGTERM)
+        _signal_pids(local_ranks(), signal.SIGTERM)
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -201,25 +241,39 @@ def run(plan: Plan, status_dir=None, out=None, err=None, grace=30.0, forward_usr
         if len(received) > 1:
             stop_now()
             return
-        _signal_pids(local_rank_pids(status_dir), signal.SIGTERM)
+        _signal_pids(local_ranks(), signal.SIGTERM)
         if forward_usr1:
             _signal_pids([proc.pid], signal.SIGUSR1)
         timers.append(threading.Timer(grace, stop_now))
         timers[-1].daemon = True
         timers[-1].start()
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    stops = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # nohup: the user asked to outlive the terminal
+        stops.append(signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in stops}
     demux = LineDemux()
     stalled = []
+    broken = set()  # streams the user can no longer read (a closed terminal)
 
     def write(lines):
         for stream, text in lines:
+            record = reports.take(text)
+            if record:
+                if record["event"] == "start" and received:  # started after the stop: stop it too
+                    _signal_pids(local_rank_pids({0: record}, job_id), signal.SIGTERM)
+                continue
             m = _STALLED.match(text)
             if m and int(m.group(1)) not in stalled:
                 stalled.append(int(m.group(1)))
             target = out if stream == "stdout" else err
-            target.write(text)
-            target.flush()
+            if target in broken:
+                continue
+            try:
+                target.write(text)
+                target.flush()
+            except OSError:  # keep draining the ranks' output: a full pipe would stall them
+                broken.add(target)
 
     try:
         for physical in proc.stdout:
@@ -231,16 +285,34 @@ def run(plan: Plan, status_dir=None, out=None, err=None, grace=30.0, forward_usr
             timer.cancel()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _reap(proc.pid, status_dir)
+        _reap(proc.pid, local_ranks())
     seconds = time.perf_counter() - start
-    return _outcome(returncode, read_statuses(status_dir), seconds, stalled, received[0] if received else None)
+    return _outcome(returncode, reports.ended, seconds, stalled, received[0] if received else None)
 
 
-def _reap(pgid, status_dir):
+def _end_with(launcher_pid):
+    """For the launched mpirun/horovodrun: get SIGTERM when the launcher dies, however it dies.
+
+    Both end the whole job on a SIGTERM, on every host; it reaches them although they run in
+    their own session, where no signal to the launcher's process group or terminal does. Their
+    output then has no reader: writing it must fail (EPIPE), not kill mpirun mid-way through
+    ending the job (SIGPIPE), which would leave its session folder behind.
+    """
+
+    def arm():
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        die_with_parent(signal.SIGTERM)
+        if os.getppid() != launcher_pid:  # the launcher died before the request took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
+def _reap(pgid, rank_pids):
     """Kill whatever the job left behind on this host: the launcher's group and any rank wrapper
     still running (their commands die with them)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    _signal_pids(local_rank_pids(status_dir), signal.SIGKILL)
+    _signal_pids(rank_pids, signal.SIGKILL)

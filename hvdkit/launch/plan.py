@@ -35,11 +35,12 @@ def find_tool(name, python):
     return beside if os.access(beside, os.X_OK) else (shutil.which(name) or name)
 
 
-def build(spec: JobSpec, *, is_root, cores, python=None, status_dir=None, progress=None, base_env=None):
+def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=None, base_env=None):
     """The Plan that runs ``spec``.
 
-    Each rank runs ``python -m hvdkit.launch.rankwrap -- COMMAND``: the wrapper records how the
-    rank ended in ``status_dir`` so the launcher can name the rank that failed first.
+    With ``job_id``, each rank runs ``python -m hvdkit.launch.rankwrap -- COMMAND`` with
+    HVDKIT_JOB_ID set: the wrapper reports its pid and how the rank ended on its own output, so the
+    launcher can name the rank that failed first, on any host.
     ``is_root`` adds mpirun's ``--allow-run-as-root``. Without hosts the ranks run here
     (``localhost:N``) and ``num_proc > cores`` adds ``--oversubscribe``; with hosts they become
     ``-H a:2,b:2``, and mpirun exports PATH, LD_LIBRARY_PATH and PYTHONPATH (those set in
@@ -52,15 +53,15 @@ def build(spec: JobSpec, *, is_root, cores, python=None, status_dir=None, progre
     base_env = os.environ if base_env is None else base_env
     env = dict(spec.env)
     env.setdefault("PYTHONUNBUFFERED", "1")  # ranks' output is streamed through a pipe
-    if status_dir:
-        env[_env.STATUS_DIR] = status_dir
+    if job_id:
+        env[_env.JOB_ID] = job_id
     if progress is not None and _env.PROGRESS not in base_env and _env.PROGRESS not in env:
         env[_env.PROGRESS] = "1" if progress else "0"
     if spec.timeline:
         env[TIMELINE] = spec.timeline
         if spec.timeline_mark_cycles:
             env[MARK_CYCLES] = "1"
-    wrapped = (python, "-m", "hvdkit.launch.rankwrap", "--", *spec.command) if status_dir else spec.command
+    wrapped = (python, "-m", "hvdkit.launch.rankwrap", "--", *spec.command) if job_id else spec.command
     n = str(spec.num_proc)
     if spec.controller == "gloo":
         hosts = format_hosts(spec.hosts) if spec.hosts else f"localhost:{n}"

@@ -1,62 +1,86 @@
-"""Per-rank wrapper started by ``hvdkit run``: runs the user's command and records how it ended.
+"""Per-rank wrapper started by ``hvdkit run``: runs the user's command and reports how it ended.
 
     python -m hvdkit.launch.rankwrap -- python train.py ...
 
-The record (``rank-N.json`` in HVDKIT_STATUS_DIR: exit code, signal, time, host) lets the launcher
-name the rank that failed first, for mpirun and horovodrun alike. ``rank-N.pid`` lets a launcher on
-the same host signal the rank directly (SIGTERM for preemption, SIGKILL for clean-up): mpirun puts
-ranks in their own process groups and kills them 1 s after a SIGTERM. Signals are passed on to the
-command; the command is killed if the wrapper dies, and the wrapper if its own parent does.
+The wrapper reports on its own stderr, which mpirun and horovodrun carry back to the launcher from
+every host: one line when it starts (its pid and host) and one when the command ends (exit code or
+signal), each ``hvdkit-rank JOB {json}`` with the job id from HVDKIT_JOB_ID. So the launcher names
+the rank that failed first on any host, and no rank writes a file anywhere. The pid lets a
+launcher on the same host signal the rank directly (SIGTERM for preemption, SIGKILL for clean-up):
+mpirun puts ranks in their own process groups and kills them 1 s after a SIGTERM.
+
+Signals are passed on to the command. The job never outlives its launcher: the command is killed
+if the wrapper dies, the wrapper if its own parent (mpirun, its daemon, horovodrun's shell) does,
+and the command as soon as nobody reads the wrapper's output any more (its stdout or stderr hung
+up: whoever read it, mpirun or ssh, is gone).
+
+Env: HVDKIT_JOB_ID (reports are made only when it is set), the launcher's rank variables.
 """
 
 import ctypes
 import json
 import os
+import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 
 from ..core import env as _env
 from ..core.topology import from_env
 
+__all__ = ["MARK", "report_line", "main"]
+
+MARK = "hvdkit-rank"
 _FORWARD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
+_HUNG_UP = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
-def _die_with_parent():
+def die_with_parent(sig=signal.SIGKILL):
+    """Ask the kernel to send ``sig`` to this process when the thread that started it ends."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
     except (OSError, AttributeError):
         pass
 
 
-def _write_atomic(status_dir, name, text):
-    tmp = os.path.join(status_dir, f".{name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, os.path.join(status_dir, name))
+def report_line(job, record):
+    """The line a wrapper writes to tell the launcher of job ``job`` about ``record``."""
+    return f"{MARK} {job} {json.dumps(record, sort_keys=True)}\n"
 
 
-def _register(status_dir, rank):
-    try:
-        _write_atomic(status_dir, f"rank-{rank}.pid", f"{os.getpid()} {socket.gethostname()}\n")
-    except OSError:  # a rank on another host: its launcher-side folder is not here
+def _report(job, record):
+    try:  # one write: whole, never interleaved with another process's output on the same pipe
+        os.write(2, report_line(job, record).encode())
+    except OSError:  # nobody reads it any more: the launcher is gone
         pass
 
 
-def _record(status_dir, rank, returncode, started):
-    record = {
-        "rank": rank,
-        "exit_code": returncode if returncode >= 0 else None,
-        "signal": -returncode if returncode < 0 else None,
-        "ended": time.time(),
-        "seconds": time.time() - started,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-    }
-    _write_atomic(status_dir, f"rank-{rank}.json", json.dumps(record))
+def _watched_fds():
+    """stdout/stderr when they lead to a reader that can go away (pipe, socket, terminal)."""
+    fds = []
+    for fd in (1, 2):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd):
+            fds.append(fd)
+    return fds
+
+
+def _kill_when_unread(child, fds):
+    """Kill ``child`` once one of ``fds`` hangs up: its reader (launcher, mpirun, ssh) is gone."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, 0)  # no events asked: poll reports only errors and hang-ups
+    while not any(events & _HUNG_UP for _, events in poller.poll()):
+        pass
+    child.kill()
 
 
 def main(argv=None):
@@ -68,27 +92,35 @@ def main(argv=None):
         return 2
     started = time.time()
     ppid = os.getppid()
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != ppid:  # the parent died before the request took effect
         return 137
-    status_dir = os.environ.get(_env.STATUS_DIR)
-    rank = from_env().rank
-    if status_dir:
-        _register(status_dir, rank)
+    job = os.environ.get(_env.JOB_ID)
+    rank, host = from_env().rank, socket.gethostname()
+    if job:
+        _report(job, {"event": "start", "rank": rank, "pid": os.getpid(), "host": host})
     try:
-        child = subprocess.Popen(argv, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(argv, preexec_fn=die_with_parent)
     except OSError as e:
         sys.stderr.write(f"hvdkit: cannot start {argv[0]!r}: {e}\n")
         returncode = 127
     else:
         for sig in _FORWARD:
             signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+        fds = _watched_fds()
+        if fds:
+            threading.Thread(target=_kill_when_unread, args=(child, fds), daemon=True).start()
         returncode = child.wait()
-    if status_dir:
-        try:
-            _record(status_dir, rank, returncode, started)
-        except OSError as e:  # the record is a courtesy; never mask the command's own result
-            sys.stderr.write(f"hvdkit: could not record the exit status in {status_dir}: {e}\n")
+    if job:
+        _report(job, {
+            "event": "exit",
+            "rank": rank,
+            "exit_code": returncode if returncode >= 0 else None,
+            "signal": -returncode if returncode < 0 else None,
+            "seconds": time.time() - started,
+            "host": host,
+            "pid": os.getpid(),
+        })  # fmt: skip
     return returncode if returncode >= 0 else 128 - returncode
 
 

@@ -1,8 +1,7 @@
 """Running a job to completion: relaunch it after a failure, up to a limit, and say what happened."""
 
-import shutil
+import secrets
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 from . import execute
@@ -40,18 +39,17 @@ class Report:
 def supervise(build_plan, max_restarts=0, grace=30.0, forward_usr1=True, err=None, run=execute.run):
     """Run the job; after a failure relaunch it, at most ``max_restarts`` times.
 
-    ``build_plan(status_dir, attempt)`` returns the Plan of one attempt (attempt 0 is the first
-    launch); the ranks resume from their newest checkpoint by themselves. A job stopped by a
-    signal sent to the launcher is not restarted.
+    ``build_plan(job_id, attempt)`` returns the Plan of one attempt (attempt 0 is the first
+    launch), ``job_id`` a fresh random id that tags the reports of that attempt's ranks; the ranks
+    resume from their newest checkpoint by themselves. A job stopped by a signal sent to the
+    launcher is not restarted. Nothing is written to disk, so nothing is left behind, however
+    the launcher ends.
     """
     err = err or sys.stderr
     attempts = []
     for attempt in range(max_restarts + 1):
-        status_dir = tempfile.mkdtemp(prefix="hvdkit-run-")
-        try:
-            result = run(build_plan(status_dir, attempt), status_dir=status_dir, grace=grace, forward_usr1=forward_usr1)
-        finally:
-            shutil.rmtree(status_dir, ignore_errors=True)
+        job_id = secrets.token_hex(8)
+        result = run(build_plan(job_id, attempt), job_id=job_id, grace=grace, forward_usr1=forward_usr1)
         attempts.append(result)
         if result.exit_code == 0 or result.interrupted_by is not None:
             break

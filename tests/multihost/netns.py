@@ -1,7 +1,9 @@
 """Two test hosts on this machine: network namespaces joined by a veth pair, sshd in each.
 
 Everything lives in names and addresses this module creates (10.213.N.0/24 exists only inside
-the two namespaces) and is removed by ``close()``, also after a failure.
+the two namespaces) and is removed by ``close()``, also after a failure. With ``private_tmp``
+each host also gets its own empty /tmp (a tmpfs in its own mount namespace, gone with the host),
+as separate machines have: nothing one host writes there is seen by the other or by the tests.
 """
 
 import os
@@ -23,13 +25,15 @@ def _sh(*argv):
 class TwoHosts:
     """Hosts ``a`` and ``b`` (names in ``self.names``); run commands on them with ``argv_on``."""
 
-    def __init__(self):
+    def __init__(self, private_tmp=False):
         tag = os.getpid() % 10000
         subnet = 10 + os.getpid() % 240
         self.ns = (f"hvdk{tag}a", f"hvdk{tag}b")
         self.names = self.ns  # each namespace's hostname equals its name
         self.addresses = (f"10.213.{subnet}.1", f"10.213.{subnet}.2")
-        self.tmp = Path(tempfile.mkdtemp(prefix="hvdkit-hosts-"))
+        self.private_tmp = private_tmp
+        # sshd reads its keys per connection: keep them where a host's private /tmp does not hide them
+        self.tmp = Path(tempfile.mkdtemp(prefix="hvdkit-hosts-", dir="/var/tmp" if private_tmp else None))
         self.ssh_dir = self.tmp / "ssh"
         self._made_ssh_home = False
         self._sshd_pids = []
@@ -75,8 +79,13 @@ class TwoHosts:
             f"AuthorizedKeysFile {self.tmp / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
             f"StrictModes no\nUsePAM no\nPidFile {pidfile}\n"
         )
-        _sh("ip", "netns", "exec", ns, "unshare", "-u", "sh", "-c", 'hostname "$0" && exec /usr/sbin/sshd -f "$1"',
-            name, str(config))
+        if self.private_tmp:  # every session sshd starts shares its mount namespace, so its /tmp
+            _sh("ip", "netns", "exec", ns, "unshare", "-m", "-u", "sh", "-c",
+                'hostname "$0" && mount -t tmpfs -o mode=1777 hvdkit-tmp /tmp && exec /usr/sbin/sshd -f "$1"',
+                name, str(config))
+        else:
+            _sh("ip", "netns", "exec", ns, "unshare", "-u", "sh", "-c", 'hostname "$0" && exec /usr/sbin/sshd -f "$1"',
+                name, str(config))
         deadline = time.monotonic() + 10
         while not pidfile.exists():
             if time.monotonic() > deadline:
@@ -86,8 +95,9 @@ class TwoHosts:
 
     def argv_on(self, i, argv):
         """``argv`` run on host i (0 = a, 1 = b) with the test's ssh settings."""
+        tmp = ["--private-tmp"] if self.private_tmp else []
         return ["ip", "netns", "exec", self.ns[i], "unshare", "-m", "-u",
-                str(IN_HOST), self.names[i], str(self.ssh_dir), "--", *argv]
+                str(IN_HOST), self.names[i], str(self.ssh_dir), *tmp, "--", *argv]
 
     def close(self):
         for pid in self._sshd_pids:

@@ -1,6 +1,5 @@
 """hvdkit.launch: the pure planner, command checks and outcome reporting."""
 
-import os
 import signal
 
 import pytest
@@ -18,20 +17,20 @@ def tail(argv, n):
 
 
 def test_mpirun_plan_as_root_with_more_ranks_than_cores():
-    plan = build(JobSpec(["python", "train.py", "--lr", "0.1"], 4), is_root=True, cores=2, python=PY, status_dir="/s")
+    plan = build(JobSpec(["python", "train.py", "--lr", "0.1"], 4), is_root=True, cores=2, python=PY, job_id="j1")
     argv = list(plan.argv)
     assert argv[1:3] == ["-np", "4"]
     assert "--allow-run-as-root" in argv and "--oversubscribe" in argv and "--tag-output" in argv
     assert tail(argv, 8) == [PY, "-m", "hvdkit.launch.rankwrap", "--", "python", "train.py", "--lr", "0.1"]
-    assert plan.env["HVDKIT_STATUS_DIR"] == "/s"
+    assert plan.env["HVDKIT_JOB_ID"] == "j1"
     # every variable hvdkit sets is exported to remote ranks too
-    assert argv[argv.index("HVDKIT_STATUS_DIR") - 1] == "-x"
+    assert argv[argv.index("HVDKIT_JOB_ID") - 1] == "-x"
 
 
 def test_mpirun_plan_as_user_within_the_cores_adds_neither_flag():
     argv = build(JobSpec(["python", "t.py"], 2), is_root=False, cores=2, python=PY).argv
     assert "--allow-run-as-root" not in argv and "--oversubscribe" not in argv
-    assert tail(argv, 2) == ["python", "t.py"]  # no wrapper without a status folder (dry run)
+    assert tail(argv, 2) == ["python", "t.py"]  # no wrapper without a job id (dry run)
 
 
 def test_gloo_plan_uses_horovodrun_with_local_slots():
@@ -121,13 +120,16 @@ def test_a_rank_killed_by_a_signal_gives_128_plus_the_signal():
     assert "SIGKILL" in result.message
 
 
-def test_status_files_are_read_back(tmp_path):
-    from hvdkit.launch.rankwrap import _record
+def test_rank_reports_of_this_job_are_read_from_the_stream_and_others_are_not():
+    from hvdkit.launch.rankwrap import report_line
 
-    _record(str(tmp_path), 1, -9, started=0.0)
-    rec = execute.read_statuses(str(tmp_path))[1]
-    assert (rec["exit_code"], rec["signal"]) == (None, 9)
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    reports = execute.RankReports("j1")
+    exit_report = {"event": "exit", "rank": 0, "exit_code": None, "signal": 9, "host": "h", "seconds": 1.0}
+    assert reports.take("[rank 1] " + report_line("j1", exit_report))["rank"] == 1  # the launcher's tag counts
+    assert (reports.ended[1]["exit_code"], reports.ended[1]["signal"], reports.ended[1]["host"]) == (None, 9, "h")
+    assert reports.take("[rank 0] " + report_line("j2", exit_report)) is None  # another job's: shown, not taken
+    assert reports.take("[rank 0] hvdkit-rank j1 {not json}") is None
+    assert list(reports.ended) == [1] and reports.started == {}
 
 
 def test_network_interface_reaches_both_launchers():

@@ -1,0 +1,117 @@
+"""Failures on another host, on two test hosts that share nothing under /tmp (as real machines).
+
+A rank on the remote host that fails is named with its host and exit code, and `hvdkit run`
+exits with that code; if the launcher dies, the remote ranks end too. Over MPI and over Gloo.
+Needs root (namespaces, mounts).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, HVDKIT, PYTHON, ROOT, record_figures, run_bounded
+
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and mounts need root"),
+    pytest.mark.skipif(not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")), reason="needs iproute2 and openssh-server (make setup installs them)"),
+]
+BEHAVE = str(ROOT / "tests" / "e2e" / "scripts" / "rank_behaviour.py")
+RECORD_PIDS = str(ROOT / "tests" / "e2e" / "scripts" / "record_job_pids.py")
+CONTROLLERS = {"mpi": [], "gloo": ["--gloo"]}
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    from netns import TwoHosts
+
+    two = TwoHosts(private_tmp=True)
+    try:
+        yield two.open()
+    finally:
+        two.close()
+    assert two.leftovers() == []
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder every host and the test see (a host's /tmp is its own)."""
+    path = Path(tempfile.mkdtemp(prefix="hvdkit-remote-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_each_test_host_has_a_tmp_of_its_own(hosts):
+    a, b = hosts.names
+    mark = f"hvdkit-mark-{os.getpid()}"
+    proc = run_bounded(hosts.argv_on(0, ["sh", "-c", f'touch /tmp/{mark} && ls /tmp/{mark} && ssh {b} ls /tmp/{mark}']), 60)
+    assert proc.returncode != 0 and f"/tmp/{mark}" in proc.stdout  # written on a, absent on b
+    assert not os.path.exists(f"/tmp/{mark}")
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_a_failing_remote_rank_is_named_with_its_host_and_exit_code(hosts, controller):
+    a, b = hosts.names
+    argv = [HVDKIT, "run", "-np", "2", *CONTROLLERS[controller], "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0",
+            "--", PYTHON, BEHAVE, "exit", "1", "3"]  # fmt: skip
+    proc = run_bounded(hosts.argv_on(0, argv), 240)
+    last = proc.stderr.strip().splitlines()[-1]
+    record_figures(f"remote rank fails ({controller})", exit_code=proc.returncode, message=last)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert last.startswith(f"hvdkit run: rank 1 exited with code 3 on {b} after "), proc.stderr[-3000:]
+    assert "[rank 1] rank 1 failing on purpose" in proc.stderr
+    assert "could not record" not in proc.stderr
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_ranks_on_the_remote_host_end_when_the_launcher_is_killed(hosts, shared_dir, controller):
+    a, b = hosts.names
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    argv = [HVDKIT, "run", "-np", "2", *CONTROLLERS[controller], "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0",
+            "--", PYTHON, RECORD_PIDS, str(shared_dir), str(os.getpid())]  # fmt: skip
+    with open(shared_dir / "launcher.log", "w") as log:
+        proc = subprocess.Popen(hosts.argv_on(0, argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=ROOT, start_new_session=True)  # fmt: skip
+    job = set()
+    try:
+        deadline = time.monotonic() + 240
+        files = [shared_dir / f"rank-{r}.json" for r in (0, 1)]
+        while not all(f.exists() for f in files):
+            assert proc.poll() is None and time.monotonic() < deadline, (shared_dir / "launcher.log").read_text()
+            time.sleep(0.2)
+        local, remote = (json.loads(f.read_text()) for f in files)
+        assert proc.pid in local["pids"] and not remote["reached_launcher"]  # rank 1 runs under sshd on b
+        # rank 0, its wrapper and mpirun/horovodrun on a; rank 1 and its wrapper on b (above them
+        # mpirun's daemon or a shell, then sshd)
+        job = (set(local["pids"]) - {proc.pid}) | set(remote["pids"][:2])
+        assert all(_running(pid) for pid in job)
+        os.kill(proc.pid, signal.SIGKILL)  # `hvdkit run` itself (in_host.sh and unshare exec it)
+        t0 = time.monotonic()
+        while any(_running(pid) for pid in job) and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        gone_after = time.monotonic() - t0
+        assert sorted(pid for pid in job if _running(pid)) == [], (shared_dir / "launcher.log").read_text()[-3000:]
+    finally:
+        for pid in job:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    record_figures(f"launcher death, two hosts ({controller})", seconds_until_every_rank_gone=round(gone_after, 2))
+
