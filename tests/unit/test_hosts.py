@@ -214,12 +214,12 @@ def test_mpirun_plan_from_a_hostfile_as_root_with_the_rank_wrapper(tmp_path):
         is_root=True,
         cores=2,
         python=PY,
-        status_dir="/s",
+        job_id="j1",
         base_env={"PATH": "/bin", "LD_LIBRARY_PATH": "/lib"},
     )
     assert _mpirun_tail(plan.argv) == [
         "-np", "3", "-H", "a:1,b:3", "--allow-run-as-root", "--bind-to", "none", "--map-by", "slot",
-        "--tag-output", "-x", "HVDKIT_STATUS_DIR", "-x", "LD_LIBRARY_PATH", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
+        "--tag-output", "-x", "HVDKIT_JOB_ID", "-x", "LD_LIBRARY_PATH", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
         PY, "-m", "hvdkit.launch.rankwrap", "--", "python", "t.py",
     ]  # fmt: skip
 
