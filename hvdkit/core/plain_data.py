@@ -72,10 +72,12 @@ def unsupported_error(found, reader, fix=None):
     the type (``.item()`` for a NumPy scalar, ``str(path)`` for a path, ...).
     """
     path, value, what = found
+    kind = _type_name(value)
+    article = "an" if kind[0] in "aeiou" else "a"
     if what == "key":
-        subject = f"{path} has the key {value!r} (a {_type_name(value)})"
+        subject = f"{path} has the key {value!r} ({article} {kind})"
     else:
-        subject = f"{path} is a {_type_name(value)}"
+        subject = f"{path} is {article} {kind}"
     return ConfigError(f"{subject}, which {reader}; {fix or _hint(value)} (nothing was written)")
 
 

@@ -192,7 +192,7 @@ def test_a_second_process_gets_an_error_naming_the_holder_until_the_holder_ends(
 def test_data_json_would_not_give_back_as_it_was_is_named_with_its_type(extra, path, kind):
     with pytest.raises(ConfigError) as err:
         check_json_plain(extra, "extra")
-    assert f"{path} is a {kind}" in str(err.value) or f"{path} (a {kind})" in str(err.value)
+    assert f"{path} is a {kind}" in str(err.value) or f"{path} (an {kind})" in str(err.value)
 
 
 def test_plain_json_data_passes_the_check():
