@@ -146,8 +146,10 @@ new_container
 bld run "${isolation[@]}" --hostname localhost "$ctr" -- hvdkit doctor 2>&1 | tee "$scratch/doctor.log"
 grep -q '^all checks passed' "$scratch/doctor.log" || die "hvdkit doctor found problems in the image (log above)"
 
-# An MPI Operator worker: the key Secret mounted at /home/hvdkit/.ssh (root's files, mode 0644),
-# sshd started as in launch/mpijob.yaml, and the launcher's login to it with the same keys.
+# An MPI Operator worker: the key Secret mounted at the MPIJob's sshAuthMountPath (root's files,
+# mode 0644), the image's entrypoint (buildah run skips ENTRYPOINT: it is named here), sshd started
+# as in launch/mpijob.yaml, and the launcher's login to it with the same keys, by a worker name of
+# the operator's hostfile (only such names go to port 2222 without host key checks).
 say "sshd as user hvdkit with operator-style keys, and an ssh login like mpirun's"
 mkdir -p "$scratch/ssh"
 new_container
@@ -157,10 +159,13 @@ cp "$scratch/ssh/id_rsa.pub" "$scratch/ssh/authorized_keys"
 chmod 0644 "$scratch/ssh"/*
 port=$(sed -n 's/^Port //p' "$root/docker/sshd_config")
 ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || die "port $port is busy on this machine (the containers share its network)"
-login=$(bld run "${isolation[@]}" --volume "$scratch/ssh:/home/hvdkit/.ssh:ro" "$ctr" -- bash -c '
+secret=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["spec"]["sshAuthMountPath"])' \
+  "$root/launch/mpijob.yaml" 2>/dev/null || echo /home/hvdkit/.mpi-operator/ssh)
+login=$(bld run "${isolation[@]}" --volume "$scratch/ssh:$secret:ro" "$ctr" -- /usr/local/bin/hvdkit-entrypoint bash -c '
   /usr/sbin/sshd -De -f /home/hvdkit/.sshd_config 2>/tmp/sshd.log & sshd=$!
-  for _ in $(seq 50); do ssh -o BatchMode=yes localhost true 2>/dev/null && break; sleep 0.2; done
-  ssh -o BatchMode=yes localhost "id -un; command -v orted"; rc=$?
+  worker=(-o BatchMode=yes -o HostName=127.0.0.1 hvdkit-digits-worker-0.hvdkit-digits-worker)
+  for _ in $(seq 50); do ssh "${worker[@]}" true 2>/dev/null && break; sleep 0.2; done
+  ssh "${worker[@]}" "id -un; command -v orted"; rc=$?
   kill $sshd; wait $sshd 2>/dev/null
   ((rc == 0)) || cat /tmp/sshd.log >&2
   exit $rc') || die "ssh login to the image's sshd failed: $login"

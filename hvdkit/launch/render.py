@@ -28,7 +28,10 @@ __all__ = [
 ]
 
 TARGETS = ("slurm", "mpijob", "mpirun", "horovodrun", "hostfile")
-SSH_HOME = "/home/hvdkit"  # the image runs as user hvdkit; the MPI Operator mounts its keys there
+SSH_HOME = "/home/hvdkit"  # the image runs as user hvdkit
+# Where the MPI Operator mounts its key Secret: a folder only hvdkit can enter; the image's entrypoint
+# (docker/entrypoint.sh) copies the keys into ~/.ssh with private modes at container start.
+SSH_SECRET = f"{SSH_HOME}/.mpi-operator/ssh"
 # The environment a rendered script is assumed to start in: only PATH among the variables that
 # mpirun forwards, so the line never depends on the machine that rendered it.
 SCRIPT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
@@ -204,8 +207,9 @@ def _slurm(spec):
 
 
 def _mpijob_dict(spec):
-    def container(name, command, **extra):
-        return {"name": name, "image": spec.image, "command": list(command), **extra}
+    def container(name, args, **extra):
+        # `args`, not `command`: Kubernetes' `command` would replace the image's entrypoint.
+        return {"name": name, "image": spec.image, "args": list(args), **extra}
 
     launch = ["hvdkit", "run", "-np", str(spec.num_proc), "--", *spec.command]
     sshd = ["/usr/sbin/sshd", "-De", "-f", f"{SSH_HOME}/.sshd_config"]
@@ -217,7 +221,7 @@ def _mpijob_dict(spec):
         "spec": {
             "slotsPerWorker": spec.slots_per_node,
             "runPolicy": {"cleanPodPolicy": "Running"},
-            "sshAuthMountPath": f"{SSH_HOME}/.ssh",
+            "sshAuthMountPath": SSH_SECRET,
             "mpiImplementation": "OpenMPI",
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "template": {"spec": {"containers": [container("launcher", launch)]}}},
@@ -237,6 +241,8 @@ def _mpijob(spec):
     header += [
         "# The launcher's `hvdkit run` reads the workers from the operator's hostfile (/etc/mpi/hostfile);",
         f"# workers run sshd as user hvdkit with the config {SSH_HOME}/.sshd_config from the image.",
+        "# Both run through the image's entrypoint (so `args`, not `command`): it makes a host key for",
+        f"# each container and copies the operator's keys from {SSH_SECRET} into ~/.ssh, private.",
     ]
     return "\n".join(header) + "\n" + yaml.safe_dump(_mpijob_dict(spec), sort_keys=False, default_flow_style=False)
 

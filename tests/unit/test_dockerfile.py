@@ -6,6 +6,7 @@ These read files only; `make docker-test` builds the image and trains in it.
 
 import fnmatch
 import json
+import os
 import re
 import shlex
 import shutil
@@ -247,27 +248,50 @@ def test_dockerignore_keeps_out_the_venv_and_lets_every_copied_path_in(steps):
             assert not dockerignored(source, patterns), f".dockerignore drops {source}, which the Dockerfile copies"
 
 
-def test_mpijob_uses_the_image_user_home_and_sshd_config(steps, mpijob):
-    _, _, _, home = created_user(steps)
-    assert mpijob["spec"]["sshAuthMountPath"] == f"{home}/.ssh"
+def sshd_settings(text=None):
+    """``{Keyword: value}`` of docker/sshd_config (or ``text``)."""
+    text = (ROOT / "docker" / "sshd_config").read_text() if text is None else text
+    return dict(line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def test_mpijob_runs_sshd_through_the_image_entrypoint_with_the_image_config(steps, mpijob):
     worker = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    sshd, *flags = worker["command"]
+    assert "command" not in worker  # Kubernetes' `command` would replace the entrypoint
+    sshd, *flags = worker["args"]
     assert sshd == "/usr/sbin/sshd" and flags[:2] == ["-De", "-f"]
     config_in_image = {dest_path(dest, wd): sources for sources, dest, wd in copies(steps)}
     assert config_in_image.get(flags[2]) == ["docker/sshd_config"], f"the image has no {flags[2]}"
     apt = " ".join(rest for keyword, rest in steps if keyword == "RUN" and "apt-get install" in rest)
     assert "openssh-server" in apt.split() and "openssh-client" in apt.split()
+    (entrypoint,) = [json.loads(rest) for keyword, rest in steps if keyword == "ENTRYPOINT"]
+    assert config_in_image.get(entrypoint[0]) == ["docker/entrypoint.sh"]
+    assert os.access(ROOT / "docker" / "entrypoint.sh", os.X_OK)  # COPY keeps the mode
 
 
-def test_sshd_config_keeps_keys_and_state_where_a_non_root_user_can_reach_them(steps, mpijob):
-    settings = dict(
-        line.split(None, 1) for line in (ROOT / "docker" / "sshd_config").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    )
-    keys = mpijob["spec"]["sshAuthMountPath"]
-    assert settings["HostKey"].startswith(keys + "/") and settings["AuthorizedKeysFile"].startswith(keys + "/")
-    assert settings["PidFile"].startswith(created_user(steps)[3] + "/")
-    assert settings["StrictModes"] == "no"  # the operator's Secret files belong to root
+def test_the_operator_keys_are_mounted_in_a_folder_only_the_image_user_can_enter(steps, mpijob):
+    name, _, _, home = created_user(steps)
+    mount = Path(mpijob["spec"]["sshAuthMountPath"])
+    # a Secret volume's files are world-readable: its mount point sits in a 0700 folder of hvdkit's
+    made = [rest for keyword, rest in steps if keyword == "RUN" and "useradd" in rest][0]
+    assert f"install -d -m 0700 -o {name} -g {name}" in made and str(mount.parent) in made.split()
+    assert mount.parent.parent == Path(home)
+    # ... and the entrypoint copies them from there by default
+    assert f"HVDKIT_SSH_SECRET:-{mount}}}" in (ROOT / "docker" / "entrypoint.sh").read_text()
+
+
+def test_the_image_keeps_no_ssh_host_keys_made_at_build_time(steps):
+    (install,) = [rest for keyword, rest in steps if keyword == "RUN" and "openssh-server" in rest]
+    # removed in the step that made them, so no layer holds them
+    assert install.index("rm -f /etc/ssh/ssh_host_*") > install.index("openssh-server")
+
+
+def test_sshd_config_uses_the_keys_the_entrypoint_makes_with_strict_modes(steps):
+    settings = sshd_settings()
+    home = created_user(steps)[3]
+    assert settings["HostKey"] == f"{home}/.ssh/ssh_host_ed25519_key"
+    assert settings["AuthorizedKeysFile"] == f"{home}/.ssh/authorized_keys"
+    assert settings["PidFile"].startswith(home + "/")
+    assert settings["StrictModes"] == "yes"  # the entrypoint's copies are hvdkit's own, 0600 in 0700
     assert int(settings["Port"]) >= 1024  # a non-root sshd cannot bind below 1024
     client = (ROOT / "docker" / "ssh_config").read_text()
     assert re.search(r"^\s*Port (\d+)$", client, re.M).group(1) == settings["Port"]
@@ -275,13 +299,139 @@ def test_sshd_config_keeps_keys_and_state_where_a_non_root_user_can_reach_them(s
     assert "/etc/ssh/ssh_config.d/hvdkit.conf" in dests
 
 
+def ssh_client_settings(host):
+    """What ssh would use for ``host`` with docker/ssh_config as its only config (``ssh -G``)."""
+    if shutil.which("ssh") is None:
+        pytest.skip("no ssh client (Debian: openssh-client)")
+    done = subprocess.run(
+        ["ssh", "-G", "-F", str(ROOT / "docker" / "ssh_config"), host], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "hvdkit-digits-worker-0.hvdkit-digits-worker",  # the MPI Operator's hostfile (v2beta1)
+        "job-worker-12.job-worker.default.svc",  # older operators
+        "job-worker-1.job-worker.team-a.svc.cluster.local",
+    ],
+)
+def test_the_image_ssh_client_reaches_mpi_operator_workers_on_port_2222_without_known_hosts(host):
+    settings = ssh_client_settings(host)
+    assert (settings["port"], settings["stricthostkeychecking"], settings["userknownhostsfile"]) == (
+        sshd_settings()["Port"],
+        "false",
+        "/dev/null",
+    )
+
+
+@pytest.mark.parametrize("host", ["github.com", "node1", "10.0.0.5", "my-worker-box.example.com", "worker-0"])
+def test_every_other_ssh_from_the_image_keeps_port_22_and_host_key_checks(host):
+    settings = ssh_client_settings(host)
+    assert settings["port"] == "22"
+    assert settings["stricthostkeychecking"] in ("ask", "true")
+    assert "/dev/null" not in settings["userknownhostsfile"]
+
+
+def operator_secret(folder):
+    """A key Secret as the MPI Operator mounts it: id_rsa, id_rsa.pub, authorized_keys, mode 0644."""
+    folder.mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / "id_rsa")], check=True)
+    (folder / "authorized_keys").write_bytes((folder / "id_rsa.pub").read_bytes())
+    for f in folder.iterdir():
+        f.chmod(0o644)
+    return folder
+
+
+def run_entrypoint(home, secret, *command):
+    """docker/entrypoint.sh run as a container start would, with HOME and the Secret in temp folders."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("no ssh-keygen (Debian: openssh-client)")
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "HVDKIT_SSH_SECRET": str(secret), "HOSTNAME": "w0"}
+    return subprocess.run(
+        [str(ROOT / "docker" / "entrypoint.sh"), *command], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def mode(path):
+    return oct(path.stat().st_mode & 0o777)
+
+
+def fingerprint(key):
+    return subprocess.run(["ssh-keygen", "-l", "-f", str(key)], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_entrypoint_makes_private_copies_of_the_operator_keys_and_a_host_key(tmp_path):
+    secret = operator_secret(tmp_path / "secret")
+    home = tmp_path / "home"
+    done = run_entrypoint(home, secret, "printf", "%s|", "two words", "$HOME", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "two words|$HOME||", "")  # exec'd, words intact
+    ssh = home / ".ssh"
+    assert mode(ssh) == "0o700"
+    assert {p.name: mode(p) for p in ssh.iterdir()} == {
+        "id_rsa": "0o600",
+        "id_rsa.pub": "0o644",
+        "authorized_keys": "0o600",
+        "ssh_host_ed25519_key": "0o600",
+        "ssh_host_ed25519_key.pub": "0o600",
+    }
+    for name in ("id_rsa", "id_rsa.pub", "authorized_keys"):
+        assert (ssh / name).read_bytes() == (secret / name).read_bytes()
+        assert (ssh / name).stat().st_uid == os.getuid()
+    assert "ED25519" in fingerprint(ssh / "ssh_host_ed25519_key")
+
+
+def test_every_container_gets_its_own_host_key_and_a_restart_keeps_it(tmp_path):
+    secret = operator_secret(tmp_path / "secret")
+    for home in ("a", "b"):
+        assert run_entrypoint(tmp_path / home, secret, "true").returncode == 0
+    key_a, key_b = (tmp_path / h / ".ssh" / "ssh_host_ed25519_key" for h in ("a", "b"))
+    assert fingerprint(key_a) != fingerprint(key_b)
+    before = fingerprint(key_a)
+    assert run_entrypoint(tmp_path / "a", secret, "true").returncode == 0
+    assert fingerprint(key_a) == before
+
+
+def test_the_entrypoint_without_a_secret_or_a_writable_home_still_runs_the_command(tmp_path):
+    done = run_entrypoint(tmp_path / "home", tmp_path / "no-secret", "bash", "-c", "exit 7")
+    assert done.returncode == 7 and done.stderr == ""
+    assert sorted(p.name for p in (tmp_path / "home" / ".ssh").iterdir()) == [
+        "ssh_host_ed25519_key",
+        "ssh_host_ed25519_key.pub",
+    ]
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    done = run_entrypoint(blocked / "home", tmp_path / "no-secret", "echo", "ran")
+    assert (done.returncode, done.stdout) == (0, "ran\n")
+    assert "could not prepare ~/.ssh" in done.stderr
+
+
+def test_sshd_accepts_the_image_config_with_what_the_entrypoint_made(tmp_path, steps):
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(sshd):
+        pytest.skip("no sshd (Debian: openssh-server)")
+    home = tmp_path / "home"
+    assert run_entrypoint(home, operator_secret(tmp_path / "secret"), "true").returncode == 0
+    image_home = created_user(steps)[3]
+    config = tmp_path / "sshd_config"
+    config.write_text((ROOT / "docker" / "sshd_config").read_text().replace(image_home, str(home)))
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd -t wants its privilege separation folder
+    done = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (0, "")
+    (home / ".ssh" / "ssh_host_ed25519_key").unlink()  # without the entrypoint's key sshd refuses to start
+    done = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "ssh_host_ed25519_key" in done.stderr
+
+
 def test_mpijob_launcher_command_runs_from_the_image_workdir(steps, mpijob):
     launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert launcher["image"] == "hvdkit:cpu"
-    assert launcher["command"][0] == "hvdkit"
+    assert launcher["args"][0] == "hvdkit"
     venv_bin = env_values(steps)["VIRTUAL_ENV"] + "/bin"
     assert env_values(steps)["PATH"].split(":")[0] == venv_bin  # hvdkit and python come from the venv
-    script = launcher["command"][launcher["command"].index("python") + 1]
+    script = launcher["args"][launcher["args"].index("python") + 1]
     workdir = [rest for keyword, rest in steps if keyword == "WORKDIR"][-1]
     copied = {dest_path(dest, wd): sources for sources, dest, wd in copies(steps)}
     assert copied.get(str(Path(workdir) / Path(script).parent)) == [str(Path(script).parent)]

@@ -32,12 +32,13 @@ def test_mpijob_parses_as_an_mpi_operator_v2beta1_job():
     spec = job["spec"]
     assert spec["slotsPerWorker"] == 2
     assert spec["runPolicy"] == {"cleanPodPolicy": "Running"}
-    assert spec["sshAuthMountPath"] == "/home/hvdkit/.ssh"
+    assert spec["sshAuthMountPath"] == "/home/hvdkit/.mpi-operator/ssh"  # the entrypoint copies the keys from there
     launcher = spec["mpiReplicaSpecs"]["Launcher"]
     assert launcher["replicas"] == 1
     (container,) = launcher["template"]["spec"]["containers"]
     assert container["image"] == "hvdkit:cpu"
-    assert container["command"] == ["hvdkit", "run", "-np", "4", "--", *COMMAND]
+    assert "command" not in container  # it would replace the image's entrypoint
+    assert container["args"] == ["hvdkit", "run", "-np", "4", "--", *COMMAND]
     worker = spec["mpiReplicaSpecs"]["Worker"]
     assert worker["replicas"] == 2
     (container,) = worker["template"]["spec"]["containers"]
@@ -49,7 +50,7 @@ def test_mpijob_keeps_a_command_with_yaml_special_characters_as_one_argv():
     command = ("python", "-c", "print('a: b # c')", "--flag=- x", "yes", "0755")
     job = yaml.safe_load(render.render("mpijob", RenderSpec(command=command)))
     (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    assert launcher["command"] == ["hvdkit", "run", "-np", "1", "--", *command]
+    assert launcher["args"] == ["hvdkit", "run", "-np", "1", "--", *command]
 
 
 def test_slurm_script_has_the_sbatch_lines_and_runs_hvdkit_inside_the_allocation():
@@ -210,7 +211,7 @@ def test_a_newline_in_the_command_injects_no_key_into_the_mpijob():
     assert sorted(job) == ["apiVersion", "kind", "metadata", "spec"]
     assert (job["kind"], job["metadata"]) == ("MPIJob", {"name": "hvdkit-job"})
     (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    assert launcher["command"] == ["hvdkit", "run", "-np", "1", "--", *command]
+    assert launcher["args"] == ["hvdkit", "run", "-np", "1", "--", *command]
 
 
 def test_a_newline_in_the_command_stays_in_the_hostfile_comments():
