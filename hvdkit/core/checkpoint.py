@@ -13,7 +13,7 @@ Only rank 0 touches the file system, and only one job at a time (see ``checkpoin
 writes into a temporary folder, fsyncs every file and the folder, renames it into place and fsyncs
 the root, so a crash at any point leaves either the old set of checkpoints or the new one, never a
 half-written checkpoint under a ``ckpt-`` name. Saving a step that exists already never retires its
-old copy before the new one is in place (see ``_place``). The outcome is broadcast, so when rank 0
+old copy before the new one is in place (see ``checkpoint_folder.place``). The outcome is broadcast, so when rank 0
 fails every rank raises the same CheckpointError.
 Loading walks the checkpoints newest first, verifies each manifest (sizes and checksums), skips and
 reports the ones that fail, and broadcasts the first good state to every rank.
@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 import uuid
 import weakref
@@ -32,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import checkpoint_lock
+from .checkpoint_folder import delete_later, fsync_path, place, signature, wait_for_deletions
 from .errors import CheckpointError, ConfigError
 from .log import get_logger
 
@@ -42,7 +42,6 @@ _PREFIX = "ckpt-"
 _NAME = re.compile(r"^ckpt-(\d{12})(?:\.(\d{1,9}))?$")  # step, then the copy's generation (none: 0)
 _TMP = ".tmp-"
 _log = get_logger("checkpoint")
-_DELETERS = {}  # root -> the thread deleting that root's pruned checkpoints (see _prune)
 
 
 @dataclass(frozen=True)
@@ -65,15 +64,6 @@ class Resumed:
     extra: object
     path: str
     world_size: int
-
-
-def fsync_path(path, directory=False):
-    """fsync a file (or, with ``directory``, a folder's entries) so it survives a crash."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(path):
@@ -101,23 +91,6 @@ def _sync_and_hash(folder):
         files = {name: {"size": os.path.getsize(p), "sha256": _sha256(p)} for name, p in paths.items()}
         list(synced)  # re-raises an fsync error
     return files
-
-
-def _signature(path):
-    """What changes when a checkpoint folder's files change: (name, inode, size, mtime) of each."""
-    try:
-        return tuple(
-            sorted((e.name, e.inode(), e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(path))
-        )
-    except OSError:
-        return None
-
-
-def _remove_all(paths, previous):
-    if previous is not None:
-        previous.join()  # one deleter at a time, in order
-    for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _version():
@@ -169,7 +142,7 @@ class CheckpointStore:
         self.keep = keep
         self.framework = framework
         self._lock = self._finalizer = None
-        self._verified = {}  # path -> _signature of a checkpoint known to verify (rank 0)
+        self._verified = {}  # path -> signature() of a checkpoint known to verify (rank 0)
         error = self._preflight() if comm.is_rank0 else None
         error = comm.broadcast_object(error, name="hvdkit.checkpoint.preflight")
         if error:
@@ -214,10 +187,13 @@ class CheckpointStore:
         entry is what a job that died left behind (a write or a deletion cut short).
         """
         mine = f"{_TMP}{self._lock.job}-"
-        dead = [n for n in os.listdir(self.root) if n.startswith(_TMP) and not n.startswith(mine)]
-        if dead:
-            _log.info("removing %d leftover(s) of earlier jobs under %s: %s", len(dead), self.root, ", ".join(sorted(dead)))
-            self._delete([os.path.join(self.root, n) for n in dead])
+        try:
+            dead = [n for n in os.listdir(self.root) if n.startswith(_TMP) and not n.startswith(mine)]
+            if dead:
+                _log.info("removing %d leftover(s) of earlier jobs under %s: %s", len(dead), self.root, ", ".join(sorted(dead)))
+                self._delete([os.path.join(self.root, n) for n in dead])
+        except OSError as e:  # only disk space is at stake: the job can go on
+            _log.warning("could not remove the leftovers of earlier jobs under %s: %s", self.root, e)
 
     # ---------------------------------------------------------------- listing (rank 0)
     def candidates(self):
@@ -304,41 +280,15 @@ class CheckpointStore:
                 f.flush()
                 os.fsync(f.fileno())
             fsync_path(tmp, directory=True)
-            final = self._place(tmp, step)
+            final = os.path.join(self.root, f"{_PREFIX}{step:012d}")
+            older = [(gen, path) for s, gen, path in self._listing() if s == step]  # saved again
+            final = place(tmp, final, older, lambda: self._tmp_path("trash"))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._verified[final] = _signature(final)  # written and hashed just now
+        self._verified[final] = signature(final)  # written and hashed just now
         self._prune(keep_path=final)
         _log.info("saved checkpoint step %d epoch %d in %.3f s: %s", step, epoch, time.perf_counter() - t0, final)
-        return final
-
-    def _place(self, tmp, step):
-        """Rename the finished ``tmp`` in as the checkpoint of ``step``; its path.
-
-        When the step exists already (saved again after a resume), the new copy goes in first
-        under the next generation's name ``ckpt-S.N``, which ``candidates`` ranks above the older
-        copies, and the root is fsynced; only then are the older copies retired and the new one
-        renamed to ``ckpt-S``. At every instant a complete copy of the step is under a ``ckpt-``
-        name, so a crash (or a full disk) in between loses nothing.
-        """
-        final = os.path.join(self.root, f"{_PREFIX}{step:012d}")
-        older = [(gen, path) for s, gen, path in self._listing() if s == step]
-        if not older:
-            os.rename(tmp, final)
-            fsync_path(self.root, directory=True)
-            return final
-        staged = f"{final}.{max(gen for gen, _ in older) + 1}"
-        os.rename(tmp, staged)
-        fsync_path(self.root, directory=True)
-        try:
-            for _, path in older:
-                os.rename(path, self._tmp_path("trash"))  # this job's leftover: _prune deletes it
-            os.rename(staged, final)
-            fsync_path(self.root, directory=True)
-        except OSError as e:  # the new copy is in place and loads under the name it has
-            _log.warning("checkpoint of step %d saved as %s; tidying the older copies failed: %s", step, staged, e)
-            return staged
         return final
 
     def _prune(self, keep_path):
@@ -364,40 +314,25 @@ class CheckpointStore:
 
     def _verifies(self, path):
         """Whether the checkpoint ``path`` verifies (hashed once per store, unless it changes)."""
-        signature = _signature(path)
-        if signature is not None and self._verified.get(path) == signature:
+        now = signature(path)
+        if now is not None and self._verified.get(path) == now:
             return True
         try:
             verify(path)
         except CheckpointError as e:
             _log.warning("removing a checkpoint that fails verification (it does not count toward keep=%d): %s", self.keep, e)
             return False
-        self._verified[path] = signature
+        self._verified[path] = now
         return True
 
     def _delete(self, paths):
-        """Rename ``paths`` out of the way now and delete them in a background thread."""
-        trash, named = [], f"{_TMP}{self._lock.job}-trash-"
-        for path in paths:
-            if os.path.basename(path).startswith(named):  # out of the way already
-                trash.append(path)
-                continue
-            aside = self._tmp_path("trash")
-            try:
-                os.rename(path, aside)
-            except OSError:  # gone already
-                continue
-            trash.append(aside)
-        if trash:
-            deleter = threading.Thread(target=_remove_all, args=(trash, _DELETERS.get(self.root)), daemon=False)
-            _DELETERS[self.root] = deleter
-            deleter.start()
+        """Take ``paths`` out of the way now; a background thread deletes them (see _prune)."""
+        trash = f"{_TMP}{self._lock.job}-trash-"
+        delete_later(self.root, paths, lambda: self._tmp_path("trash"), lambda name: name.startswith(trash))
 
     def wait_for_cleanup(self):
         """Block until pruned checkpoints under this root are deleted (rank 0; no collective)."""
-        deleter = _DELETERS.get(self.root)
-        if deleter is not None:
-            deleter.join()
+        wait_for_deletions(self.root)
 
     # ---------------------------------------------------------------- load
     def load(self, read):
