@@ -306,3 +306,18 @@ def test_a_count_of_thousands_of_digits_is_a_config_error_not_a_crash(parse, tex
     # int() refuses strings of over 4300 digits with a plain ValueError, which `hvdkit run` does not catch.
     with pytest.raises(ConfigError):
         parse(text)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"command": ("python", "a\0b")}, r"command word 'a\\x00b' must be text without NUL"),
+        ({"env": {"A": "x\0"}}, r"-x A 'x\\x00' must be text without NUL"),
+        ({"env": {"A": 1}}, r"-x A 1 must be text"),
+        ({"mpi_args": ("--mca", None)}, r"mpi argument None must be text"),
+    ],
+)
+def test_a_job_spec_word_no_process_can_receive_is_a_config_error(fields, message):
+    # Before: subprocess raised a bare ValueError ("embedded null byte") when the job started.
+    with pytest.raises(ConfigError, match=message):
+        JobSpec(**{"command": ("python", "train.py"), "num_proc": 1, **fields})
