@@ -10,8 +10,11 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -457,3 +460,52 @@ def test_pip_and_apt_leave_no_caches_behind(steps):
             assert "--no-install-recommends" in rest and "rm -rf /var/lib/apt/lists/*" in rest
         for install in re.findall(r"pip install[^&]*", rest):
             assert "--no-cache-dir" in install, install
+
+
+def test_a_login_works_with_the_image_sshd_config_strict_modes_and_the_entrypoint_keys(steps):
+    # As a worker and its launcher do: sshd with the image's config (StrictModes yes) on the files
+    # the entrypoint made, and ssh with the operator's key. sshd checks every folder above
+    # authorized_keys, so the test's home lives below /run (root's, 0755), not /tmp (1777).
+    sshd = "/usr/sbin/sshd"
+    if os.geteuid() != 0 or not os.path.exists(sshd) or shutil.which("ssh") is None:
+        pytest.skip("needs root, sshd and ssh (Debian: openssh-server, openssh-client)")
+    base = Path(tempfile.mkdtemp(prefix="hvdkit-sshd-test-", dir="/run"))
+    proc = None
+    try:
+        home = base / "home"
+        assert run_entrypoint(home, operator_secret(base / "secret"), "true").returncode == 0
+        config = base / "sshd_config"
+        config.write_text((ROOT / "docker" / "sshd_config").read_text().replace(created_user(steps)[3], str(home)))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        Path("/run/sshd").mkdir(exist_ok=True)
+        # The image's sshd runs as hvdkit and logs in hvdkit; this one runs as root and logs in root.
+        proc = subprocess.Popen(
+            [sshd, "-D", "-e", "-f", str(config), "-p", str(port), "-o", "ListenAddress=127.0.0.1",
+             "-o", "PermitRootLogin=prohibit-password"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        login = ["ssh", "-F", "/dev/null", "-p", str(port), "-i", str(home / ".ssh" / "id_rsa"), "-o", "BatchMode=yes",
+                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                 "root@127.0.0.1", "echo", "logged-in"]
+        deadline = time.monotonic() + 30
+        while True:
+            done = subprocess.run(login, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+            if done.returncode == 0 or time.monotonic() > deadline or proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert (done.returncode, done.stdout) == (0, "logged-in\n"), done.stderr
+        # With StrictModes yes, a world-writable authorized_keys (what the old layout had to allow) is refused.
+        (home / ".ssh" / "authorized_keys").chmod(0o666)
+        refused = subprocess.run(login, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert refused.returncode == 255
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
