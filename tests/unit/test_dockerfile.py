@@ -316,9 +316,11 @@ def ssh_client_settings(host):
 @pytest.mark.parametrize(
     "host",
     [
-        "hvdkit-digits-worker-0.hvdkit-digits-worker",  # the MPI Operator's hostfile (v2beta1)
-        "job-worker-12.job-worker.default.svc",  # older operators
+        # the MPI Operator's hostfile (v2beta1) across its versions: JOB-worker-I.SERVICE.NAMESPACE.svc
+        "hvdkit-digits-worker-0.hvdkit-digits.default.svc",
+        "job-worker-12.job-worker.default.svc",
         "job-worker-1.job-worker.team-a.svc.cluster.local",
+        "hvdkit-digits-worker-0.hvdkit-digits-worker",
     ],
 )
 def test_the_image_ssh_client_reaches_mpi_operator_workers_on_port_2222_without_known_hosts(host):
@@ -330,7 +332,9 @@ def test_the_image_ssh_client_reaches_mpi_operator_workers_on_port_2222_without_
     )
 
 
-@pytest.mark.parametrize("host", ["github.com", "node1", "10.0.0.5", "my-worker-box.example.com", "worker-0"])
+@pytest.mark.parametrize(
+    "host", ["github.com", "node1", "10.0.0.5", "my-worker-box.example.com", "worker-0", "job-launcher.job.ns.svc"]
+)
 def test_every_other_ssh_from_the_image_keeps_port_22_and_host_key_checks(host):
     settings = ssh_client_settings(host)
     assert settings["port"] == "22"

@@ -173,11 +173,13 @@ K8S_NAME = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
 
 
 @settings(FAST, suppress_health_check=[HealthCheck.too_slow])
-@given(K8S_NAME, K8S_NAME, st.integers(1, 12), st.integers(1, 8), st.booleans())
-def test_the_mpi_operator_hostfile_gives_every_worker_with_its_slots(job, namespace, workers, slots, old_format):
-    # As the operator writes it: JOB-worker-I.JOB-worker slots=S, or with .NAMESPACE.svc (older versions).
-    suffix = f".{namespace}.svc" if old_format else ""
-    names = [f"{job}-worker-{i}.{job}-worker{suffix}" for i in range(workers)]
+@given(K8S_NAME, K8S_NAME, st.integers(1, 12), st.integers(1, 8), st.sampled_from(["{j}", "{j}-worker", "{j}-worker."]))
+def test_the_mpi_operator_hostfile_gives_every_worker_with_its_slots(job, namespace, workers, slots, service):
+    # As operator versions write it: JOB-worker-I.SERVICE.NAMESPACE.svc slots=S (SERVICE: JOB or
+    # JOB-worker), or JOB-worker-I.JOB-worker slots=S (written here as the service "JOB-worker.").
+    service = service.format(j=job)
+    domain = "" if service.endswith(".") else f".{namespace}.svc"
+    names = [f"{job}-worker-{i}.{service.rstrip('.')}{domain}" for i in range(workers)]
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "hostfile")
         with open(path, "w") as f:
