@@ -63,6 +63,32 @@ def test_saving_a_step_again_keeps_a_complete_copy_of_it_at_every_rename(tmp_pat
     assert sorted(os.listdir(store.root)) == [LOCK_FILE, "ckpt-000000000007"]
 
 
+@pytest.mark.parametrize("failing", [2, 3])
+def test_a_full_disk_between_the_renames_of_a_resave_keeps_a_loadable_copy(tmp_path, monkeypatch, failing):
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=1)
+    store.save(writer(b"first copy"), step=7, epoch=1)
+    calls = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        calls.append(src)
+        if len(calls) == failing:
+            raise OSError(28, "No space left on device")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    try:
+        store.save(writer(b"second copy"), step=7, epoch=2)
+    except CheckpointError:
+        pass  # failing is allowed; losing step 7 is not
+    monkeypatch.undo()
+    assert newest_loadable(store) in ((7, b"first copy"), (7, b"second copy"))
+    store.save(writer(b"third copy"), step=7, epoch=3)  # the next save of the step tidies up
+    store.wait_for_cleanup()
+    assert sorted(os.listdir(store.root)) == [LOCK_FILE, "ckpt-000000000007"]
+    assert store.load(read)[0] == b"third copy"
+
+
 def test_copies_left_by_interrupted_resaves_load_newest_first_and_the_next_resave_replaces_them(tmp_path):
     store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=1)
     store.save(writer(b"oldest"), step=3, epoch=1)
