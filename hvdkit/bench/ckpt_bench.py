@@ -1,6 +1,7 @@
-"""Benchmark worker, one process: hvdkit checkpoint save against plain ``torch.save``.
+"""Benchmark worker: hvdkit checkpoint save against plain ``torch.save`` (one process), and restore.
 
     python -m hvdkit.bench.ckpt_bench OUT.json [--quick]
+    hvdkit run -np 2 -- python -m hvdkit.bench.ckpt_bench OUT.json --restore [--quick] [--megabytes N]
 
 Variants, interleaved: ``torch_save`` (``torch.save`` to a file), ``torch_save_fsync`` (the same,
 then ``fsync`` of the file and its folder: what durable means) and ``hvdkit`` (``Checkpointer.save``:
@@ -8,9 +9,18 @@ model + optimizer + RNG, written to a temporary folder, fsynced, hashed into a m
 into place, old ones pruned in the background). Each variant's file is loaded back and compared
 before timing. Every sample starts after ``os.sync()`` and after hvdkit's background deletion of
 pruned checkpoints has finished (both untimed): what is timed is how long the training loop waits.
+
+``--restore`` (every rank of a job): rank 0 writes one checkpoint of a model and its SGD momentum,
+then, interleaved: ``torch_load`` (rank 0 alone: ``torch.load`` of the file and ``load_state_dict``
+into the model and optimizer: what one process resuming pays), ``hvdkit`` (``Checkpointer.restore``
+on every rank: verify, read on rank 0, tensors broadcast in chunks) and, for states under 2 GiB,
+``pickled`` (what restore did before: ``torch.load`` on rank 0, the whole state through one
+``broadcast_object``, ``load_state_dict`` everywhere). A sample's time is the slowest rank's. The
+file stays in the page cache between samples (nothing drops it): disk reads are not timed.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +32,8 @@ from .stats import Samples, check_close, interleaved
 
 MEGABYTES = 64
 QUICK_MEGABYTES = 1
+RESTORE_MEGABYTES = 512  # model + momentum
+PICKLE_LIMIT = 2**31 - 1  # Horovod's broadcast_object sends the pickle's size as an int32
 
 
 def run(megabytes, reps, root):
@@ -85,20 +97,108 @@ def run(megabytes, reps, root):
     }
 
 
+def _restore_fixture(megabytes):
+    """A model of two square fp32 layers and its SGD momentum, ``megabytes`` in all."""
+    import torch
+
+    side = int((megabytes * 2**20 / 4 / 4) ** 0.5)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(side, side), torch.nn.Linear(side, side))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for i, p in enumerate(model.parameters()):
+        opt.state[p]["momentum_buffer"] = torch.full_like(p, 0.5 + i)
+    return model, opt
+
+
+def _tensors(model, opt):
+    return [*model.state_dict().values(), *(opt.state[p]["momentum_buffer"] for p in model.parameters())]
+
+
+def _digest(tensors):
+    import torch
+
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def run_restore(megabytes, reps, root):
+    """Restore on every rank of the job against ``torch.load`` on rank 0 alone (see the module doc)."""
+    import torch
+
+    import hvdkit.torch as hk
+
+    comm = hk.communicator()
+    model, opt = _restore_fixture(megabytes)
+    tensors = _tensors(model, opt)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    ckpt = hk.Checkpointer(os.path.join(root, "hvdkit"), model, opt, keep=1, comm=comm)
+    path = os.path.join(ckpt.save(step=1, epoch=0), "state.pt")
+    want = _digest(tensors)
+
+    def load_into_model(state):
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+
+    def torch_load():
+        if comm.is_rank0:
+            load_into_model(torch.load(path, map_location="cpu", weights_only=True))
+
+    def pickled():
+        state = torch.load(path, map_location="cpu", weights_only=True) if comm.is_rank0 else None
+        load_into_model(comm.broadcast_object(state, name="hvdkit.bench.restore.pickled"))
+
+    variants = {"torch_load": torch_load, "hvdkit": ckpt.restore}
+    if nbytes < PICKLE_LIMIT * 0.9:  # the pickle is a little larger than the tensors
+        variants["pickled"] = pickled
+    checks = {}
+    for name, fn in variants.items():
+        with torch.no_grad():
+            for t in _tensors(model, opt):
+                t.zero_()
+        fn()
+        holds = comm.is_rank0 or name != "torch_load"
+        ok = comm.allgather_object(_digest(_tensors(model, opt)) == want if holds else True, name="hvdkit.bench.restore.check")
+        checks[name] = check_close(f"restore {name}: every rank holds the saved state", [all(ok)], [True], 0)
+    samples = {v: Samples() for v in variants}
+    for rep, v in interleaved(list(variants), reps):
+        comm.barrier()
+        t0 = time.perf_counter()
+        variants[v]()
+        seconds = comm.allgather_object(time.perf_counter() - t0, name="hvdkit.bench.restore.seconds")
+        samples[v].add(max(seconds))  # the job waits for its slowest rank
+        if v == "hvdkit" and comm.is_rank0:
+            print(f"[bench restore] rep {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+    return {
+        "payload_bytes": nbytes,
+        "ranks": comm.size,
+        "checks": checks,
+        "variants": {v: s.as_dict() for v, s in samples.items()},
+        "gb_per_s": {v: nbytes / s.median / 1e9 for v, s in samples.items()},
+        "hvdkit_vs_torch_load": samples["hvdkit"].median / samples["torch_load"].median,
+    }, comm.is_rank0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("--quick", action="store_true", help="1 MB, 1 repetition: checks, not figures")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--dir", default=None, help="where to write (default: a temporary folder); the disk is part of the result")
+    p.add_argument("--restore", action="store_true", help="time restore on every rank of the job (start it with hvdkit run)")
+    p.add_argument("--megabytes", type=int, default=None, help=f"state size (default: {MEGABYTES}, with --restore {RESTORE_MEGABYTES})")
     args = p.parse_args(argv)
+    megabytes = QUICK_MEGABYTES if args.quick else args.megabytes or (RESTORE_MEGABYTES if args.restore else MEGABYTES)
+    reps = 1 if args.quick else args.reps
     root = tempfile.mkdtemp(prefix="hvdkit-bench-ckpt-", dir=args.dir)
     try:
-        result = run(QUICK_MEGABYTES if args.quick else MEGABYTES, 1 if args.quick else args.reps, root)
+        result, writer = run_restore(megabytes, reps, root) if args.restore else (run(megabytes, reps, root), True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
+    if writer:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import io
 import os
+import zipfile
 
 import numpy as np
 
@@ -74,35 +75,95 @@ class Checkpointer:
 
         Returns a ``Resumed`` (``epoch`` is what to pass as ``initial_epoch``) or None when there is
         no checkpoint. A checkpoint that does not fit the model raises CheckpointError on every
-        rank and is left untouched.
+        rank and is left untouched. Rank 0 reads the arrays one at a time into its variables; the
+        other ranks receive them variable by variable, in bounded chunks: no rank holds a pickled
+        copy of the state. Collective: every rank calls it.
         """
-        loaded = self.store.load(_read_state)
+        variables = {"model": list(self.model.weights), "optimizer": self._optimizer_variables()}
+
+        def describe(saved, info):  # rank 0; what it raises fails every rank
+            self._apply(saved, variables, info.path)
+            return _specs(variables)
+
+        loaded = self.store.load_on_rank0(_read_state, describe)
         if loaded is None:
             return None
-        (model_vals, opt_vals), info = loaded
-        self._assign("model", self.model.weights, model_vals, info.path)
-        self._assign("optimizer", self._optimizer_variables(), opt_vals, info.path)
+        _, header, info = loaded
+        self._receive(header, variables)
         if self.comm.is_rank0:
             _log.info("resumed from %s (step %d, epoch %d)", info.path, info.step, info.epoch)
         extra = info.manifest.get("meta", {}).get("extra")
         return Resumed(info.step, info.epoch, extra, info.path, info.world_size)
 
     @staticmethod
-    def _assign(what, variables, values, path):
-        shapes = [tuple(v.shape) for v in variables]
-        saved = [tuple(v.shape) for v in values]
-        if shapes != saved:
+    def _apply(saved, variables, path):
+        """Rank 0: assign the saved arrays, read one at a time, after checking that all fit."""
+        for what, vs in variables.items():
+            shapes = [tuple(v.shape) for v in vs]
+            held = [shape for shape, _ in saved[what]]
+            if shapes != held:
+                raise CheckpointError(
+                    f"checkpoint {path} does not fit this {what}: it holds {len(held)} arrays {held[:3]}..., "
+                    f"the {what} has {len(shapes)} variables {shapes[:3]}...; point the checkpoint directory at the "
+                    "checkpoints of this model, or at an empty directory"
+                )
+        with np.load(saved["path"], allow_pickle=False) as z:
+            for what, vs in variables.items():
+                for i, v in enumerate(vs):
+                    v.assign(z[f"{what}/{i}"])
+
+    def _receive(self, header, variables):
+        """Every rank: rank 0's variables, one at a time, in bounded chunks (see ``broadcast_tensors``)."""
+        comm = self.comm
+        if comm.size == 1:
+            return
+        mine = _specs(variables)
+        problem = None if comm.is_rank0 or mine == header else f"its variables {_mismatch(mine, header)}"
+        problems = comm.allgather_object(problem, name="hvdkit.checkpoint.restore.fit")
+        bad = [(r, p) for r, p in enumerate(problems) if p]
+        if bad:
             raise CheckpointError(
-                f"checkpoint {path} does not fit this {what}: it holds {len(saved)} arrays {saved[:3]}..., "
-                f"the {what} has {len(shapes)} variables {shapes[:3]}...; point the checkpoint directory at the "
-                "checkpoints of this model, or at an empty directory"
+                f"rank {bad[0][0]} cannot take rank 0's checkpoint: {bad[0][1]}; every rank must build the same model and optimizer"
             )
-        for v, value in zip(variables, values):
-            v.assign(value)
+        specs = header["model"] + header["optimizer"]
+        for k, (v, (shape, dtype)) in enumerate(zip(variables["model"] + variables["optimizer"], specs)):
+            buf = np.ascontiguousarray(v.numpy()) if comm.is_rank0 else np.empty(shape, dtype)
+            comm.broadcast_tensors([buf], name=f"hvdkit.checkpoint.restore.{k}")
+            if not comm.is_rank0:
+                v.assign(buf)
+
+
+def _np_dtype(v):
+    return np.dtype(getattr(v.dtype, "as_numpy_dtype", v.dtype)).str
+
+
+def _specs(variables):
+    """``{"model": [(shape, dtype)], "optimizer": [...]}`` of the variables: a restore's header."""
+    return {what: [(tuple(v.shape), _np_dtype(v)) for v in vs] for what, vs in variables.items()}
+
+
+def _mismatch(mine, theirs):
+    for what in mine:
+        if len(mine[what]) != len(theirs[what]):
+            return f"({what}) are {len(mine[what])} here, {len(theirs[what])} on rank 0"
+        for i, (a, b) in enumerate(zip(mine[what], theirs[what])):
+            if a != b:
+                return f"({what} variable {i}) is {a[0]} {np.dtype(a[1]).name} here, {b[0]} {np.dtype(b[1]).name} on rank 0"
+    return "differ"
 
 
 def _read_state(folder):
-    with np.load(os.path.join(folder, STATE_FILE), allow_pickle=False) as z:
-        model = [z[f"model/{i}"] for i in range(sum(k.startswith("model/") for k in z.files))]
-        opt = [z[f"optimizer/{i}"] for i in range(sum(k.startswith("optimizer/") for k in z.files))]
-    return model, opt
+    """The saved arrays' shapes and dtypes (read from their headers; the data stays on disk)."""
+    path = os.path.join(folder, STATE_FILE)
+    specs = {"model": {}, "optimizer": {}}
+    with zipfile.ZipFile(path) as zf:
+        for member in zf.namelist():
+            what, _, index = member.removesuffix(".npy").partition("/")
+            with zf.open(member) as f:
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(f)
+            if dtype.hasobject:
+                raise CheckpointError(f"{path}: {member} holds Python objects, which are not loaded")
+            specs[what][int(index)] = (tuple(shape), dtype.str)
+    return {"path": path, **{what: [s[i] for i in range(len(s))] for what, s in specs.items()}}

@@ -1,0 +1,64 @@
+"""Runs on every rank of a real 2-rank job; writes what it observed to OUT/rank<r>.json.
+
+TensorFlow restore sends every variable in chunks: here the chunk is shrunk to 1,000 bytes so that
+every variable of a small Keras model (odd sizes, float32 and the optimizer's int64 counter) spans
+several chunks and ends mid-chunk. The pytest side is tests/distributed/test_restore_tf.py.
+Usage: python restore_tf.py OUT
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+
+import hvdkit.tensorflow as htf
+import hvdkit.tensorflow.comm as tf_comm
+from recording import error_of
+from hvdkit.core import CheckpointError
+
+tf_comm.CHUNK_BYTES = 1000
+
+
+def make_model(seed, width=37):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((29,)), keras.layers.Dense(width, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    return model
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for v in [*model.weights, *model.optimizer.variables]:
+        h.update(np.ascontiguousarray(v.numpy()).tobytes())
+    return h.hexdigest()
+
+
+def main(out_dir):
+    topo = htf.init()
+    ckpt_dir = os.path.join(out_dir, "ckpt")
+    model = make_model(seed=0)
+    x = np.linspace(-1, 1, 8 * 29, dtype="float32").reshape(8, 29)
+    model.fit(x, x[:, :3], batch_size=8, epochs=2, verbose=0)  # every rank alike: momentum and iterations set
+    htf.Checkpointer(ckpt_dir, model, model.optimizer).save(step=2, epoch=2, extra={"k": 1})
+    fresh = make_model(seed=10 + topo.rank)  # other weights, and an optimizer that never stepped
+    before = digest(fresh)
+    resumed = htf.Checkpointer(ckpt_dir, fresh, fresh.optimizer).restore()
+    other = make_model(seed=0, width=37 if topo.rank == 0 else 38)  # rank 1 builds another model
+    result = {
+        "rank": topo.rank,
+        "saved": digest(model),
+        "before": before,
+        "restored": digest(fresh),
+        "resumed": [resumed.step, resumed.epoch, resumed.extra],
+        "iterations": int(fresh.optimizer.iterations),
+        "mismatch_error": error_of(lambda: htf.Checkpointer(ckpt_dir, other, other.optimizer).restore(), CheckpointError),
+    }
+    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
