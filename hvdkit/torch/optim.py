@@ -1,7 +1,6 @@
 """Gradient averaging for torch optimizers, delegated to Horovod; clipping and LR scaling around it."""
 
 import math
-import types
 
 import torch
 
@@ -59,6 +58,7 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         named = list(model.named_parameters())
     if max_grad_norm is not None:
         _check_max_norm(max_grad_norm)
+        optimizer = _clipping_copy(optimizer)
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=named,
@@ -66,26 +66,9 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         backward_passes_per_step=backward_passes_per_step,
         op=hvd.Average if op == "average" else hvd.Sum,
     )
-    _accept_set_to_none(wrapped)
     if max_grad_norm is not None:
-        _clip_after_averaging(wrapped, float(max_grad_norm))
+        wrapped.max_grad_norm = float(max_grad_norm)
     return wrapped
-
-
-def _accept_set_to_none(optimizer):
-    """Let ``zero_grad`` take torch's ``set_to_none`` again (Horovod's override takes no argument).
-
-    ``opt.zero_grad(set_to_none=True)`` is everyday torch 2 code; on Horovod's optimizer it is a
-    TypeError. Horovod's check stays: zeroing while gradients are still being averaged raises.
-    """
-    horovod_zero_grad = optimizer.zero_grad
-
-    def zero_grad(self, set_to_none=True):
-        if self._handles:
-            return horovod_zero_grad()  # raises Horovod's "called before step()" error
-        return super(type(self), self).zero_grad(set_to_none=set_to_none)
-
-    optimizer.zero_grad = types.MethodType(zero_grad, optimizer)
 
 
 def _check_max_norm(value):
@@ -93,32 +76,37 @@ def _check_max_norm(value):
         raise ConfigError(f"max_grad_norm must be a finite number > 0 or None (got {value!r}); e.g. max_grad_norm=1.0")
 
 
-def _clip_after_averaging(optimizer, max_norm):
-    """Make ``optimizer.step()`` synchronize, clip the averaged gradients, then update.
+class _ClipAveragedGradients:
+    """Mixin under Horovod's optimizer class: its ``step()`` clips the gradients, then updates.
 
-    An instance attribute, not a subclass: Horovod's methods call ``super(self.__class__, self)``,
-    which a subclass would turn into endless recursion. torch's LR schedulers wrap it as usual.
+    Horovod's ``step()`` averages the gradients (``synchronize()``, skipped inside the user's
+    ``skip_synchronize()`` where they are averaged already) and then calls the wrapped optimizer's
+    ``step()``, which is this one: it clips the averaged gradients, the same on every rank, before
+    the update. A closure has already run before the averaging (Horovod evaluates it first).
     """
-    horovod_step = optimizer.step  # bound to Horovod's class
+
+    max_grad_norm = None
+    last_grad_norm = None
 
     def step(self, closure=None):
-        loss = None
-        if closure is not None:  # gradients first, so that they are the ones averaged and clipped
-            with torch.enable_grad():
-                loss = closure()
-        # Inside the user's own skip_synchronize() the gradients are averaged already.
-        if getattr(self, "_should_synchronize", True):
-            self.synchronize()
-            self.last_grad_norm = _clip_grads(self, max_norm)
-            with self.skip_synchronize():
-                horovod_step()
-        else:
-            self.last_grad_norm = _clip_grads(self, max_norm)
-            horovod_step()
-        return loss
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = _clip_grads(self, self.max_grad_norm)
+        return super().step(closure)
 
-    optimizer.last_grad_norm = None
-    optimizer.step = types.MethodType(step, optimizer)
+
+_CLIPPING_CLASSES = {}
+
+
+def _clipping_copy(optimizer):
+    """An optimizer of ``optimizer``'s class plus ``_ClipAveragedGradients``, on the same param groups.
+
+    Horovod builds its optimizer from the class and param groups of the one it is given, as here;
+    the clipping class is made once per optimizer class.
+    """
+    base = type(optimizer)
+    if base not in _CLIPPING_CLASSES:
+        _CLIPPING_CLASSES[base] = type(base.__name__, (_ClipAveragedGradients, base), {"__module__": base.__module__})
+    return _CLIPPING_CLASSES[base](optimizer.param_groups)
 
 
 def _clip_grads(optimizer, max_norm):

@@ -41,3 +41,8 @@ def test_clipping_with_a_branch_unused_on_one_rank_matches_one_process_on_the_wh
         assert r["norms"] == pytest.approx(r["reference_norms"], rel=1e-5)
         assert r["max_diff_vs_reference"] < TOL
         assert r["branch_moved"] > 1e-3  # the branch trained on both ranks
+
+
+def test_the_clipping_optimizer_is_a_class_not_methods_patched_onto_horovods_instance(ranks):
+    for r in ranks:
+        assert r["methods_set_on_the_instance"] == []

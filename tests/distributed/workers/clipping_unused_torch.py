@@ -88,7 +88,8 @@ def train_distributed(init, x, y, rank, size):
         branch_grad_none.append(model.branch.weight.grad is None)
         opt.step()
         norms.append(float(opt.last_grad_norm))
-    return model, norms, branch_grad_none
+    patched = sorted(name for name in ("step", "zero_grad", "synchronize") if name in vars(opt))
+    return model, norms, branch_grad_none, patched
 
 
 def main(out_dir):
@@ -97,7 +98,7 @@ def main(out_dir):
     x, y = global_batches(size)
     init = make_model()
     ref, ref_norms = reference(init, x, y, size)
-    model, norms, branch_grad_none = train_distributed(init, x, y, rank, size)
+    model, norms, branch_grad_none, patched = train_distributed(init, x, y, rank, size)
     result = {
         "rank": rank,
         "size": size,
@@ -107,6 +108,7 @@ def main(out_dir):
         "norms": norms,
         "reference_norms": ref_norms,
         "branch_grad_none_before_step": branch_grad_none,
+        "methods_set_on_the_instance": patched,
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f, indent=1)
