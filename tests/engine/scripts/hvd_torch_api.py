@@ -238,18 +238,37 @@ def section_collectives():
     return out
 
 
+def bn_model(bn_class, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), bn_class(3), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(48, 3))
+
+
 def section_sync_batch_norm():
-    """Horovod's SyncBatchNorm on CPU tensors (its kernels are GPU-only in 0.28.1)."""
-    out = {}
-    bn = hvd.SyncBatchNorm(3)
-    x = torch.arange(12.0).reshape(4, 3) * (hvd.rank() + 1)
-    for mode in ("train", "eval"):
-        bn.train(mode == "train")
-        try:
-            out[mode] = bn(x).tolist()
-        except ValueError as e:
-            out[mode] = f"ValueError: {e}"
-    return out
+    """hvd.SyncBatchNorm on CPU: normalizes over every rank's batch, as one process over all of them."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(STEPS, hvd.size() * B, 2, 4, 4, generator=g) * 3 + 1
+    y = torch.randn(STEPS, hvd.size() * B, 3, generator=g)
+    model = bn_model(hvd.SyncBatchNorm)
+    ref = bn_model(torch.nn.BatchNorm2d)
+    ref.load_state_dict(model.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    mine = slice(hvd.rank() * B, (hvd.rank() + 1) * B)
+    for s in range(STEPS):
+        opt.zero_grad()
+        F.mse_loss(model(x[s][mine]), y[s][mine]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        F.mse_loss(ref(x[s]), y[s]).backward()
+        ref_opt.step()
+    model.eval()
+    ref.eval()
+    with torch.no_grad():
+        eval_diff = float((model(x[0]) - ref(x[0])).abs().max())
+    return {"digest": digest(model), "max_diff_vs_reference": max_diff(model, ref), "eval_diff_vs_reference": eval_diff,
+            "running_var_moved": float((model[1].running_var - 1).abs().max())}
 
 
 def main(out_dir):
