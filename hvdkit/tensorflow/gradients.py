@@ -41,9 +41,10 @@ class DistributedGradientTape:
         tape = hvdkit.tensorflow.DistributedGradientTape(tape, compression="fp16")
         grads = tape.gradient(loss, model.trainable_variables)
 
-    Works with Keras 3 variables (Horovod's own DistributedGradientTape fails on them: they have no
-    ``.ref()``), in eager mode and in ``tf.function``. Give two tapes used in one ``tf.function``
-    different ``name``s.
+    Works with Keras 3 variables, in eager mode and in ``tf.function``. Horovod's own
+    ``hvd.DistributedGradientTape`` works too on the engine hvdkit builds (engine fix 10); this one
+    sends every gradient in one grouped allreduce under a fixed name and takes compression by name.
+    Give two tapes used in one ``tf.function`` different ``name``s.
 
     Clipping: ``gradient()`` returns the average, so clip what it returns and every rank clips the
     gradient of the global batch alike: ``grads, _ = tf.clip_by_global_norm(grads, 1.0)`` before

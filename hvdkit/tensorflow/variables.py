@@ -4,12 +4,7 @@ from ..core.errors import CollectiveError
 from ._engine import horovod_tf
 from .runtime import communicator
 
-__all__ = ["broadcast_variables", "raw_variable"]
-
-
-def raw_variable(v):
-    """The ``tf.Variable`` behind a Keras 3 variable (or ``v`` itself)."""
-    return getattr(v, "value", v) if not hasattr(v, "ref") else v
+__all__ = ["broadcast_variables"]
 
 
 def _signature(variables):
@@ -42,5 +37,5 @@ def broadcast_variables(variables, root_rank=0):
     """
     variables = list(variables)
     check_same_variables(variables)
-    if variables:
-        horovod_tf().broadcast_variables([raw_variable(v) for v in variables], root_rank)
+    if variables:  # the engine takes Keras 3 variables as they are (engine fix 11)
+        horovod_tf().broadcast_variables(variables, root_rank)
