@@ -40,12 +40,20 @@ _PR_SET_PDEATHSIG = 1
 _HUNG_UP = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
+def _find_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal, the other guards remain
+        return None
+
+
+_prctl = _find_prctl()  # looked up now: a child between fork and exec must not load libraries
+
+
 def die_with_parent(sig=signal.SIGKILL):
     """Ask the kernel to send ``sig`` to this process when the thread that started it ends."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
-    except (OSError, AttributeError):
-        pass
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, int(sig))
 
 
 def report_line(job, record):

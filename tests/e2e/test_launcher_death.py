@@ -76,7 +76,8 @@ def test_every_process_of_the_job_ends_within_seconds_of_the_launchers_death(tmp
         gone_after = time.monotonic() - t0
         left = sorted(pid for pid in job if running(pid))
         assert left == [], f"still running {BOUND} s after the launcher's death: {left}"
-        assert proc.wait(timeout=BOUND) in (-signal.SIGKILL, 128 + signal.SIGHUP, 128 + signal.SIGTERM)
+        code = proc.wait(timeout=BOUND)  # after SIGHUP: how the first rank ended (SIGTERM, or mpirun's SIGUSR1)
+        assert code == -signal.SIGKILL if how != "sighup" else code > 128
     finally:
         for pid in job:  # only if the test failed: end what it started, by pid
             if running(pid):
@@ -84,7 +85,7 @@ def test_every_process_of_the_job_ends_within_seconds_of_the_launchers_death(tmp
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    record_figures(f"launcher death: {how} ({controller})", seconds_until_every_rank_and_launcher_gone=round(gone_after, 2))
+    record_figures(f"launcher death: {how} ({controller})", seconds_until_every_process_gone=round(gone_after, 2))
     folders = [path for r in records for path in r["folders"].values()]
     assert [p for p in folders if os.path.exists(p)] == []
     assert sorted(os.listdir(tmpdir)) == []

@@ -49,9 +49,10 @@ def shared_dir():
 
 
 def test_each_test_host_has_a_tmp_of_its_own(hosts):
-    a, b = hosts.names
+    b = hosts.names[1]
     mark = f"hvdkit-mark-{os.getpid()}"
-    proc = run_bounded(hosts.argv_on(0, ["sh", "-c", f'touch /tmp/{mark} && ls /tmp/{mark} && ssh {b} ls /tmp/{mark}']), 60)
+    script = f"touch /tmp/{mark} && ls /tmp/{mark} && ssh {b} ls /tmp/{mark}"
+    proc = run_bounded(hosts.argv_on(0, ["sh", "-c", script]), 60)
     assert proc.returncode != 0 and f"/tmp/{mark}" in proc.stdout  # written on a, absent on b
     assert not os.path.exists(f"/tmp/{mark}")
 

@@ -25,7 +25,8 @@ pids, pid = [], os.getpid()
 while pid not in (launcher, 0, 1):
     pids.append(pid)
     pid = parent_of(pid)
-record = {"pids": pids, "reached_launcher": pid == launcher, "folders": {k: v for k, v in os.environ.items() if k.startswith("HVDKIT_") and os.sep in v}}
+folders = {k: v for k, v in os.environ.items() if k.startswith("HVDKIT_") and os.sep in v}
+record = {"pids": pids, "reached_launcher": pid == launcher, "folders": folders}
 path = os.path.join(out, f"rank-{from_env().rank}.json")
 with open(path + ".tmp", "w") as f:
     json.dump(record, f)
