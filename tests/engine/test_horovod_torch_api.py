@@ -23,6 +23,9 @@ EXACT_TRAINING = [
     "adamw_after_broadcast_optimizer_state",
     "step_with_closure",
     "gradient_predivide_factor_2",
+    "groups_2",
+    "sparse_embedding",
+    "sparse_embedding_as_dense",
 ]
 STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "10"}
 

@@ -125,6 +125,7 @@ TRAINING = {
     "adamw_after_broadcast_optimizer_state": {"opt_name": "adamw"},
     "step_with_closure": {"closure": True},
     "gradient_predivide_factor_2": {"gradient_predivide_factor": 2.0},
+    "groups_2": {"groups": 2},
 }
 
 
@@ -134,6 +135,37 @@ def section_no_named_parameters():
     F.mse_loss(model(torch.full((2, 6), hvd.rank() + 1.0)), torch.zeros(2, 3)).backward()
     opt.step()
     return {"digest": digest(model)}
+
+
+def emb_model(sparse):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=sparse), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+
+
+def section_sparse(sparse_as_dense):
+    """Sparse embedding gradients (allgathered, or densified and allreduced) vs one dense process."""
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randint(0, 10, (STEPS, hvd.size() * B, 2), generator=g)
+    y = torch.randn(STEPS, hvd.size() * B, 2, generator=g)
+    model, ref = emb_model(sparse=True), emb_model(sparse=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5), named_parameters=model.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    mine = slice(hvd.rank() * B, (hvd.rank() + 1) * B)
+    for s in range(STEPS):
+        opt.zero_grad()
+        F.mse_loss(model(idx[s][mine]), y[s][mine]).backward()
+        opt.step()
+        grads = []
+        for r in range(hvd.size()):
+            ref_opt.zero_grad()
+            part = slice(r * B, (r + 1) * B)
+            F.mse_loss(ref(idx[s][part]), y[s][part]).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        for i, p in enumerate(ref.parameters()):
+            p.grad = sum(gr[i] for gr in grads) / hvd.size()
+        ref_opt.step()
+    return {"digest": digest(model), "max_diff_vs_reference": max_diff(model, ref), "moved": max_diff(model, emb_model(False))}
 
 
 def section_adasum():
@@ -278,6 +310,8 @@ def main(out_dir):
     for name, kwargs in TRAINING.items():
         record(out_dir, f"training.{name}", lambda: trained(**kwargs))
     record(out_dir, "training.no_named_parameters", section_no_named_parameters)
+    record(out_dir, "training.sparse_embedding", lambda: section_sparse(sparse_as_dense=False))
+    record(out_dir, "training.sparse_embedding_as_dense", lambda: section_sparse(sparse_as_dense=True))
     record(out_dir, "adasum", section_adasum)
     record(out_dir, "zero_grad", section_zero_grad)
     record(out_dir, "broadcast_optimizer_state", section_broadcast_optimizer_state)
