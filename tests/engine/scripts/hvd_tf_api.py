@@ -4,7 +4,8 @@ Surfaces: ``hvd.DistributedGradientTape`` (dense Keras 3 model, plain ``tf.Varia
 ``IndexedSlices`` with and without ``sparse_as_dense``, fp16 compression),
 ``hvd.PartialDistributedGradientTape`` with a local layer, ``register_local_source`` on a
 ``tf.Variable``, ``hvd.broadcast_variables`` (Keras 3 model and ``tf.Variable``s) and
-``hvd.SyncBatchNormalization``; each in eager mode and inside ``tf.function``.
+``hvd.SyncBatchNormalization``; each in eager mode and inside ``tf.function``. Then
+``hvd.broadcast_object`` / ``hvd.allgather_object`` with different object types on the ranks.
 
 Every case records its error (if any), a SHA-256 of its parameters (equal on every rank when the
 ranks agree) and its largest difference from a reference computed here without collectives: one
@@ -337,6 +338,18 @@ CASES = {
 }
 
 
+def object_cases():
+    """broadcast_object with the value only on the root, allgather_object of a different type per rank.
+
+    Last in the script: on an engine that names these collectives after the object's type, the ranks
+    wait on different names forever.
+    """
+    config = {"lr": 0.1, "steps": [1, 2, 3]}
+    got = hvd.broadcast_object(config if hvd.rank() == 0 else None, root_rank=0)
+    mine = {"rank": hvd.rank()} if hvd.rank() % 2 == 0 else [hvd.rank()]
+    return {"broadcast_object_root_only": got, "allgather_object_mixed_types": hvd.allgather_object(mine)}
+
+
 def main(out):
     hvd.init()
     record = {"rank": hvd.rank(), "size": hvd.size(), "cases": {}}
@@ -352,6 +365,7 @@ def main(out):
                 entry["error"] = f"{type(e).__name__}: {e}"[:600]
                 entry["traceback"] = traceback.format_exc()[-2000:]
             record["cases"][f"{name}/{mode}"] = entry
+    record["objects"] = object_cases()
     with open(os.path.join(out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(record, f, indent=1)
 
