@@ -16,8 +16,9 @@ VENV=${VENV:-$root/.venv}
 say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
-# 1. System packages (ssh and iproute2: multi-host jobs and the two-host test in tests/multihost).
-apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake openssh-client openssh-server iproute2)
+# 1. System packages (ssh and iproute2: multi-host jobs and the two-host test in tests/multihost;
+#    patch: the engine fixes in scripts/horovod-fixes).
+apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake patch openssh-client openssh-server iproute2)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
