@@ -288,7 +288,8 @@ def reference_partial(base, x, y, size):
             losses = []
             for r in range(size):
                 h = tf.tanh(tf.matmul(x[s, r * B:(r + 1) * B], w) + b)
-                losses.append(tf.reduce_mean(tf.square(tf.matmul(h, heads[r][0]) + heads[r][1] - y[s, r * B:(r + 1) * B])))
+                pred = tf.matmul(h, heads[r][0]) + heads[r][1]
+                losses.append(tf.reduce_mean(tf.square(pred - y[s, r * B:(r + 1) * B])))
             loss = tf.add_n(losses) / size
         variables = [w, b] + [v for hv in heads for v in hv]
         for v, g in zip(variables, tape.gradient(loss, variables)):
@@ -328,7 +329,8 @@ def section_callbacks(mod, every_callback=True):
     if not every_callback:
         return out
     sched = LrRecorder()
-    callbacks = [mod.callbacks.LearningRateScheduleCallback(initial_lr=LR, multiplier=lambda epoch: 0.5 ** epoch), sched]
+    halve = mod.callbacks.LearningRateScheduleCallback(initial_lr=LR, multiplier=lambda epoch: 0.5 ** epoch)
+    callbacks = [halve, sched]
     model, history = fit(mod.DistributedOptimizer(keras.optimizers.SGD(LR)), init, x, y, epochs=3, callbacks=callbacks)
     expect = [LR * 0.5 ** e for e in range(3) for _ in range(STEPS)]
     ref = reference_fit(init, x, y, keras.optimizers.SGD(LR), epochs=3, lrs=expect)
