@@ -44,6 +44,15 @@ def test_distributed_gradient_tape_trains_like_one_process_on_the_concatenated_b
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_distributed_optimizer_around_a_keras3_optimizer_averages_in_a_custom_loop(ranks, mode):
+    # hvd.DistributedOptimizer of horovod.tensorflow hands Keras optimizers to horovod.tensorflow.keras
+    # (fixes 40-44 make that one average under Keras 3).
+    entries = case(ranks, "distributed_optimizer_keras3", mode)
+    assert len({e["digest"] for e in entries}) == 1, f"{mode}: parameters differ across ranks"
+    assert all(e["max_diff"] <= TOL for e in entries), [e["max_diff"] for e in entries]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_embedding_gradients_are_indexed_slices_unless_sparse_as_dense(ranks, mode):
     sparse = case(ranks, "tape_embedding_sparse", mode)[0]["grad_types"]
     dense = case(ranks, "tape_embedding_sparse_as_dense", mode)[0]["grad_types"]

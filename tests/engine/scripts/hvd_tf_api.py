@@ -119,6 +119,27 @@ def keras_tape_case(mode, make_model, get_batch, **tape_kwargs):
     return model.trainable_variables, ref.trainable_variables, {"grad_types": grad_types}
 
 
+def distributed_optimizer_case(mode):
+    """horovod.tensorflow.DistributedOptimizer around a Keras 3 optimizer, in a custom loop."""
+    model, ref = dense_model(), dense_model()
+    opt, ref_opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), keras.optimizers.SGD(LR)
+
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = mse(model(x, training=True), y)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    step = maybe_function(train_step, mode)
+    for s in range(STEPS):
+        step(*map(tf.constant, batch(hvd.rank(), s)))
+        fx, fy = full_batch(hvd.size(), s)
+        with tf.GradientTape() as tape:
+            loss = mse(ref(fx, training=True), fy)
+        ref_opt.apply_gradients(zip(tape.gradient(loss, ref.trainable_variables), ref.trainable_variables))
+    return model.trainable_variables, ref.trainable_variables, {}
+
+
 # --- DistributedGradientTape on plain tf.Variables ---------------------------------------------------
 
 
@@ -329,6 +350,7 @@ CASES = {
     "tape_embedding_sparse": lambda m: keras_tape_case(m, embedding_model, token_batch),
     "tape_embedding_sparse_as_dense": lambda m: keras_tape_case(m, embedding_model, token_batch, sparse_as_dense=True),
     "tape_fp16_compression": fp16_case,
+    "distributed_optimizer_keras3": distributed_optimizer_case,
     "partial_tape_local_layer": partial_tape_case,
     "register_local_source": register_local_source_case,
     "broadcast_keras_model": broadcast_keras_case,
