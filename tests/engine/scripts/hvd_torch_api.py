@@ -263,6 +263,10 @@ def section_collectives():
     (hvd.allreduce(x, op=hvd.Sum, name="ar.grad") * (r + 1)).sum().backward()
     out["allreduce_grad"] = x.grad.tolist()
     hvd.barrier()
+    # Uneven work: rank 0 has joined already (no more data) and contributes zeros. Over MPI only:
+    # over Gloo this allreduce never completes (Horovod 0.28.1's Gloo join; C++, left alone).
+    if r == 1 and hvd.mpi_enabled():
+        out["sum_while_rank0_joined"] = hvd.allreduce(torch.full((2,), 5.0), op=hvd.Sum, name="ar.after_join").tolist()
     out["join"] = hvd.join()
     out["topology"] = [hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(), hvd.cross_size(), hvd.cross_rank()]
     out["flags"] = {"is_initialized": hvd.is_initialized(), "mpi_built": hvd.mpi_built(), "gloo_built": hvd.gloo_built(),
