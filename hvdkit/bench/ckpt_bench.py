@@ -13,9 +13,10 @@ pruned checkpoints has finished (both untimed): what is timed is how long the tr
 ``--restore`` (every rank of a job): rank 0 writes one checkpoint of a model and its SGD momentum,
 then, interleaved: ``torch_load`` (rank 0 alone: ``torch.load`` of the file and ``load_state_dict``
 into the model and optimizer: what one process resuming pays), ``hvdkit`` (``Checkpointer.restore``
-on every rank: verify, read on rank 0, tensors broadcast in chunks) and, for states under 2 GiB,
-``pickled`` (what restore did before: ``torch.load`` on rank 0, the whole state through one
-``broadcast_object``, ``load_state_dict`` everywhere). A sample's time is the slowest rank's. The
+on every rank: verify, read on rank 0, tensors broadcast in chunks) and, with ``--pickled`` for
+states under 2 GiB, ``pickled`` (what restore did before: ``torch.load`` on rank 0, the whole
+state through one ``broadcast_object``, ``load_state_dict`` everywhere; minutes per GB and about
+16x the state in memory on rank 0). A sample's time is the slowest rank's. The
 file stays in the page cache between samples (nothing drops it): disk reads are not timed.
 """
 
@@ -123,7 +124,7 @@ def _digest(tensors):
     return h.hexdigest()
 
 
-def run_restore(megabytes, reps, root):
+def run_restore(megabytes, reps, root, with_pickled=False):
     """Restore on every rank of the job against ``torch.load`` on rank 0 alone (see the module doc)."""
     import torch
 
@@ -150,7 +151,7 @@ def run_restore(megabytes, reps, root):
         load_into_model(comm.broadcast_object(state, name="hvdkit.bench.restore.pickled"))
 
     variants = {"torch_load": torch_load, "hvdkit": ckpt.restore}
-    if nbytes < PICKLE_LIMIT * 0.9:  # the pickle is a little larger than the tensors
+    if with_pickled and nbytes < PICKLE_LIMIT * 0.9:  # the pickle is a little larger than the tensors
         variants["pickled"] = pickled
     checks = {}
     for name, fn in variants.items():
@@ -177,6 +178,7 @@ def run_restore(megabytes, reps, root):
         "variants": {v: s.as_dict() for v, s in samples.items()},
         "gb_per_s": {v: nbytes / s.median / 1e9 for v, s in samples.items()},
         "hvdkit_vs_torch_load": samples["hvdkit"].median / samples["torch_load"].median,
+        **({"pickled_vs_hvdkit": samples["pickled"].median / samples["hvdkit"].median} if "pickled" in samples else {}),
     }, comm.is_rank0
 
 
@@ -187,13 +189,17 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--dir", default=None, help="where to write (default: a temporary folder); the disk is part of the result")
     p.add_argument("--restore", action="store_true", help="time restore on every rank of the job (start it with hvdkit run)")
+    p.add_argument("--pickled", action="store_true", help="with --restore: also time the previous restore path (slow)")
     p.add_argument("--megabytes", type=int, default=None, help=f"state size (default: {MEGABYTES}, with --restore {RESTORE_MEGABYTES})")
     args = p.parse_args(argv)
     megabytes = QUICK_MEGABYTES if args.quick else args.megabytes or (RESTORE_MEGABYTES if args.restore else MEGABYTES)
     reps = 1 if args.quick else args.reps
     root = tempfile.mkdtemp(prefix="hvdkit-bench-ckpt-", dir=args.dir)
     try:
-        result, writer = run_restore(megabytes, reps, root) if args.restore else (run(megabytes, reps, root), True)
+        if args.restore:
+            result, writer = run_restore(megabytes, reps, root, args.pickled)
+        else:
+            result, writer = run(megabytes, reps, root), True
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if writer:
