@@ -4,7 +4,8 @@ Layout under the checkpoint root::
 
     ckpt-000000000040/            one complete checkpoint (step 40)
         state.pt                  files written by the framework adapter
-        manifest.json             step, epoch, world size, versions, size and SHA-256 of every file
+        manifest.json             step, epoch, world size, versions, size and SHA-256 of every file,
+                                  sealed by the SHA-256 of the manifest itself (core/manifest.py)
     ckpt-000000000040.1/          a newer copy of step 40, while a save of step 40 again replaces it
     .tmp-<job>-...                a write in progress or a deletion (never loaded)
     .hvdkit.lock                  rank 0 of the job using the folder holds a flock on it
@@ -31,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import checkpoint_lock
+from . import manifest as _manifest
 from .checkpoint_folder import delete_later, fsync_path, place, signature, wait_for_deletions
 from .errors import CheckpointError, ConfigError
 from .log import get_logger
@@ -107,11 +109,10 @@ def verify(path):
     try:
         with open(mpath, encoding="utf-8") as f:
             manifest = json.load(f)
-        files = manifest["files"]
-        int(manifest["step"]), int(manifest["epoch"]), int(manifest["world_size"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable manifest ({e})") from None
-    for name, entry in files.items():
+    _manifest.check(path, manifest)
+    for name, entry in manifest["files"].items():
         if not isinstance(name, str) or name in ("", ".", "..", MANIFEST) or os.sep in name or "/" in name:
             raise CheckpointError(f"{path}: manifest names an unsafe file {name!r}")
         fpath = os.path.join(path, name)
@@ -263,8 +264,7 @@ class CheckpointStore:
         try:
             write(tmp)
             files = _sync_and_hash(tmp)
-            manifest = {
-                "format": 1,
+            manifest = _manifest.seal({
                 "step": step,
                 "epoch": epoch,
                 "world_size": self.comm.size,
@@ -273,7 +273,7 @@ class CheckpointStore:
                 "created": time.time(),
                 "files": files,
                 "meta": meta,
-            }
+            })
             mpath = os.path.join(tmp, MANIFEST)
             with open(mpath, "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=1, sort_keys=True)

@@ -8,6 +8,7 @@ import pytest
 from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore, verify
 from hvdkit.core.checkpoint_lock import LOCK_FILE
+from hvdkit.core.manifest import seal
 
 
 def writer(payload):
@@ -86,8 +87,33 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_rejected(store, tmp_
     manifest["files"] = {"../../etc/passwd": {"size": 1, "sha256": "0"}}
     with open(mpath, "w") as f:
         json.dump(manifest, f)
+    with pytest.raises(CheckpointError, match="does not match its own SHA-256"):
+        verify(path)  # an edited manifest no longer matches its seal
+    with open(mpath, "w") as f:
+        json.dump(seal(manifest), f)  # sealed again, as a deliberate forgery would be
     with pytest.raises(CheckpointError, match="unsafe file"):
         verify(path)
+
+
+def test_a_manifest_from_before_the_seal_still_loads_and_a_stripped_seal_does_not(store):
+    path = store.save(writer(b"old"), step=3, epoch=1)
+    mpath = os.path.join(path, "manifest.json")
+    with open(mpath) as f:
+        manifest = json.load(f)
+    assert manifest["format"] == 2 and len(manifest["manifest_sha256"]) == 64
+    legacy = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    with open(mpath, "w") as f:
+        json.dump(legacy, f)
+    with pytest.raises(CheckpointError, match="has no manifest_sha256"):
+        verify(path)  # format 2 without its seal: damaged
+    legacy["format"] = 1  # what hvdkit wrote before the seal
+    with open(mpath, "w") as f:
+        json.dump(legacy, f)
+    assert verify(path)["step"] == 3
+    with open(mpath, "w") as f:
+        json.dump({**legacy, "manifest_sha256": manifest["manifest_sha256"]}, f)
+    with pytest.raises(CheckpointError, match="does not match its own SHA-256"):
+        verify(path)  # a sealed manifest whose format was changed to 1
 
 
 def test_no_checkpoint_means_a_fresh_start(store):

@@ -158,12 +158,8 @@ def test_a_checkpoint_with_a_damaged_data_file_is_a_checkpoint_error(pristine, c
     _check(pristine, corruption)
 
 
-# verify() in hvdkit/core/checkpoint.py (not this helper's file) fails this today, found by this test:
-#   {"files": null} or a list -> AttributeError ('.items'); a files entry that is a number ->
-#   AttributeError ('.get'); "step": Infinity -> OverflowError from int(); and a manifest whose
-#   step, epoch, world_size or meta was changed (a flipped digit) is accepted: nothing checks the
-#   manifest itself. strict: when verify() is fixed this XPASSes and the mark must go.
-@pytest.mark.xfail(strict=True, reason="verify() crashes on some manifests and accepts an altered one (see comment)")
+# Found by this test (before the manifest was sealed): {"files": null} or a list, an entry that is a
+# number and "step": Infinity crashed verify(); an edited step, world_size or meta was accepted.
 @FAST
 @given(MANIFEST_CORRUPTIONS)
 @example(("edit", ("step",), float("inf")))
