@@ -33,7 +33,7 @@ def case(ranks, name, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
-    "name", ["tape_keras_dense", "tape_tf_variable", "tape_embedding_sparse", "tape_embedding_sparse_as_dense",
+    "name", ["tape_keras_dense", "tape_keras_groups", "tape_tf_variable", "tape_embedding_sparse", "tape_embedding_sparse_as_dense",
              "tape_fp16_compression"]
 )
 def test_distributed_gradient_tape_trains_like_one_process_on_the_concatenated_batch(ranks, name, mode):

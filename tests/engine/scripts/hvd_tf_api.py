@@ -92,9 +92,14 @@ def maybe_function(fn, mode):
 # --- DistributedGradientTape on a Keras 3 model ------------------------------------------------------
 
 
-def keras_tape_case(mode, make_model, get_batch, **tape_kwargs):
-    """Train with hvd.DistributedGradientTape and keras SGD; reference: one process on all batches."""
+def keras_tape_case(mode, make_model, get_batch, groups_of=None, **tape_kwargs):
+    """Train with hvd.DistributedGradientTape and keras SGD; reference: one process on all batches.
+
+    ``groups_of(model)``: the tape's ``groups`` (lists of variables allreduced together).
+    """
     model, ref = make_model(), make_model()
+    if groups_of is not None:
+        tape_kwargs["groups"] = groups_of(model)
     opt, ref_opt = keras.optimizers.SGD(LR), keras.optimizers.SGD(LR)
     grad_types = []
 
@@ -346,6 +351,8 @@ def sync_bn_case(mode, uneven=False):
 
 CASES = {
     "tape_keras_dense": lambda m: keras_tape_case(m, dense_model, batch),
+    "tape_keras_groups": lambda m: keras_tape_case(
+        m, dense_model, batch, groups_of=lambda model: [[layer.kernel for layer in model.layers]]),
     "tape_tf_variable": lambda m: tf_variable_case(m),
     "tape_embedding_sparse": lambda m: keras_tape_case(m, embedding_model, token_batch),
     "tape_embedding_sparse_as_dense": lambda m: keras_tape_case(m, embedding_model, token_batch, sparse_as_dense=True),
