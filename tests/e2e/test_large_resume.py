@@ -33,3 +33,10 @@ def test_a_state_over_2_gib_restores_bitwise_on_both_ranks_of_a_fresh_job(jobs):
         assert rec["before"] == {"count": 0, "momentum_buffers": 0}  # a fresh start, not the saved state
         assert rec["digest"] == saved["digest"], f"rank {r} did not restore the saved state bitwise"
         assert rec["resumed"] == [7, 2, {"note": "big"}]
+
+
+def test_a_rank_receiving_the_state_needs_about_no_memory_beyond_the_state(jobs):
+    # Rank 1 holds the model and its momentum (the state) plus the process itself (~0.4 GiB):
+    # no pickled copy (the old path's pickle, its bytes and the unpickled state: 3x the state).
+    rec = jobs["restore"][1]
+    assert rec["peak_rss_bytes"] < rec["state_bytes"] + 2**30

@@ -4,7 +4,8 @@
 
 ``save``: rank 0 fills the model and momentum with closed-form values and writes the checkpoint
 (with a SHA-256 of every tensor). ``restore``, a fresh job: every rank starts as a fresh process
-would (zeros, no momentum), restores, and records the same SHA-256 and how long the restore took.
+would (zeros, no momentum), restores, and records the same SHA-256, how long the restore took and
+its peak memory.
 Each rank writes OUT/<mode>-rank<r>.json.
 The pytest side is tests/e2e/test_large_resume.py.
 """
@@ -12,6 +13,7 @@ The pytest side is tests/e2e/test_large_resume.py.
 import hashlib
 import json
 import os
+import resource
 import sys
 import time
 
@@ -55,6 +57,12 @@ def digest(model, opt):
     return h.hexdigest()
 
 
+def anon_rss():
+    """Bytes of this process's anonymous memory (not counting the page cache of a mapped file)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+
 def main(mode, ckpt_dir, out_dir):
     topo = hk.init()
     model = Big()
@@ -75,6 +83,8 @@ def main(mode, ckpt_dir, out_dir):
         resumed = ckpt.restore()
         record["seconds"] = time.perf_counter() - t0
         record["resumed"] = [resumed.step, resumed.epoch, resumed.extra]
+    record["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    record["anon_rss_bytes"] = anon_rss()
     if mode == "restore" or topo.rank == 0:
         record["digest"] = digest(model, opt)
     with open(os.path.join(out_dir, f"{mode}-rank{topo.rank}.json"), "w") as f:
