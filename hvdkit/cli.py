@@ -4,6 +4,7 @@ import argparse
 import os
 import sys
 
+from .core import env
 from .core.errors import HvdkitError
 
 __all__ = ["main"]
@@ -41,21 +42,29 @@ def _parser():
     )
     r.add_argument(
         "--max-restarts",
-        type=int,
+        action=env.FromEnv,
+        env_var=env.MAX_RESTARTS,
+        kind=env.integer(0),
+        default=env.DEFAULT_MAX_RESTARTS,
         metavar="K",
         help="relaunch the whole job after a rank fails, at most K times; ranks resume from their newest "
         "checkpoint (default: $HVDKIT_MAX_RESTARTS or 0)",
     )
     r.add_argument(
         "--stall-timeout",
-        type=float,
+        action=env.FromEnv,
+        env_var=env.STALL_TIMEOUT,
+        kind=env.SECONDS,
         metavar="SECONDS",
         help="end the job when a rank stays out of a collective this long, naming it "
         "(default: $HVDKIT_STALL_TIMEOUT or 600)",
     )
     r.add_argument(
         "--grace-period",
-        type=float,
+        action=env.FromEnv,
+        env_var=env.GRACE_PERIOD,
+        kind=env.SECONDS,
+        default=env.DEFAULT_GRACE_PERIOD,
         metavar="SECONDS",
         help="after SIGTERM/SIGINT, how long ranks get to checkpoint and exit before they are killed "
         "(default: $HVDKIT_GRACE_PERIOD or 30)",
@@ -169,11 +178,10 @@ def _timeline_parser(sub):
 
 
 def _timeline(args):
-    from .core.errors import ConfigError
+    from .core.options import check_positive_int
     from .launch import timeline
 
-    if args.top < 1:
-        raise ConfigError(f"--top must be an integer >= 1 (got {args.top})")
+    check_positive_int("--top", args.top)
     summary = timeline.summarise(args.file)
     sys.stdout.write(timeline.format_summary(summary, args.top))
     if args.json:
@@ -183,31 +191,10 @@ def _timeline(args):
     return 0
 
 
-def _run_settings(args):
-    """``(max_restarts, stall_timeout or None, grace)``: flag > HVDKIT_* variable > default."""
-    from .core import env
-    from .core.errors import ConfigError
-
-    restarts = args.max_restarts if args.max_restarts is not None else os.environ.get(env.MAX_RESTARTS, "0")
-    try:
-        restarts = int(restarts)
-    except ValueError:
-        restarts = -1
-    if restarts < 0:
-        raise ConfigError(f"--max-restarts must be an integer >= 0 (got {restarts!r})")
-    for flag, value in (("--stall-timeout", args.stall_timeout), ("--grace-period", args.grace_period)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag} must be a positive number of seconds (got {value!r})")
-    stall = args.stall_timeout or (env.seconds(env.STALL_TIMEOUT, None) if os.environ.get(env.STALL_TIMEOUT) else None)
-    grace = args.grace_period or env.seconds(env.GRACE_PERIOD, env.DEFAULT_GRACE_PERIOD)
-    return restarts, stall, grace
-
-
 def _run(args):
     import dataclasses
     import time
 
-    from .core import env
     from .launch import execute, hosts, plan, remote, supervise
     from .launch.spec import JobSpec, check_command, parse_env_vars
 
@@ -215,7 +202,8 @@ def _run(args):
     found, origin = hosts.resolve(host_list=args.hosts, hostfile=args.hostfile, environ=os.environ)
     hosts.check_slots(found, args.num_proc, origin)
     controller = "gloo" if args.gloo else "mpi"
-    restarts, stall, grace = _run_settings(args)
+    env.resolve(args)  # flag > HVDKIT_* variable > default
+    restarts, stall, grace = args.max_restarts, args.stall_timeout, args.grace_period
     extra_env = parse_env_vars(args.env_vars, os.environ)
     if stall:
         extra_env[env.STALL_TIMEOUT] = f"{stall:g}"
@@ -238,7 +226,7 @@ def _run(args):
         return 0
     remote.check_reachable(found)  # an unreachable host is an error before anything starts
     if spec.timeline:
-        from .launch.timeline import ensure_folder
+        from .launch.timeline_flags import ensure_folder
 
         ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
 

@@ -3,7 +3,12 @@
 Precedence everywhere: a CLI flag or explicit argument > an ``HVDKIT_*`` variable > the default.
 """
 
+import argparse
+import math
 import os
+
+from .errors import ConfigError
+from .options import check_positive_int
 
 # Read by hvdkit.
 LOG_LEVEL = "HVDKIT_LOG_LEVEL"  # DEBUG, INFO (default), WARNING, ERROR
@@ -48,8 +53,102 @@ RANK_VARIABLES = (
     ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),  # srun
 )
 
+DEFAULT_MAX_RESTARTS = 0
+DEFAULT_LOG_LEVEL = "INFO"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+OMP_NUM_THREADS = "OMP_NUM_THREADS"  # OpenMP's own; hvdkit reads it after NUM_THREADS
+
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}
+
+
+class Kind:
+    """How to read one setting from text: ``parse(text)`` gives the value or raises ValueError.
+
+    ``what`` completes "NAME must be ..." in the error.
+    """
+
+    def __init__(self, parse, what):
+        self.parse = parse
+        self.what = what
+
+
+def integer(minimum=0):
+    """The Kind of an integer >= ``minimum``."""
+
+    def parse(text):
+        value = int(text)
+        if value < minimum:
+            raise ValueError(value)
+        return value
+
+    return Kind(parse, f"an integer >= {minimum}")
+
+
+def number(above=0.0, what=None):
+    """The Kind of a finite number > ``above``."""
+
+    def parse(text):
+        value = float(text)
+        if not math.isfinite(value) or value <= above:
+            raise ValueError(value)
+        return value
+
+    return Kind(parse, what or f"a finite number > {above:g}")
+
+
+def choice(choices, upper=False):
+    """The Kind of one of ``choices`` (compared in upper case when ``upper``)."""
+
+    def parse(text):
+        value = text.upper() if upper else text
+        if value not in choices:
+            raise ValueError(value)
+        return value
+
+    return Kind(parse, f"one of {', '.join(choices)}")
+
+
+SECONDS = number(0.0, "a positive number of seconds")
+POSITIVE_INT = integer(1)
+
+
+def _raw(name, environ):
+    return (environ if environ is not None else os.environ).get(name, "").strip()
+
+
+def read(name, kind, default=None, environ=None):
+    """The value of variable ``name`` read as ``kind``, or ``default`` when it is unset or empty.
+
+    Raises ConfigError naming the variable, its text and the fix.
+    """
+    raw = _raw(name, environ)
+    if not raw:
+        return default
+    try:
+        return kind.parse(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be {kind.what} (got {raw!r}); fix or unset it") from None
+
+
+def read_int(name, default, minimum=0, environ=None):
+    """An integer >= ``minimum`` from variable ``name``, or ``default`` when unset."""
+    return read(name, integer(minimum), default, environ)
+
+
+def read_float(name, default, above=0.0, environ=None):
+    """A finite number > ``above`` from variable ``name``, or ``default`` when unset."""
+    return read(name, number(above), default, environ)
+
+
+def read_choice(name, choices, default, upper=False, environ=None):
+    """One of ``choices`` from variable ``name``, or ``default`` when unset."""
+    return read(name, choice(choices, upper), default, environ)
+
+
+def seconds(name, default, environ=None):
+    """A positive number of seconds from variable ``name``, or ``default`` when unset."""
+    return read(name, SECONDS, default, environ)
 
 
 def flag(name, default=None, environ=None):
@@ -57,9 +156,7 @@ def flag(name, default=None, environ=None):
 
     Raises ConfigError for any other value.
     """
-    from .errors import ConfigError
-
-    raw = (environ if environ is not None else os.environ).get(name, "").strip().lower()
+    raw = _raw(name, environ).lower()
     if raw in ("", "auto"):
         return default
     if raw in _TRUE:
@@ -69,20 +166,64 @@ def flag(name, default=None, environ=None):
     raise ConfigError(f"{name} must be one of 1/on, 0/off or auto (got {raw!r}); fix or unset it")
 
 
-def seconds(name, default, environ=None):
-    """A positive number of seconds from variable ``name``, or ``default`` when unset."""
-    from .errors import ConfigError
+def num_threads(threads=None, local_size=1, cores=None, environ=None):
+    """Intra-op threads per rank: ``threads``, else HVDKIT_NUM_THREADS, else OMP_NUM_THREADS, else
+    cores / ``local_size`` (at least 1), so ranks sharing a host do not oversubscribe it.
 
-    raw = (environ if environ is not None else os.environ).get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise ConfigError(f"{name} must be a positive number of seconds (got {raw!r}); fix or unset it")
-    return value
+    The one rule for every framework. OMP_NUM_THREADS may be an OpenMP list ("4,2"): its first
+    entry counts.
+    Env: HVDKIT_NUM_THREADS, OMP_NUM_THREADS.
+    """
+    if threads is not None:
+        return check_positive_int("threads", threads)
+    n = read(NUM_THREADS, POSITIVE_INT, None, environ)
+    if n is None:
+        omp = _raw(OMP_NUM_THREADS, environ).split(",")[0].strip()
+        n = read(OMP_NUM_THREADS, POSITIVE_INT, None, {OMP_NUM_THREADS: omp})
+    if n is None:
+        cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        n = max(1, cores // max(1, local_size))
+    return n
+
+
+class FromEnv(argparse.Action):
+    """argparse action for an option with a variable: the flag wins, then the variable, then ``default``.
+
+        p.add_argument("--max-restarts", action=FromEnv, env_var=MAX_RESTARTS, kind=integer(0), default=0)
+
+    Values are read and checked by ``resolve(args)`` after parsing (so a bad variable is no error when
+    the flag is given): ConfigError names the flag or the variable and its value.
+    """
+
+    def __init__(self, option_strings, dest, env_var, kind, default=None, **kwargs):
+        super().__init__(option_strings, dest, default=_Pending(env_var, None, kind, default), **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, _Pending(option_string, values, self.default.kind, None))
+
+
+class _Pending:
+    """An option's value not read yet: the flag's text (``text`` not None) or the variable ``source``."""
+
+    def __init__(self, source, text, kind, default):
+        self.source, self.text, self.kind, self.default = source, text, kind, default
+
+    def value(self):
+        if self.text is None:
+            return read(self.source, self.kind, self.default)
+        try:
+            return self.kind.parse(self.text.strip())
+        except ValueError as e:
+            got = e.args[0] if e.args and not isinstance(e.args[0], str) else self.text
+            raise ConfigError(f"{self.source} must be {self.kind.what} (got {got!r})") from None
+
+
+def resolve(args):
+    """Replace every ``FromEnv`` option of the parsed ``args`` by its value (flag > variable > default)."""
+    for dest, value in vars(args).items():
+        if isinstance(value, _Pending):
+            setattr(args, dest, value.value())
+    return args
 
 
 def stall_settings(environ=None):

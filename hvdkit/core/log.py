@@ -1,7 +1,6 @@
 """Rank-prefixed logging: ``[rank 1/2] hvdkit.checkpoint: saved step 40``."""
 
 import logging
-import os
 import sys
 
 from . import env as _env
@@ -33,7 +32,7 @@ def configure(level=None, stream=None):
     Env: HVDKIT_LOG_LEVEL (default INFO).
     """
     logger = logging.getLogger(_ROOT)
-    level = level or os.environ.get(_env.LOG_LEVEL, "INFO").upper()
+    level = level or _env.read_choice(_env.LOG_LEVEL, _env.LOG_LEVELS, _env.DEFAULT_LOG_LEVEL, upper=True)
     logger.setLevel(level)
     if _state["handler"] is None:
         handler = logging.StreamHandler(stream or sys.stderr)

@@ -4,7 +4,14 @@ import math
 
 from .errors import ConfigError
 
-__all__ = ["COMPRESSIONS", "check_compression", "check_number_above", "check_positive_int"]
+__all__ = [
+    "COMPRESSIONS",
+    "check_compression",
+    "check_int_at_least",
+    "check_number_above",
+    "check_number_at_least",
+    "check_positive_int",
+]
 
 COMPRESSIONS = ("none", "fp16")
 
@@ -21,15 +28,38 @@ def check_compression(value):
     return value
 
 
-def check_positive_int(name, value):
-    """``value`` if it is an int >= 1, else ConfigError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1 (got {value!r})")
+def _hint(hint):
+    return f"; {hint}" if hint else ""
+
+
+def check_int_at_least(name, value, minimum=0, hint=""):
+    """``value`` if it is an int >= ``minimum`` (not a bool), else ConfigError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum} (got {value!r}){_hint(hint)}")
     return value
 
 
-def check_number_above(name, value, bound=0.0, hint=""):
-    """``value`` as a float if it is a finite number > ``bound``, else ConfigError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= bound:
-        raise ConfigError(f"{name} must be a finite number > {bound:g} (got {value!r}){'; ' + hint if hint else ''}")
+def check_positive_int(name, value, hint=""):
+    """``value`` if it is an int >= 1 (not a bool), else ConfigError naming ``name``."""
+    return check_int_at_least(name, value, 1, hint)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_number_above(name, value, bound=0.0, hint="", what=None):
+    """``value`` as a float if it is a finite number > ``bound`` (not a bool), else ConfigError naming ``name``.
+
+    ``what`` replaces "a finite number > bound" in the message.
+    """
+    if not _is_number(value) or value <= bound:
+        raise ConfigError(f"{name} must be {what or f'a finite number > {bound:g}'} (got {value!r}){_hint(hint)}")
+    return float(value)
+
+
+def check_number_at_least(name, value, bound=0.0, hint=""):
+    """``value`` as a float if it is a finite number >= ``bound`` (not a bool), else ConfigError naming ``name``."""
+    if not _is_number(value) or value < bound:
+        raise ConfigError(f"{name} must be a finite number >= {bound:g} (got {value!r}){_hint(hint)}")
     return float(value)

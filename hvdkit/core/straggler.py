@@ -37,10 +37,15 @@ from dataclasses import asdict, dataclass
 from . import env as _env
 from .errors import ConfigError
 from .log import get_logger
+from .options import check_number_above, check_number_at_least
 
 __all__ = ["RankTiming", "StragglerMonitor", "StragglerReport", "build_report", "straggler_threshold"]
 
 _log = get_logger("straggler")
+
+
+_THRESHOLD = "a finite number > 1.0, the slowdown above which a rank is a straggler"
+_THRESHOLD_HINT = "e.g. 1.2 reports a rank 20% slower than the others"
 
 
 def straggler_threshold(value=None, environ=None):
@@ -49,22 +54,10 @@ def straggler_threshold(value=None, environ=None):
     It must be a finite number > 1.0 (the slowdown above which a rank is reported).
     Env: HVDKIT_STRAGGLER_THRESHOLD.
     """
-    source = "threshold"
     if value is None:
-        raw = (environ if environ is not None else os.environ).get(_env.STRAGGLER_THRESHOLD, "").strip()
-        if not raw:
-            return _env.DEFAULT_STRAGGLER_THRESHOLD
-        source = _env.STRAGGLER_THRESHOLD
-        try:
-            value = float(raw)
-        except ValueError:
-            value = raw
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1.0:
-        raise ConfigError(
-            f"{source} must be a finite number > 1.0, the slowdown above which a rank is a straggler "
-            f"(got {value!r}); e.g. 1.2 reports a rank 20% slower than the others"
-        )
-    return float(value)
+        kind = _env.number(1.0, _THRESHOLD)
+        return _env.read(_env.STRAGGLER_THRESHOLD, kind, _env.DEFAULT_STRAGGLER_THRESHOLD, environ)
+    return check_number_above("threshold", value, 1.0, _THRESHOLD_HINT, what=_THRESHOLD)
 
 
 @dataclass(frozen=True)
@@ -220,8 +213,7 @@ class StragglerMonitor:
 
     def record(self, seconds):
         """Record one step's time measured elsewhere, in seconds."""
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
-            raise ConfigError(f"a step time must be a finite number of seconds >= 0 (got {seconds!r})")
+        check_number_at_least("a step time", seconds, 0.0, "seconds measured with a monotonic clock")
         self._times.append(float(seconds))
 
     def local_timing(self):

@@ -1,7 +1,5 @@
 """Starting Horovod for TensorFlow and asking where this process sits."""
 
-import os
-
 import tensorflow as tf
 
 from ..core import env as _env
@@ -18,10 +16,9 @@ _logger = _log.get_logger("tensorflow")
 def _on_start(topo, hvd, threads):
     """TensorFlow's intra-op threads per rank = cores / local size (if TensorFlow has not started yet).
 
-    Env: HVDKIT_NUM_THREADS or OMP_NUM_THREADS override the default.
+    Env: HVDKIT_NUM_THREADS, else OMP_NUM_THREADS, override the default (``hvdkit.core.env.num_threads``).
     """
-    explicit = threads or os.environ.get(_env.NUM_THREADS) or os.environ.get("OMP_NUM_THREADS")
-    n = int(explicit) if explicit else max(1, len(os.sched_getaffinity(0)) // topo.local_size)
+    n = _env.num_threads(threads, topo.local_size)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(n)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, n)))

@@ -1,7 +1,5 @@
 """Starting Horovod for PyTorch and asking where this process sits."""
 
-import os
-
 import torch
 
 from ..core import env as _env
@@ -18,13 +16,9 @@ _logger = _log.get_logger("torch")
 def _on_start(topo, hvd, threads):
     """Intra-op threads per rank = cores / local size, so ranks sharing a host do not oversubscribe it.
 
-    Env: HVDKIT_NUM_THREADS or OMP_NUM_THREADS override the default.
+    Env: HVDKIT_NUM_THREADS, else OMP_NUM_THREADS, override the default (``hvdkit.core.env.num_threads``).
     """
-    explicit = threads or os.environ.get(_env.NUM_THREADS)
-    if explicit:
-        torch.set_num_threads(int(explicit))
-    elif "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // topo.local_size))
+    torch.set_num_threads(_env.num_threads(threads, topo.local_size))
     if topo.is_rank0:
         controller = "MPI" if hvd.mpi_enabled() else "Gloo"
         _logger.info("%d rank(s) over %s; torch %s, %d thread(s) per rank", topo.size, controller, torch.__version__, torch.get_num_threads())
