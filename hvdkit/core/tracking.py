@@ -6,238 +6,29 @@
     tracker.close()                              # or: with Tracker(...) as tracker:
 
 Only rank 0 writes; other ranks check their inputs alike and do nothing else. Metrics must already
-be averaged over ranks. The event-file writer is ours: TensorBoard's imports TensorFlow on its first
-write (seconds and hundreds of MB in a torch job); only ``tensorboard``'s protobuf classes are used.
-MLflow is driven through ``MlflowClient``, never the fluent global run, so a user's own
-``mlflow.start_run`` is left alone. Both are imported at first use.
+be averaged over ranks. The writers live in their own modules: ``tensorboard_events`` (event files
+without TensorFlow, framed by ``tfrecord``) and ``mlflow_store`` (``MlflowClient``, never the fluent
+global run); each imports its package at first use.
 """
 
 import atexit
-import contextlib
-import logging
 import math
 import operator
 import os
-import socket
-import struct
 import sys
-import time
 from collections.abc import Mapping
-from types import SimpleNamespace
-from urllib.parse import urlparse
 
-from . import env as _env
-from .errors import ConfigError, MissingDependencyError
+from .errors import ConfigError
 from .log import get_logger
+from .mlflow_store import MlflowRun, resolve_mlflow_uri
+from .tensorboard_events import TensorBoardWriter
+from .tfrecord import crc32c, masked_crc32c
 
 __all__ = ["BACKENDS", "Tracker", "TensorBoardWriter", "MlflowRun", "crc32c", "masked_crc32c",
            "resolve_mlflow_uri", "tracker_for"]
 
 BACKENDS = ("tensorboard", "mlflow")
-_INSTALL = "run `make setup`, or `pip install tensorboard mlflow-skinny sqlalchemy alembic`"
 _log = get_logger("tracking")
-
-
-def _make_crc32c_table(poly=0x82F63B78):  # Castagnoli, bit-reflected
-    def entry(crc):
-        for _ in range(8):
-            crc = (crc >> 1) ^ poly if crc & 1 else crc >> 1
-        return crc
-
-    return tuple(entry(byte) for byte in range(256))
-
-
-_CRC32C_TABLE = _make_crc32c_table()
-
-
-def crc32c(data, crc=0):
-    """CRC-32C (Castagnoli) of ``data``, continuing from ``crc``; ``crc32c(b"123456789") == 0xE3069283``."""
-    crc ^= 0xFFFFFFFF
-    table = _CRC32C_TABLE
-    for byte in bytes(data):
-        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked_crc32c(data):
-    """The masked CRC-32C that TFRecord framing stores (a CRC of data holding CRCs stays useful)."""
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _record(data):
-    """One TFRecord: length, masked CRC of the length, the data, masked CRC of the data."""
-    header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
-
-
-def _import(what):
-    """The modules a backend needs, imported now; MissingDependencyError saying how to get them."""
-    try:
-        if what == "tensorboard":
-            from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
-            from tensorboard.plugins.hparams import plugin_data_pb2
-
-            return SimpleNamespace(event=event_pb2, summary=summary_pb2, tensor=tensor_pb2, shape=tensor_shape_pb2,
-                                   types=types_pb2, hparams=plugin_data_pb2)
-        from mlflow.entities import Metric, Param
-        from mlflow.tracking import MlflowClient
-
-        return SimpleNamespace(client=MlflowClient, metric=Metric, param=Param)
-    except ImportError as e:
-        raise MissingDependencyError(f"the {what} tracking backend needs {e.name or what}; {_INSTALL}") from e
-
-
-@contextlib.contextmanager
-def _quiet(*names):
-    """Raise some loggers to WARNING for a while (MLflow logs INFO lines while creating its tables)."""
-    saved = [(lg, lg.level) for lg in map(logging.getLogger, names)]
-    for lg, _ in saved:
-        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
-    try:
-        yield
-    finally:
-        for lg, level in saved:
-            lg.setLevel(level)
-
-
-def _cell(value):
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _markdown_table(params):
-    rows = [f"| {_cell(k)} | {_cell(v)} |" for k, v in sorted(params.items())]
-    return "\n".join(["| parameter | value |", "|---|---|", *rows])
-
-
-class TensorBoardWriter:
-    """Writes one TensorBoard event file: scalars as ``simple_value``, parameters as text and hparams.
-
-    Parameters go in at the first ``add_scalars`` or at ``close`` (TensorBoard's hparams plugin
-    reads one session start per run): a Markdown table under the tag ``params`` and the hparams
-    plugin's session start, so runs can be compared in its table. Rank 0's job; no collective.
-    """
-
-    def __init__(self, log_dir):
-        self._pb = _import("tensorboard")
-        os.makedirs(log_dir, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.hvdkit"
-        self.path = os.path.join(log_dir, name)
-        self._file = open(self.path, "wb")  # noqa: SIM115 - open until close()
-        self._params, self._params_dirty, self._session_started = {}, False, False
-        self._write_event(file_version="brain.Event:2")
-        self._file.flush()
-
-    def _write_event(self, **fields):
-        self._file.write(_record(self._pb.event.Event(wall_time=time.time(), **fields).SerializeToString()))
-
-    def _write(self, step, values):
-        self._write_event(step=step, summary=self._pb.summary.Summary(value=values))
-
-    def _plugin_value(self, tag, plugin, content, tensor):
-        pb = self._pb.summary
-        meta = pb.SummaryMetadata(plugin_data=pb.SummaryMetadata.PluginData(plugin_name=plugin, content=content))
-        return pb.Summary.Value(tag=tag, metadata=meta, tensor=tensor)
-
-    def _hparams_value(self, tag, **fields):
-        pb = self._pb
-        empty = pb.shape.TensorShapeProto(dim=[pb.shape.TensorShapeProto.Dim(size=0)])  # TensorBoard's null tensor
-        content = pb.hparams.HParamsPluginData(version=0, **fields).SerializeToString()
-        return self._plugin_value(tag, "hparams", content, pb.tensor.TensorProto(dtype=pb.types.DT_FLOAT, tensor_shape=empty))
-
-    def add_params(self, params):
-        """Remember parameters; they are written with the next scalars (or at ``close``)."""
-        self._params.update(params)
-        self._params_dirty = True
-
-    def _flush_params(self, step):
-        if not self._params_dirty:
-            return
-        pb = self._pb
-        text = pb.tensor.TensorProto(dtype=pb.types.DT_STRING, string_val=[_markdown_table(self._params).encode()])
-        values = [self._plugin_value("params", "text", b"", text)]
-        if not self._session_started:
-            start = pb.hparams.SessionStartInfo(start_time_secs=time.time())
-            for k, v in self._params.items():
-                if isinstance(v, bool):
-                    start.hparams[k].bool_value = v
-                elif isinstance(v, (int, float)) and math.isfinite(v):
-                    start.hparams[k].number_value = v
-                else:
-                    start.hparams[k].string_value = str(v)
-            values.append(self._hparams_value("_hparams_/session_start_info", session_start_info=start))
-            self._session_started = True
-        self._write(step, values)
-        self._params_dirty = False
-
-    def add_scalars(self, scalars, step):
-        """Write ``{tag: float}`` at ``step`` (float32 in the file, as TensorBoard stores scalars)."""
-        self._flush_params(step)
-        self._write(step, [self._pb.summary.Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()])
-        self._file.flush()
-
-    def close(self, failed=False):
-        """Write pending parameters and the session's end (success or failure), then close the file."""
-        if self._file.closed:
-            return
-        self._flush_params(0)
-        if self._session_started:
-            status = 2 if failed else 1  # tensorboard.hparams.Status: STATUS_FAILURE, STATUS_SUCCESS
-            end = self._pb.hparams.SessionEndInfo(status=status, end_time_secs=time.time())
-            self._write(0, [self._hparams_value("_hparams_/session_end_info", session_end_info=end)])
-        self._file.close()
-
-
-def resolve_mlflow_uri(log_dir, uri=None, environ=None):
-    """The MLflow tracking URI: ``uri``, else MLFLOW_TRACKING_URI, else ``sqlite:///<log_dir>/mlflow.db``.
-
-    MLflow 3 refuses its old file store (``file:`` URIs, plain paths) unless
-    MLFLOW_ALLOW_FILE_STORE is true; ``MlflowRun`` sets it for such a URI when it is unset.
-    Env: MLFLOW_TRACKING_URI.
-    """
-    environ = os.environ if environ is None else environ
-    uri = uri or environ.get(_env.MLFLOW_TRACKING_URI)
-    return uri or f"sqlite:///{os.path.abspath(os.path.join(log_dir, 'mlflow.db'))}"
-
-
-class MlflowRun:
-    """One MLflow run through ``MlflowClient`` (the fluent ``mlflow.active_run`` stays untouched).
-
-    The default store is a SQLite file in ``log_dir`` (no server); artifacts of experiments created
-    here go to ``<log_dir>/mlartifacts``. Rank 0's job; no collective.
-    Env: MLFLOW_TRACKING_URI (read); MLFLOW_ALLOW_FILE_STORE (set to true for a ``file:`` URI).
-    """
-
-    def __init__(self, log_dir, uri=None, experiment="hvdkit", run_name=None):
-        self._ml = _import("mlflow")
-        self.uri = resolve_mlflow_uri(log_dir, uri)
-        if urlparse(self.uri).scheme in ("", "file"):
-            os.environ.setdefault(_env.MLFLOW_ALLOW_FILE_STORE, "true")
-        if self.uri.startswith("sqlite:///"):
-            os.makedirs(os.path.dirname(self.uri[len("sqlite:///") :]) or ".", exist_ok=True)
-        try:
-            with _quiet("mlflow", "alembic"):  # the store (and SQLite's tables) is made on first use
-                self._client = self._ml.client(tracking_uri=self.uri)
-                exp = self._client.get_experiment_by_name(experiment)
-                if exp is None:
-                    artifacts = os.path.abspath(os.path.join(log_dir, "mlartifacts"))
-                    exp_id = self._client.create_experiment(experiment, artifact_location=artifacts)
-                else:
-                    exp_id = exp.experiment_id
-                self.run_id = self._client.create_run(exp_id, run_name=run_name).info.run_id
-        except ImportError as e:  # sqlalchemy or alembic, imported by the SQL store
-            raise MissingDependencyError(f"the MLflow store {self.uri!r} needs {e.name}; {_INSTALL}") from e
-
-    def log_params(self, params):
-        """Record parameters (MLflow keeps them as strings and never changes them)."""
-        self._client.log_batch(self.run_id, params=[self._ml.param(k, str(v)) for k, v in params.items()])
-
-    def log_metrics(self, metrics, step):
-        now = int(time.time() * 1000)
-        self._client.log_batch(self.run_id, metrics=[self._ml.metric(k, v, now, step) for k, v in metrics.items()])
-
-    def close(self, failed=False):
-        self._client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
 
 
 def _check_backends(backends):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..core import env as _env
 from .hosts import format_hosts, is_local
 from .spec import JobSpec
-from .timeline import MARK_CYCLES, TIMELINE
+from .timeline_flags import MARK_CYCLES, TIMELINE
 
 __all__ = ["Plan", "build", "find_tool", "FORWARDED"]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError
 from .hosts import Host, check_slots
-from .timeline import timeline_path
+from .timeline_flags import timeline_path
 
 __all__ = ["JobSpec", "CONTROLLERS", "parse_env_vars"]
 

@@ -22,14 +22,12 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 
-from ..core import env as _env
-from ..core.errors import ConfigError, MissingDependencyError
+from ..core.errors import ConfigError
+from .timeline_flags import MARK_CYCLES, TIMELINE, ensure_folder, timeline_path
 
 __all__ = ["TIMELINE", "MARK_CYCLES", "CATEGORIES", "TensorStats", "Summary", "timeline_path", "ensure_folder",
            "parse", "summarise", "format_summary", "write_json", "plot"]
 
-TIMELINE = _env.HOROVOD_TIMELINE  # the file rank 0 writes
-MARK_CYCLES = _env.HOROVOD_TIMELINE_MARK_CYCLES  # "1": a CYCLE_START record per Horovod cycle
 COMM_PREFIXES = ("MPI_", "GLOO_", "NCCL_", "CCL_", "DDL_")  # activities that move data between ranks
 OTHER = "(other)"  # time inside an operation that no activity covers
 # The span is split in this order of precedence: an instant counts for the first that applies.
@@ -42,33 +40,6 @@ _LABELS = {
 }
 _DTYPE_BYTES = {"uint8": 1, "int8": 1, "bool": 1, "uint16": 2, "int16": 2, "float16": 2, "bfloat16": 2,
                 "int32": 4, "float32": 4, "int64": 8, "float64": 8}
-
-
-def timeline_path(path):
-    """``path`` made absolute, once its folder exists or could be created; ConfigError otherwise."""
-    if not isinstance(path, str) or not path.strip():
-        raise ConfigError(f"--timeline needs a file name, e.g. --timeline out/timeline.json (got {path!r})")
-    full = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(full):
-        raise ConfigError(f"--timeline {path!r} is a directory; give a file in it, e.g. {os.path.join(path, 'timeline.json')}")
-    folder = probe = os.path.dirname(full)
-    while not os.path.exists(probe):  # the nearest existing ancestor decides whether mkdir -p can work
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        why = "is not a directory" if not os.path.isdir(probe) else "is not writable"
-        raise ConfigError(f"--timeline {path!r}: folder {folder!r} cannot be created or written ({probe!r} {why}); "
-                          "choose a path in a writable folder")
-    if os.path.exists(full) and not os.access(full, os.W_OK):
-        raise ConfigError(f"--timeline {path!r}: the file exists and is not writable; remove it or choose another path")
-    return full
-
-
-def ensure_folder(path):
-    """Create the folder of ``path``: Horovod skips the timeline with only a log line when it is missing."""
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"cannot create the folder of timeline {path!r}: {e.strerror}; choose another path") from None
 
 
 def parse(path):
@@ -311,7 +282,8 @@ def _readiness(ticks_of, same_cycle_us):
     }
 
 
-def _ms(us):
+def format_ms(us):
+    """Microseconds as milliseconds with two decimals, as the reports print them."""
     return f"{us / 1000:.2f}"
 
 
@@ -326,7 +298,7 @@ def format_summary(s, top=10):
     """A plain-text report of Summary ``s``: the span breakdown, the ``top`` tensors, readiness."""
     ops = sum(t.ops for t in s.tensors)
     lines = [f"Horovod timeline {s.path} (written by rank 0): {len(s.tensors)} tensors, {ops} operations, "
-             f"span {_ms(s.span_us)} ms" + (f", {s.cycles} cycles marked" if s.cycles else "")]
+             f"span {format_ms(s.span_us)} ms" + (f", {s.cycles} cycles marked" if s.cycles else "")]
     if s.truncated:
         lines.append("note: the file is cut off mid-record (rank 0 stopped while writing); read up to the cut")
     if s.unfinished:
@@ -334,15 +306,15 @@ def format_summary(s, top=10):
                      "still queued when it shuts down, so the last operations of a job often lack their end)")
     lines.append("where the span went (each instant counted once, in this order):")
     for c in CATEGORIES:
-        lines.append(f"  {_LABELS[c]:<50} {_ms(s.breakdown[c]):>10} ms {100 * s.fractions[c]:6.1f}%")
+        lines.append(f"  {_LABELS[c]:<50} {format_ms(s.breakdown[c]):>10} ms {100 * s.fractions[c]:6.1f}%")
     shown = s.tensors[:top]
     lines.append(f"top {len(shown)} of {len(s.tensors)} tensors by time in operations (ms; fused tensors share time):")
     width = max([len(t.name) for t in shown] + [6])
     lines.append(f"  {'tensor':<{width}} {'ops':>5} {'size':>10} {'negotiate':>10} {'op total':>10}  activities")
     for t in shown:
-        acts = ", ".join(f"{k} {_ms(v)}" for k, v in sorted(t.activities.items(), key=lambda kv: -kv[1]))
-        lines.append(f"  {t.name:<{width}} {t.ops:>5} {_size(t.bytes):>10} {_ms(t.negotiate_us):>10} "
-                     f"{_ms(t.op_us):>10}  {acts}")
+        acts = ", ".join(f"{k} {format_ms(v)}" for k, v in sorted(t.activities.items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {t.name:<{width}} {t.ops:>5} {_size(t.bytes):>10} {format_ms(t.negotiate_us):>10} "
+                     f"{format_ms(t.op_us):>10}  {acts}")
     big = s.largest(top)
     if big:
         lines.append("largest tensors: " + ", ".join(f"{t.name} {_size(t.bytes)}" for t in big))
@@ -360,7 +332,7 @@ def _readiness_lines(rd):
     for r in rd["ranks"]:
         n = rd["last"][str(r)]
         lines.append(f"  rank {r} was ready last {n} time{'s' * (n != 1)} (the first-ready rank waited "
-                     f"{_ms(rd['late_us'][str(r)])} ms in all)")
+                     f"{format_ms(rd['late_us'][str(r)])} ms in all)")
     lines.append(f"  every rank ready within {rd['same_cycle_us']} us (the same cycle): {rd['together']} times")
     return lines
 
@@ -375,39 +347,7 @@ def write_json(summary, out, top=10):
 
 
 def plot(summary, out, top=10):
-    """Write a PNG: stacked activity times per top tensor, and the breakdown of the span."""
-    try:
-        import matplotlib
+    """Write a PNG: stacked activity times per top tensor, and the breakdown of the span (needs matplotlib)."""
+    from .timeline_plot import plot_summary
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingDependencyError("--plot needs matplotlib: pip install matplotlib (or hvdkit[bench])") from None
-    shown = summary.tensors[:top][::-1]  # matplotlib draws the first bar at the bottom
-    names = sorted({a for t in shown for a in t.activities}, key=lambda a: (a == OTHER, a))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 2.5 + 0.45 * max(len(shown), 4)),
-                                      gridspec_kw={"width_ratios": [3, 1]})
-    segments = [("negotiation", [t.negotiate_us / 1000 for t in shown])]
-    segments += [(a, [t.activities.get(a, 0) / 1000 for t in shown]) for a in names]
-    base = [0.0] * len(shown)
-    for label, widths in segments:
-        left.barh([t.name for t in shown], widths, left=base, label=label)
-        base = [b + w for b, w in zip(base, widths)]
-    left.set_xlabel("ms (per tensor; fused tensors share time)")
-    left.set_title(f"top {len(shown)} tensors: negotiation and operation activities")
-    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
-    bottom = 0.0
-    for c in CATEGORIES:
-        share = 100 * summary.fractions[c]
-        right.bar(["span"], [share], bottom=bottom, label=f"{c} {share:.1f}%")
-        bottom += share
-    right.set_ylabel(f"% of span ({_ms(summary.span_us)} ms)")
-    right.set_title("where the span went")
-    right.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=100)
-    except OSError as e:
-        raise ConfigError(f"cannot write --plot {out!r}: {e.strerror}; choose a writable path") from None
-    finally:
-        plt.close(fig)
+    plot_summary(summary, out, top)
