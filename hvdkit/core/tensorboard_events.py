@@ -1,8 +1,9 @@
 """TensorBoard event files written without TensorFlow: scalars, a parameter table and hparams sessions.
 
 TensorBoard's own writer imports TensorFlow on its first write (seconds and hundreds of MB in a
-torch job); this one uses only ``tensorboard``'s protobuf classes, imported when a writer is made,
-and frames each event with ``tfrecord.frame_record``.
+torch job); this one uses only ``tensorboard``'s protobuf classes and its TensorFlow-free hparams and
+text plugin metadata helpers, imported when a writer is made, and frames each event with
+``tfrecord.frame_record`` (the bytes are those TensorBoard's ``RecordWriter`` would write).
 """
 
 import math
@@ -22,13 +23,15 @@ _INSTALL = "run `make setup`, or `pip install tensorboard mlflow-skinny sqlalche
 def _protos():
     """TensorBoard's protobuf modules, imported now; MissingDependencyError saying how to get them."""
     try:
-        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+        from tensorboard.plugins.hparams import metadata as hparams_metadata
         from tensorboard.plugins.hparams import plugin_data_pb2
+        from tensorboard.plugins.text import metadata as text_metadata
     except ImportError as e:
         missing = e.name or "tensorboard"
         raise MissingDependencyError(f"the tensorboard tracking backend needs {missing}; {_INSTALL}") from e
-    return SimpleNamespace(event=event_pb2, summary=summary_pb2, tensor=tensor_pb2, shape=tensor_shape_pb2,
-                           types=types_pb2, hparams=plugin_data_pb2)
+    return SimpleNamespace(event=event_pb2, summary=summary_pb2, tensor=tensor_pb2, types=types_pb2,
+                           hparams=plugin_data_pb2, hparams_meta=hparams_metadata, text_meta=text_metadata)
 
 
 def _cell(value):
@@ -64,16 +67,11 @@ class TensorBoardWriter:
     def _write(self, step, values):
         self._write_event(step=step, summary=self._pb.summary.Summary(value=values))
 
-    def _plugin_value(self, tag, plugin, content, tensor):
-        pb = self._pb.summary
-        meta = pb.SummaryMetadata(plugin_data=pb.SummaryMetadata.PluginData(plugin_name=plugin, content=content))
-        return pb.Summary.Value(tag=tag, metadata=meta, tensor=tensor)
-
     def _hparams_value(self, tag, **fields):
-        pb = self._pb
-        empty = pb.shape.TensorShapeProto(dim=[pb.shape.TensorShapeProto.Dim(size=0)])  # TensorBoard's null tensor
-        content = pb.hparams.HParamsPluginData(version=0, **fields).SerializeToString()
-        return self._plugin_value(tag, "hparams", content, pb.tensor.TensorProto(dtype=pb.types.DT_FLOAT, tensor_shape=empty))
+        """A session start or end for the hparams plugin, through TensorBoard's own (TensorFlow-free) metadata."""
+        meta = self._pb.hparams_meta
+        data = meta.create_summary_metadata(self._pb.hparams.HParamsPluginData(**fields))
+        return self._pb.summary.Summary.Value(tag=tag, metadata=data, tensor=meta.NULL_TENSOR)
 
     def add_params(self, params):
         """Remember parameters; they are written with the next scalars (or at ``close``)."""
@@ -85,7 +83,8 @@ class TensorBoardWriter:
             return
         pb = self._pb
         text = pb.tensor.TensorProto(dtype=pb.types.DT_STRING, string_val=[_markdown_table(self._params).encode()])
-        values = [self._plugin_value("params", "text", b"", text)]
+        text_meta = self._pb.text_meta.create_summary_metadata(display_name="", description="")
+        values = [pb.summary.Summary.Value(tag="params", metadata=text_meta, tensor=text)]
         if not self._session_started:
             start = pb.hparams.SessionStartInfo(start_time_secs=time.time())
             for k, v in self._params.items():
@@ -95,7 +94,7 @@ class TensorBoardWriter:
                     start.hparams[k].number_value = v
                 else:
                     start.hparams[k].string_value = str(v)
-            values.append(self._hparams_value("_hparams_/session_start_info", session_start_info=start))
+            values.append(self._hparams_value(pb.hparams_meta.SESSION_START_INFO_TAG, session_start_info=start))
             self._session_started = True
         self._write(step, values)
         self._params_dirty = False
@@ -114,5 +113,6 @@ class TensorBoardWriter:
         if self._session_started:
             status = 2 if failed else 1  # tensorboard.hparams.Status: STATUS_FAILURE, STATUS_SUCCESS
             end = self._pb.hparams.SessionEndInfo(status=status, end_time_secs=time.time())
-            self._write(0, [self._hparams_value("_hparams_/session_end_info", session_end_info=end)])
+            tag = self._pb.hparams_meta.SESSION_END_INFO_TAG
+            self._write(0, [self._hparams_value(tag, session_end_info=end)])
         self._file.close()
