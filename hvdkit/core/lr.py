@@ -17,7 +17,7 @@ The framework adapters (``hvdkit.torch.scale_lr``, ``hvdkit.keras.scaled_lr``,
 import math
 
 from .errors import ConfigError
-from .options import check_number_above
+from .options import check_int_at_least, check_number_above, check_number_at_least, check_positive_int
 
 __all__ = ["RULES", "check_rule", "check_warmup_steps", "lr_scale", "scaled_lr", "warmup_factor"]
 
@@ -36,9 +36,7 @@ def check_rule(rule):
 
 def check_warmup_steps(warmup_steps, what="warmup_steps"):
     """``warmup_steps`` if it is an int >= 0, else ConfigError naming ``what``."""
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ConfigError(f"{what} must be an integer >= 0 (got {warmup_steps!r}); 0 means no warmup")
-    return warmup_steps
+    return check_int_at_least(what, warmup_steps, 0, "0 means no warmup")
 
 
 def lr_scale(size, rule="linear"):
@@ -48,8 +46,7 @@ def lr_scale(size, rule="linear"):
     (4.0, 2.0, 1.0)
     """
     check_rule(rule)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"size must be an integer >= 1, the number of ranks (got {size!r})")
+    check_positive_int("size", size, what="an integer >= 1, the number of ranks")
     if rule == "linear":
         return float(size)
     if rule == "sqrt":
@@ -76,8 +73,7 @@ def warmup_factor(step, warmup_steps, scale):
     """
     check_warmup_steps(warmup_steps)
     scale = check_number_above("scale", scale)
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not step >= 0:
-        raise ConfigError(f"step must be a number >= 0, the count of optimizer steps taken (got {step!r})")
+    check_number_at_least("step", step, what="a number >= 0, the count of optimizer steps taken")
     if warmup_steps == 0 or step >= warmup_steps:
         return scale
     return 1.0 + (scale - 1.0) * step / warmup_steps

@@ -32,16 +32,19 @@ def _hint(hint):
     return f"; {hint}" if hint else ""
 
 
-def check_int_at_least(name, value, minimum=0, hint=""):
-    """``value`` if it is an int >= ``minimum`` (not a bool), else ConfigError naming ``name``."""
+def check_int_at_least(name, value, minimum=0, hint="", what=None):
+    """``value`` if it is an int >= ``minimum`` (not a bool), else ConfigError naming ``name``.
+
+    ``what`` replaces "an integer >= minimum" in the message; ``hint`` ends it.
+    """
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum} (got {value!r}){_hint(hint)}")
+        raise ConfigError(f"{name} must be {what or f'an integer >= {minimum}'} (got {value!r}){_hint(hint)}")
     return value
 
 
-def check_positive_int(name, value, hint=""):
+def check_positive_int(name, value, hint="", what=None):
     """``value`` if it is an int >= 1 (not a bool), else ConfigError naming ``name``."""
-    return check_int_at_least(name, value, 1, hint)
+    return check_int_at_least(name, value, 1, hint, what)
 
 
 def _is_number(value):
@@ -58,8 +61,8 @@ def check_number_above(name, value, bound=0.0, hint="", what=None):
     return float(value)
 
 
-def check_number_at_least(name, value, bound=0.0, hint=""):
+def check_number_at_least(name, value, bound=0.0, hint="", what=None):
     """``value`` as a float if it is a finite number >= ``bound`` (not a bool), else ConfigError naming ``name``."""
     if not _is_number(value) or value < bound:
-        raise ConfigError(f"{name} must be a finite number >= {bound:g} (got {value!r}){_hint(hint)}")
+        raise ConfigError(f"{name} must be {what or f'a finite number >= {bound:g}'} (got {value!r}){_hint(hint)}")
     return float(value)

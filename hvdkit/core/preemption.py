@@ -3,6 +3,8 @@
 import signal
 import threading
 
+from .options import check_positive_int
+
 __all__ = ["PreemptionGuard"]
 
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -27,7 +29,7 @@ class PreemptionGuard:
 
     def __init__(self, comm, every=1, signals=DEFAULT_SIGNALS):
         self.comm = comm
-        self.every = max(1, int(every))
+        self.every = check_positive_int("every", every, "1 checks at every call")
         self.received = None
         self.stopped = False
         self._calls = 0

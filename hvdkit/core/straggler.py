@@ -27,7 +27,6 @@ naming the rank, its host and the slowdown; otherwise an INFO line.
 
 import logging
 import math
-import os
 import socket
 import statistics
 import time
@@ -213,7 +212,7 @@ class StragglerMonitor:
 
     def record(self, seconds):
         """Record one step's time measured elsewhere, in seconds."""
-        check_number_at_least("a step time", seconds, 0.0, "seconds measured with a monotonic clock")
+        check_number_at_least("a step time", seconds, what="a finite number of seconds >= 0")
         self._times.append(float(seconds))
 
     def local_timing(self):

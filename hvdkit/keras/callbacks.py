@@ -7,6 +7,7 @@ from ..core.errors import ConfigError
 from ..core.log import get_logger
 from ..core.lr import check_rule, lr_scale
 from ..core.metrics import sum_states
+from ..core.options import check_int_at_least, check_number_above, check_positive_int
 from ..tensorflow.checkpoint import Checkpointer
 from ..tensorflow.runtime import communicator
 from ..tensorflow.variables import broadcast_variables
@@ -101,12 +102,8 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
     def __init__(self, initial_lr, warmup_epochs=5, verbose=0, rule="linear"):
         super().__init__()
-        if not isinstance(initial_lr, (int, float)) or initial_lr <= 0:
-            raise ConfigError(f"initial_lr must be a positive number (got {initial_lr!r})")
-        if not isinstance(warmup_epochs, int) or warmup_epochs < 0:
-            raise ConfigError(f"warmup_epochs must be an integer >= 0 (got {warmup_epochs!r})")
-        self.initial_lr = float(initial_lr)
-        self.warmup_epochs = warmup_epochs
+        self.initial_lr = check_number_above("initial_lr", initial_lr, what="a positive number")
+        self.warmup_epochs = check_int_at_least("warmup_epochs", warmup_epochs, 0)
         self.rule = check_rule(rule)
         self.verbose = verbose
         self._epoch = 0
@@ -151,8 +148,7 @@ class Checkpoint(keras.callbacks.Callback):
 
     def __init__(self, directory, model=None, keep=3, every=1):
         super().__init__()
-        if not isinstance(every, int) or every < 1:
-            raise ConfigError(f"every must be an integer >= 1 (got {every!r})")
+        check_positive_int("every", every)
         self.directory = directory
         self.keep = keep
         self.every = every

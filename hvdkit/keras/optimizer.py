@@ -1,7 +1,6 @@
 """A Keras 3 optimizer that really averages gradients over ranks; learning-rate scaling for it."""
 
 import itertools
-import math
 
 import keras
 import tensorflow as tf
@@ -9,7 +8,7 @@ import tensorflow as tf
 from ..core.errors import ConfigError
 from ..core.lr import check_warmup_steps, lr_scale
 from ..core.lr import scaled_lr as _scaled_lr
-from ..core.options import check_compression, check_positive_int
+from ..core.options import check_compression, check_number_above, check_positive_int
 from ..tensorflow.gradients import allreduce_gradients
 from ..tensorflow.runtime import communicator
 
@@ -154,12 +153,8 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, learning_rate, rule="linear", warmup_steps=0, size=None):
         if not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
-            ok = isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool)
-            if not ok or not math.isfinite(learning_rate) or learning_rate <= 0:
-                raise ConfigError(
-                    f"learning_rate must be a number > 0 or a keras LearningRateSchedule (got {learning_rate!r})"
-                )
-            learning_rate = float(learning_rate)
+            what = "a number > 0 or a keras LearningRateSchedule"
+            learning_rate = check_number_above("learning_rate", learning_rate, what=what)
         self.learning_rate = learning_rate
         self.rule = rule
         self.warmup_steps = check_warmup_steps(warmup_steps)

@@ -3,6 +3,7 @@
 import keras
 
 from ..core.log import get_logger
+from ..core.options import check_positive_int
 from ..core.progress import Progress
 from ..tensorflow.runtime import is_rank0, size
 
@@ -28,10 +29,8 @@ class ProgressBar(keras.callbacks.Callback):
 
     def __init__(self, batch_size=None, stream=None):
         super().__init__()
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            from ..core.errors import ConfigError
-
-            raise ConfigError(f"batch_size must be a positive integer, the per-rank batch (got {batch_size!r})")
+        if batch_size is not None:
+            check_positive_int("batch_size", batch_size, what="a positive integer, the per-rank batch")
         self.batch_size = batch_size
         self.stream = stream
         self._bar = None

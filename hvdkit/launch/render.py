@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from ..core.errors import ConfigError
+from ..core.options import check_positive_int
 from . import plan as _plan
 from .hosts import Host, check_slots, format_hosts, total_slots
 from .spec import JobSpec
@@ -48,9 +49,7 @@ def _default(value, fallback):
 
 
 def _count(value, flag):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{flag} must be an integer >= 1 (got {value!r})")
-    return value
+    return check_positive_int(flag, value)
 
 
 @dataclass(frozen=True)
