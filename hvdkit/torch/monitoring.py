@@ -1,7 +1,5 @@
 """Straggler reports for torch training loops (the logic is ``hvdkit.core.straggler``)."""
 
-import types
-
 from ..core.errors import ConfigError
 from ..core.straggler import StragglerMonitor as _Monitor
 from .runtime import communicator
@@ -35,16 +33,9 @@ def StragglerMonitor(threshold=None, name="train", optimizer=None):  # noqa: N80
 
 def _exclude_synchronize(optimizer, monitor):
     """Report the time of every ``optimizer.synchronize()`` to ``monitor`` as a wait."""
-    if not callable(getattr(optimizer, "synchronize", None)):
+    if not callable(getattr(optimizer, "add_synchronize_listener", None)):
         raise ConfigError(
             f"optimizer must be an hvdkit.torch.DistributedOptimizer (got {type(optimizer).__name__}); "
             "wrap it first: hk.DistributedOptimizer(opt, model=model)"
         )
-    synchronize = optimizer.synchronize  # Horovod's, or another monitor's timed one (they chain)
-
-    def timed_synchronize(self):
-        with monitor.waiting():
-            return synchronize()
-
-    # An instance attribute: Horovod's step() calls self.synchronize(), so it is timed too.
-    optimizer.synchronize = types.MethodType(timed_synchronize, optimizer)
+    optimizer.add_synchronize_listener(monitor.add_wait)

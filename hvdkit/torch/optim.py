@@ -1,10 +1,11 @@
 """Gradient averaging for torch optimizers, delegated to Horovod; clipping and LR scaling around it."""
 
 import math
+import time
 
 import torch
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, MissingDependencyError
 from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
 from ..core.options import check_compression, check_positive_int
 from ._engine import horovod_torch
@@ -39,6 +40,11 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       be reading them). The manual equivalent, for other per-gradient edits, is
       ``opt.synchronize(); edit grads; with opt.skip_synchronize(): opt.step()``.
 
+    The result is an instance of a subclass of Horovod's class that adds
+    ``add_synchronize_listener(listener)``: ``listener(seconds)`` is called after every
+    ``synchronize()`` (the one inside ``step()`` too) with the time it took, mostly spent waiting
+    for the other ranks' gradients (``hk.StragglerMonitor(optimizer=opt)`` uses it).
+
     Collective: every rank must call ``step()`` the same number of times.
     """
     hvd = horovod_torch()
@@ -59,7 +65,8 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     if max_grad_norm is not None:
         _check_max_norm(max_grad_norm)
         optimizer = _clipping_copy(optimizer)
-    wrapped = hvd.DistributedOptimizer(
+    wrapped = _listening_optimizer(
+        hvd,
         optimizer,
         named_parameters=named,
         compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
@@ -69,6 +76,48 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     if max_grad_norm is not None:
         wrapped.max_grad_norm = float(max_grad_norm)
     return wrapped
+
+
+class _SynchronizeListeners:
+    """Mixin over the class Horovod builds: ``synchronize()`` tells listeners how long it took."""
+
+    def __init__(self, *args, **kwargs):
+        self._synchronize_listeners = []
+        super().__init__(*args, **kwargs)
+
+    def add_synchronize_listener(self, listener):
+        """Call ``listener(seconds)`` after every ``synchronize()`` with the seconds it took."""
+        if not callable(listener):
+            raise ConfigError(f"listener must be callable with the seconds (got {type(listener).__name__})")
+        self._synchronize_listeners.append(listener)
+
+    def synchronize(self):
+        start = time.perf_counter()
+        try:
+            return super().synchronize()
+        finally:
+            seconds = time.perf_counter() - start
+            for listener in self._synchronize_listeners:
+                listener(seconds)
+
+
+def _listening_optimizer(hvd, optimizer, **options):
+    """``hvd.DistributedOptimizer(optimizer, **options)``, as an instance of a subclass with listeners.
+
+    Horovod's class is built by its factory; it is taken from a probe over a one-element tensor
+    without gradient (no hooks, no collective), then constructed the way the factory does, from
+    ``optimizer``'s param groups. Engine fix 75 makes that class subclassable.
+    """
+    probe_base = type(optimizer)([dict(optimizer.param_groups[0], params=[torch.zeros(1)])])
+    horovod_class = type(hvd.DistributedOptimizer(probe_base))
+    cls = type(horovod_class.__name__, (_SynchronizeListeners, horovod_class), {"__module__": __name__})
+    try:
+        return cls(optimizer.param_groups, **options)
+    except (RecursionError, TypeError) as e:  # the base class was built from its param groups above
+        raise MissingDependencyError(
+            f"the installed Horovod predates hvdkit's engine fix 75: its optimizer class cannot be "
+            f"subclassed ({type(e).__name__}: {str(e)[:200]}); run `make setup` to rebuild it"
+        ) from e
 
 
 def _check_max_norm(value):
