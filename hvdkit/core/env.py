@@ -1,6 +1,10 @@
 """Every environment variable hvdkit reads or sets, named in one place.
 
 Precedence everywhere: a CLI flag or explicit argument > an ``HVDKIT_*`` variable > the default.
+Read a variable only through the typed readers here (``read`` with a ``Kind``: ``integer``, ``number``,
+``SECONDS``, ``choice``; ``read_int``, ``read_float``, ``read_choice``, ``seconds``, ``flag``,
+``num_threads``); a CLI option with a variable uses the ``FromEnv`` argparse action and ``resolve``.
+A bad value is a ConfigError naming the variable, its text and the fix.
 """
 
 import argparse
