@@ -267,6 +267,8 @@ def section_collectives():
     # over Gloo this allreduce never completes (Horovod 0.28.1's Gloo join; C++, left alone).
     if r == 1 and hvd.mpi_enabled():
         out["sum_while_rank0_joined"] = hvd.allreduce(torch.full((2,), 5.0), op=hvd.Sum, name="ar.after_join").tolist()
+    elif r == 1:
+        time.sleep(1.0)  # rank 1 joins last here too (join returns the last rank to join: a race otherwise)
     out["join"] = hvd.join()
     out["topology"] = [hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(), hvd.cross_size(), hvd.cross_rank()]
     out["flags"] = {"is_initialized": hvd.is_initialized(), "mpi_built": hvd.mpi_built(), "gloo_built": hvd.gloo_built(),
