@@ -1,22 +1,16 @@
 """Loading on rank 0 (size-1 communicator): every failure comes back as a CheckpointError."""
 
-import os
 import shutil
 
 import pytest
 
 from hvdkit.core import CheckpointError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore
+from checkpoint_files import read, writer
 
 
-def write_payload(folder):
-    with open(os.path.join(folder, "state.bin"), "wb") as f:
-        f.write(b"payload")
-
-
-def read_payload(folder):
-    with open(os.path.join(folder, "state.bin"), "rb") as f:
-        return f.read()
+write_payload = writer(b"payload")
+read_payload = read
 
 
 @pytest.fixture

@@ -16,18 +16,7 @@ from hvdkit.core.checkpoint import CheckpointStore, verify
 from hvdkit.core.checkpoint_lock import LOCK_FILE
 from hvdkit.core.plain_data import check_json_plain
 
-
-def writer(payload):
-    def write(folder):
-        with open(os.path.join(folder, "state.bin"), "wb") as f:
-            f.write(payload)
-
-    return write
-
-
-def read(folder):
-    with open(os.path.join(folder, "state.bin"), "rb") as f:
-        return f.read()
+from checkpoint_files import read, writer
 
 
 def newest_loadable(store):
@@ -169,6 +158,7 @@ def test_stores_of_one_process_share_the_lock_until_the_last_one_is_closed(tmp_p
 HOLDER = """
 import os, sys, threading
 from hvdkit.core import CheckpointStore, LocalCommunicator
+
 threading.Timer(120, os._exit, (3,)).start()  # bounded: a waiting second store would see it exit
 store = CheckpointStore(sys.argv[1], LocalCommunicator())
 print("LOCKED", flush=True)

@@ -9,19 +9,7 @@ from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore, verify
 from hvdkit.core.checkpoint_lock import LOCK_FILE
 from hvdkit.core.manifest import seal
-
-
-def writer(payload):
-    def write(folder):
-        with open(os.path.join(folder, "state.bin"), "wb") as f:
-            f.write(payload)
-
-    return write
-
-
-def read(folder):
-    with open(os.path.join(folder, "state.bin"), "rb") as f:
-        return f.read()
+from checkpoint_files import read, writer
 
 
 @pytest.fixture
