@@ -15,6 +15,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 IN_HOST = HERE / "in_host.sh"
+PRIVATE_TMP = HERE / "private_tmp.sh"  # a host's own /tmp; the checkout (ROOT) stays visible in it
+ROOT = HERE.parents[1]
 NIC = "hvd0"
 
 
@@ -80,9 +82,8 @@ class TwoHosts:
             f"StrictModes no\nUsePAM no\nPidFile {pidfile}\n"
         )
         if self.private_tmp:  # every session sshd starts shares its mount namespace, so its /tmp
-            _sh("ip", "netns", "exec", ns, "unshare", "-m", "-u", "sh", "-c",
-                'hostname "$0" && mount -t tmpfs -o mode=1777 hvdkit-tmp /tmp && exec /usr/sbin/sshd -f "$1"',
-                name, str(config))
+            _sh("ip", "netns", "exec", ns, "unshare", "-m", "-u", str(PRIVATE_TMP), str(ROOT), "--",
+                "sh", "-c", 'hostname "$0" && exec /usr/sbin/sshd -f "$1"', name, str(config))
         else:
             _sh("ip", "netns", "exec", ns, "unshare", "-u", "sh", "-c", 'hostname "$0" && exec /usr/sbin/sshd -f "$1"',
                 name, str(config))
@@ -95,7 +96,7 @@ class TwoHosts:
 
     def argv_on(self, i, argv):
         """``argv`` run on host i (0 = a, 1 = b) with the test's ssh settings."""
-        tmp = ["--private-tmp"] if self.private_tmp else []
+        tmp = ["--private-tmp", str(ROOT)] if self.private_tmp else []
         return ["ip", "netns", "exec", self.ns[i], "unshare", "-m", "-u",
                 str(IN_HOST), self.names[i], str(self.ssh_dir), *tmp, "--", *argv]
 
