@@ -17,7 +17,7 @@ HVDKIT = str(BIN / "hvdkit")
 
 
 def launcher_argv(launcher, np_):
-    """The raw launcher command line for ``np_`` local ranks (no hvdkit involved)."""
+    """The launcher command line for ``np_`` local ranks: raw mpirun/horovodrun, or ``hvdkit run``."""
     if launcher == "mpirun":
         argv = ["mpirun", "-np", str(np_), "--bind-to", "none", "--oversubscribe"]
         if os.geteuid() == 0:
@@ -25,7 +25,18 @@ def launcher_argv(launcher, np_):
         return argv
     if launcher == "horovodrun-gloo":
         return [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo"]
+    if launcher == "hvdkit-run":
+        return [HVDKIT, "run", "-np", str(np_), "--"]
     raise ValueError(launcher)
+
+
+def pid_running(pid):
+    """True while ``pid`` exists and is not a zombie waiting for its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def run_bounded(argv, timeout, env=None, cwd=None):

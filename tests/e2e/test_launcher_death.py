@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers import BIN, HVDKIT, PYTHON, ROOT, record_figures
+from helpers import BIN, HVDKIT, PYTHON, ROOT, pid_running, record_figures
 
 pytestmark = pytest.mark.dist
 SCRIPT = str(ROOT / "tests" / "e2e" / "scripts" / "record_job_pids.py")
@@ -28,15 +28,6 @@ def kill_launcher(proc, how):
         os.kill(proc.pid, signal.SIGHUP)
     else:  # the launcher leads its own process group here (as a shell's job would)
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-def running(pid):
-    """True while ``pid`` exists and is not a zombie waiting for its parent."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_for_records(out, proc, timeout=240):
@@ -68,19 +59,19 @@ def test_every_process_of_the_job_ends_within_seconds_of_the_launchers_death(tmp
         records = wait_for_records(out, proc)
         assert all(r["reached_launcher"] for r in records)
         job = {pid for r in records for pid in r["pids"]} - {proc.pid}
-        assert len(job) >= 5 and all(running(pid) for pid in job)  # 2 ranks, 2 wrappers, mpirun/horovodrun
+        assert len(job) >= 5 and all(pid_running(pid) for pid in job)  # 2 ranks, 2 wrappers, mpirun/horovodrun
         kill_launcher(proc, how)
         t0 = time.monotonic()
-        while any(running(pid) for pid in job) and time.monotonic() - t0 < BOUND:
+        while any(pid_running(pid) for pid in job) and time.monotonic() - t0 < BOUND:
             time.sleep(0.05)
         gone_after = time.monotonic() - t0
-        left = sorted(pid for pid in job if running(pid))
+        left = sorted(pid for pid in job if pid_running(pid))
         assert left == [], f"still running {BOUND} s after the launcher's death: {left}"
         code = proc.wait(timeout=BOUND)  # after SIGHUP: how the first rank ended (SIGTERM, or mpirun's SIGUSR1)
         assert code == -signal.SIGKILL if how != "sighup" else code > 128
     finally:
         for pid in job:  # only if the test failed: end what it started, by pid
-            if running(pid):
+            if pid_running(pid):
                 os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from helpers import HVDKIT, PYTHON, ROOT, launcher_argv, run_bounded
+from helpers import PYTHON, ROOT, launcher_argv, run_bounded
 
 pytestmark = pytest.mark.dist
 
@@ -19,16 +19,12 @@ SCRIPT = ROOT / "tests" / "engine" / "scripts" / "pytorch_synthetic_benchmark.py
 # Small enough for shared CPU cores: 16x16 images, batch 4, two timed iterations of two batches.
 FLAGS = ["--fp16-allreduce", "--model", "resnet_tiny", "--image-size", "16", "--num-classes", "10", "--batch-size", "4",
          "--num-warmup-batches", "2", "--num-batches-per-iter", "2", "--num-iters", "2", "--no-cuda"]
-COMMANDS = {
-    "horovodrun-gloo": lambda: launcher_argv("horovodrun-gloo", 2),
-    "mpirun": lambda: launcher_argv("mpirun", 2),
-    "hvdkit-run": lambda: [HVDKIT, "run", "-np", "2", "--"],
-}
+COMMANDS = ("horovodrun-gloo", "mpirun", "hvdkit-run")
 
 
-@pytest.mark.parametrize("launcher", list(COMMANDS))
+@pytest.mark.parametrize("launcher", COMMANDS)
 def test_the_pytorch_synthetic_benchmark_runs_unchanged_on_two_ranks_and_reports_throughput(launcher):
-    proc = run_bounded(COMMANDS[launcher]() + [PYTHON, str(SCRIPT), *FLAGS], 600)
+    proc = run_bounded(launcher_argv(launcher, 2) + [PYTHON, str(SCRIPT), *FLAGS], 600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{launcher}: exit {proc.returncode}\n{output[-6000:]}"
     assert "Number of CPUs: 2" in output

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, HVDKIT, PYTHON, ROOT, record_figures, run_bounded
+from helpers import BIN, HVDKIT, PYTHON, ROOT, pid_running, record_figures, run_bounded
 
 pytestmark = [
     pytest.mark.dist,
@@ -71,14 +71,6 @@ def test_a_failing_remote_rank_is_named_with_its_host_and_exit_code(hosts, contr
     assert "could not record" not in proc.stderr
 
 
-def _running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_ranks_on_the_remote_host_end_when_the_launcher_is_killed(hosts, shared_dir, controller):
     a, b = hosts.names
@@ -100,16 +92,16 @@ def test_ranks_on_the_remote_host_end_when_the_launcher_is_killed(hosts, shared_
         # rank 0, its wrapper and mpirun/horovodrun on a; rank 1 and its wrapper on b (above them
         # mpirun's daemon or a shell, then sshd)
         job = (set(local["pids"]) - {proc.pid}) | set(remote["pids"][:2])
-        assert all(_running(pid) for pid in job)
+        assert all(pid_running(pid) for pid in job)
         os.kill(proc.pid, signal.SIGKILL)  # `hvdkit run` itself (in_host.sh and unshare exec it)
         t0 = time.monotonic()
-        while any(_running(pid) for pid in job) and time.monotonic() - t0 < 60:
+        while any(pid_running(pid) for pid in job) and time.monotonic() - t0 < 60:
             time.sleep(0.05)
         gone_after = time.monotonic() - t0
-        assert sorted(pid for pid in job if _running(pid)) == [], (shared_dir / "launcher.log").read_text()[-3000:]
+        assert sorted(pid for pid in job if pid_running(pid)) == [], (shared_dir / "launcher.log").read_text()[-3000:]
     finally:
         for pid in job:
-            if _running(pid):
+            if pid_running(pid):
                 os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
