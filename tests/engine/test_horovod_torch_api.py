@@ -120,8 +120,8 @@ def test_collectives_give_their_closed_form_results(ranks):
         assert c["broadcast"] == [2.0, 2.0] and c["broadcast_"] == [1.0, 1.0]
         assert c["allreduce_grad"] == [3.0, 3.0]  # d/dx of sum_r (r+1) * allreduce_sum(x)
         assert c["flags"] == {"is_initialized": True, "mpi_built": True, "gloo_built": True, "either_enabled": True}
-    assert c0["join"] == c1["join"] == 1  # rank 1 joined last
-    if ranks[0] == "mpirun":
+    if ranks[0] == "mpirun":  # join over Gloo can hang (upstream C++): not called there
+        assert c0["join"] == c1["join"] == 1  # rank 1 joined last
         assert c1["sum_while_rank0_joined"] == [5.0, 5.0]
     assert c0["topology"] == [2, 0, 2, 0, 1, 0] and c1["topology"] == [2, 1, 2, 1, 1, 0]
     assert c0["alltoall"] == {"received": [0.0, 1.0, 10.0, 11.0], "splits": [2, 2]}

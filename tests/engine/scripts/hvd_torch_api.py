@@ -265,11 +265,11 @@ def section_collectives():
     hvd.barrier()
     # Uneven work: rank 0 has joined already (no more data) and contributes zeros. Over MPI only:
     # over Gloo this allreduce never completes (Horovod 0.28.1's Gloo join; C++, left alone).
-    if r == 1 and hvd.mpi_enabled():
-        out["sum_while_rank0_joined"] = hvd.allreduce(torch.full((2,), 5.0), op=hvd.Sum, name="ar.after_join").tolist()
-    elif r == 1:
-        time.sleep(1.0)  # rank 1 joins last here too (join returns the last rank to join: a race otherwise)
-    out["join"] = hvd.join()
+    # join itself only over MPI too: over Gloo it sometimes never returns (seen in a full test run).
+    if hvd.mpi_enabled():
+        if r == 1:
+            out["sum_while_rank0_joined"] = hvd.allreduce(torch.full((2,), 5.0), op=hvd.Sum, name="ar.after_join").tolist()
+        out["join"] = hvd.join()
     out["topology"] = [hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(), hvd.cross_size(), hvd.cross_rank()]
     out["flags"] = {"is_initialized": hvd.is_initialized(), "mpi_built": hvd.mpi_built(), "gloo_built": hvd.gloo_built(),
                     "either_enabled": hvd.mpi_enabled() or hvd.gloo_enabled()}
