@@ -5,9 +5,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(abspath $(VENV))/bin
 # A whole test phase is bounded, so a hung rank fails the run instead of stalling it.
-TEST_TIMEOUT ?= 2400
+TEST_TIMEOUT ?= 3600
 
-.PHONY: setup demo test test-unit test-dist doctor render clean bench docs
+.PHONY: setup demo test test-unit test-dist doctor render clean bench bench-network docs
 
 setup:
 	bash scripts/setup.sh
@@ -32,6 +32,11 @@ doctor: setup
 bench: setup
 	$(BIN)/hvdkit bench --out docs/bench --docs docs/benchmarks.md
 
+# Opt-in (root: network namespaces and tc; about 20 minutes on 2 cores): the allreduce sweep, training
+# steps and Horovod's latency settings across two emulated hosts at 1 Gbit/s, 10 Gbit/s and unlimited.
+bench-network: setup
+	$(BIN)/hvdkit bench --hosts 2 --out docs/bench/network --docs docs/benchmarks.md
+
 # Rewrite the API reference in docs/api/ from the docstrings (a unit test keeps it in sync).
 docs: setup
 	$(PY) scripts/gen_api_docs.py
@@ -53,4 +58,16 @@ docker-lint:
 docker-test:
 	bash docker/build.sh
 
-.PHONY: docker-lint docker-test
+# Opt-in, after `make docker-test` (it runs that image): two containers of the image as two hosts
+# (own network namespace and hostname each, sshd as an MPI Operator worker runs it), one training
+# across both that must end where a one-host run ends. Root; see docker/README.md.
+docker-test-hosts:
+	bash docker/two-hosts.sh
+
+# Opt-in, a few minutes (root; Debian's slurm-wlm and munge, which setup installs): a real SLURM,
+# slurmctld and two slurmd nodes on network-namespace hosts, runs the rendered batch script, srun
+# --mpi=pmix, scancel and requeue, each ending where a one-host run ends. See docs/slurm.md.
+slurm-test: setup
+	HVDKIT_TEST_SLURM=1 timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/multihost/test_slurm.py
+
+.PHONY: docker-lint docker-test docker-test-hosts slurm-test

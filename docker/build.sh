@@ -2,10 +2,12 @@
 # `make docker-test`: build docker/Dockerfile without a Docker engine and train 2 ranks in the image.
 #   1. a Debian bookworm base from the Debian archive (mmdebstrap, cached outside the repository),
 #      wrapped as an image by `FROM scratch` + `ADD base.tar /`;
-#   2. docker/Dockerfile built by buildah (daemonless, as root) on that base, with this machine's
-#      CPU torch wheel and CA bundle mounted into the build;
-#   3. the image's default command (a 2-rank training as user hvdkit) run in a container, checked
-#      by its JSON result line; then a 2-rank run as root and an ssh login like an MPI Operator
+#   2. docker/Dockerfile (two stages: the engine compiles in `build`, the image is `runtime`) built
+#      by buildah (daemonless, as root) on that base, with this machine's CPU torch wheel and CA
+#      bundle mounted into the build;
+#   3. the image has no compiler and no headers; its default command (a 2-rank training as user
+#      hvdkit) run in a container, checked by its JSON result line; then a 2-rank run as root,
+#      `hvdkit doctor` (it must name the engine's fix level) and an ssh login like an MPI Operator
 #      launcher's into a worker running the image's sshd.
 # Prints the total duration and the image size. Needs root and Debian (it apt-installs buildah and
 # mmdebstrap when missing).
@@ -93,6 +95,8 @@ if [[ -n $CA_BUNDLE ]]; then
   cp "$CA_BUNDLE" "$scratch/mnt/ca-certificates.crt"
   build_args+=(--build-arg PIP_CERT=/mnt/ca-certificates.crt)
 fi
+# The engine's wheel cache is a cache mount of the Dockerfile (buildah keeps it in
+# /var/tmp/buildah-cache/hvdkit-engine-wheels); the layers are in buildah's storage.
 say "building $IMAGE from docker/Dockerfile (first time: the engine compiles, 10+ minutes)"
 build_start=$SECONDS
 bld bud "${isolation[@]}" --layers --force-rm --format docker --volume "$scratch/mnt:/mnt:ro" "${build_args[@]}" \
@@ -124,6 +128,14 @@ print(f"val_accuracy {result['val_accuracy']} on {result['world_size']} ranks af
 EOF
 }
 
+# The runtime stage is the image: nothing that compiles, no C/C++ or MPI headers. (openmpi-bin
+# brings the mpicc wrapper, which calls gcc with the MPI headers: neither is there.)
+say "no compiler and no headers in the image"
+new_container
+leftovers=$(bld run "${isolation[@]}" "$ctr" -- bash -c \
+  'for t in gcc g++ cc c++ cpp ld as make cmake; do command -v "$t"; done; ls /usr/include/stdio.h /usr/include/x86_64-linux-gnu/openmpi /usr/include/python3*/Python.h 2>/dev/null; true')
+[[ -z $leftovers ]] || die "the image still has build tools or headers: $(tr '\n' ' ' <<<"$leftovers")"
+
 user=$(image_config User)
 [[ $user == '"1000:1000"' ]] || die "the image's default user is $user, expected 1000:1000 (hvdkit)"
 mapfile -d '' -t cmd < <(python3 -c 'import json, sys; sys.stdout.write("\0".join(json.loads(sys.argv[1])))' "$(image_config Cmd)")
@@ -145,6 +157,8 @@ say "hvdkit doctor: versions, engine parts, 2-rank allreduce over MPI and over G
 new_container
 bld run "${isolation[@]}" --hostname localhost "$ctr" -- hvdkit doctor 2>&1 | tee "$scratch/doctor.log"
 grep -q '^all checks passed' "$scratch/doctor.log" || die "hvdkit doctor found problems in the image (log above)"
+grep -Eq '^ +horovod engine fixes +hvdkit-fixes-' "$scratch/doctor.log" \
+  || die "hvdkit doctor does not name the engine's fix level: the engine in the image is not hvdkit's (log above)"
 
 # An MPI Operator worker: the key Secret mounted at the MPIJob's sshAuthMountPath (root's files,
 # mode 0644), the image's entrypoint (buildah run skips ENTRYPOINT: it is named here), sshd started

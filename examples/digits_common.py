@@ -9,7 +9,7 @@ import argparse
 import numpy as np
 from sklearn.datasets import load_digits
 
-COMPRESSIONS = ("none", "fp16")
+COMPRESSIONS = ("none", "fp16", "auto")
 
 
 def load_split(seed):
@@ -30,10 +30,45 @@ def parse_args(description, default_checkpoint_dir, argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compression", default="fp16", help=f"gradient compression: {' or '.join(COMPRESSIONS)}")
+    p.add_argument("--compression", default="auto", help=f"gradient compression: {', '.join(COMPRESSIONS)} (auto: the faster, timed at start)")
     p.add_argument("--checkpoint-dir", default=default_checkpoint_dir, help="where rank 0 keeps checkpoints")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    p.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help="samples per optimizer step over all ranks, kept at any world size by gradient accumulation "
+        "(default: batch size x ranks)",
+    )
+    p.add_argument("--sample-log", default=None, help="each rank appends the sample indices of every step to PATH.rank<r>")
+    p.add_argument(
+        "--stop-at-step", type=int, default=None, help="stop after this optimizer step as on SIGTERM (checkpoint, exit)"
+    )
     return p.parse_args(argv)
+
+
+class SampleLog:
+    """``--sample-log PATH``: rank r appends one JSON line per optimizer step to ``PATH.rank<r>``.
+
+    ``{"epoch": e, "step": s, "rank": r, "size": n, "indices": [...]}``: the dataset indices
+    (into the training split) this rank trained on in optimizer step ``s`` (counted over the whole
+    run, 1 for the first) of epoch ``e`` (0-based). Lines are appended, so the logs of a run that
+    was stopped and resumed, at any world size, add up to the whole training.
+    """
+
+    def __init__(self, path, rank, size):
+        self.path = f"{path}.rank{rank}" if path else None
+        self.rank, self.size = rank, size
+
+    def write(self, epoch, step, indices):
+        if self.path is None:
+            return
+        import json
+
+        line = {"epoch": int(epoch), "step": int(step), "rank": self.rank, "size": self.size}
+        line["indices"] = [int(i) for i in indices]
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss, preempted=False):

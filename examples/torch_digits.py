@@ -6,17 +6,18 @@
 
 Shows the whole hvdkit path: sharded data, fp16 gradient compression, sample-weighted validation
 metrics, a rank-0 checkpoint every epoch and automatic resume from the newest one. On SIGTERM
-(preemption) every rank stops after the same step and rank 0 saves it; the next start continues
-from that batch. Nothing is downloaded. Ends with one JSON line on rank 0.
+(preemption) or at ``--stop-at-step`` every rank stops after the same step and rank 0 saves it
+with the epoch's global sample offset; the next start continues from there, at any world size
+(``--global-batch-size`` keeps the maths: the accumulation per rank adapts). Nothing is
+downloaded. Ends with one JSON line on rank 0.
 """
 
-import itertools
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
-from digits_common import load_split, log_epoch, parse_args, result_line
+from digits_common import SampleLog, load_split, log_epoch, parse_args, result_line
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
@@ -26,9 +27,10 @@ log = get_logger("examples.torch_digits")
 
 
 def datasets(seed):
+    """Training set ``(x, y, index)`` (the index feeds ``--sample-log``) and validation set ``(x, y)``."""
     x_train, y_train, x_val, y_val = load_split(seed)
     return (
-        TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)),
+        TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train), torch.arange(len(y_train))),
         TensorDataset(torch.from_numpy(x_val), torch.from_numpy(y_val)),
     )
 
@@ -56,43 +58,57 @@ def train(args):
     torch.manual_seed(args.seed)
     train_ds, val_ds = datasets(args.seed)
     model = build_model()
+    # The global batch (if given) stays the same at any world size: the loader picks the accumulation.
+    train_loader = hk.train_loader(train_ds, args.batch_size, seed=args.seed, global_batch_size=args.global_batch_size)
+    accumulation = train_loader.accumulation
     optimizer = hk.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model=model, compression=args.compression
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+        model=model,
+        compression=args.compression,
+        backward_passes_per_step=accumulation,
     )
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs))
-    ckpt = hk.Checkpointer(args.checkpoint_dir, model, optimizer, scheduler, keep=args.keep)
+    ckpt = hk.Checkpointer(args.checkpoint_dir, model, optimizer, scheduler, keep=args.keep, seed=args.seed)
     resumed = ckpt.restore()
     if resumed is None:
         hk.broadcast_state(model, optimizer)
         start_epoch, step, position = 0, 0, {}
-    else:  # position: where a preempted epoch stopped (empty after a whole epoch)
+    else:  # position: where a stopped epoch stopped, as a global sample offset (empty after a whole epoch)
         start_epoch, step, position = resumed.epoch, resumed.step, resumed.extra or {}
     guard = hk.PreemptionGuard()
-    train_loader = hk.train_loader(train_ds, args.batch_size, seed=args.seed)
     val_loader = hk.eval_loader(val_ds, batch_size=256)
+    samples = SampleLog(args.sample_log, topo.rank, topo.size)
 
     for epoch in range(start_epoch, args.epochs):
         t0 = time.perf_counter()
         model.train()
-        train_loader.sampler.set_epoch(epoch)
+        train_loader.sampler.set_epoch(epoch, start=position.get("samples_done", 0))
         tracker = MetricTracker(["loss"])
-        done = position.get("batches_done", 0)
-        for name, (total, count) in position.get("train_totals", {}).items():
-            tracker.update_sum(name, total, count)
+        if topo.is_rank0:  # the job-wide totals of the stopped part of the epoch, counted once
+            for name, (total, count) in position.get("train_totals", {}).items():
+                tracker.update_sum(name, total, count)
         position = {}
-        batches = itertools.islice(train_loader, done, None)  # skip what a preempted run did
-        for x, y in hk.progress(batches, desc=f"epoch {epoch + 1}/{args.epochs}", total=len(train_loader) - done):
-            optimizer.zero_grad()
+        steps_done, indices = 0, []
+        batches = hk.progress(train_loader, desc=f"epoch {epoch + 1}/{args.epochs}", total=len(train_loader))
+        for micro, (x, y, idx) in enumerate(batches, 1):
             loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            done += 1
+            (loss / accumulation).backward()  # the mean over the step's micro-batches
             tracker.update("loss", loss.item(), len(y))
-            if guard.should_stop():  # every rank agrees to stop after this same step
-                ckpt.save(step, epoch, extra={"batches_done": done, "train_totals": tracker.local()})
+            indices += idx.tolist()
+            if micro % accumulation:
+                continue
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            steps_done += 1
+            samples.write(epoch, step, indices)
+            indices = []
+            if guard.should_stop(step=step) or step == args.stop_at_step:  # every rank stops after this same step
+                totals = job_totals(tracker)
+                ckpt.save(step, epoch, extra={"samples_done": train_loader.position(steps_done), "train_totals": totals})
                 if topo.is_rank0:
-                    log.info("stopped by a signal at epoch %d, batch %d (step %d): checkpoint saved", epoch + 1, done, step)
+                    offset = train_loader.position(steps_done)
+                    log.info("stopped at epoch %d after %d samples (step %d): checkpoint saved", epoch + 1, offset, step)
                     print(result_line(topo.size, args, start_epoch, step, None, None, preempted=True), flush=True)
                 return
         scheduler.step()
@@ -104,6 +120,14 @@ def train(args):
     final = evaluate(model, val_loader)
     if topo.is_rank0:
         print(result_line(topo.size, args, start_epoch, step, final["val_accuracy"], final["val_loss"]), flush=True)
+
+
+def job_totals(tracker):
+    """``{metric: [sum, count]}`` over all ranks (collective), to carry into a resumed epoch at any world size."""
+    local = tracker.local()
+    names = sorted(local)
+    flat = hk.communicator().allreduce_sum([v for n in names for v in local[n]], name="hvdkit.examples.totals")
+    return {n: [float(flat[2 * i]), int(flat[2 * i + 1])] for i, n in enumerate(names)}
 
 
 def main(argv=None):

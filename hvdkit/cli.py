@@ -5,7 +5,7 @@ import os
 import sys
 
 from .core import env
-from .core.errors import HvdkitError
+from .core.errors import ConfigError, HvdkitError
 
 __all__ = ["main"]
 
@@ -50,6 +50,7 @@ def _parser():
         help="relaunch the whole job after a rank fails, at most K times; ranks resume from their newest "
         "checkpoint (default: $HVDKIT_MAX_RESTARTS or 0)",
     )
+    _elastic_options(r)
     r.add_argument(
         "--stall-timeout",
         action=env.FromEnv,
@@ -96,12 +97,53 @@ def _parser():
     from .bench.suite import parser as bench_parser  # framework-free: the workers import torch/TF
 
     bench_parser(sub.add_parser("bench", help="run the benchmark suite: table, JSON and plots (about 6 minutes on 2 cores)"))
+    from .engine.cli import parser as engine_parser
+
+    engine_parser(sub.add_parser("engine", help="build and install the Horovod engine into this environment"))
     d = sub.add_parser("doctor", help="check the installation and run a 2-rank allreduce")
     d.add_argument("--no-smoke", action="store_true", help="skip the 2-rank smoke test")
     d.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...", help="also check these hosts: ssh, versions, route, allreduce")
     d.add_argument("--hostfile", metavar="FILE", help="also check the hosts of this hostfile")
     d.add_argument("--network-interface", metavar="IFACE", help="the interface the job will use across hosts")
     return p
+
+
+def _elastic_options(r):
+    from .launch.elastic import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT
+
+    g = r.add_argument_group(
+        "elastic training by restart",
+        "With --min-np/--max-np the job relaunches on the hosts that are there (fewer after a failure, more when "
+        "discovery lists more), between MIN and MAX ranks; the ranks resume from their newest checkpoint. Every "
+        "launch is a plain fixed-size mpirun/horovodrun job: Horovod's elastic driver is never started.",
+    )
+    g.add_argument("--min-np", dest="min_np", type=int, metavar="MIN", help="fewest ranks to keep training with (default: -np)")
+    g.add_argument("--max-np", dest="max_np", type=int, metavar="MAX", help="most ranks to grow to (default: -np)")
+    g.add_argument(
+        "--host-discovery-script",
+        metavar="SCRIPT",
+        help="executable printing the hosts there now, one 'host:slots' line each (as horovodrun's); run at every "
+        "poll. Without it the hosts of -H/--hostfile/SLURM/the MPI Operator are fixed and ssh decides which are up",
+    )
+    g.add_argument(
+        "--discovery-interval",
+        action=env.FromEnv,
+        env_var=env.DISCOVERY_INTERVAL,
+        kind=env.SECONDS,
+        default=DEFAULT_DISCOVERY_INTERVAL,
+        metavar="SECONDS",
+        help=f"seconds between discovery polls (default: $HVDKIT_DISCOVERY_INTERVAL or {DEFAULT_DISCOVERY_INTERVAL:g})",
+    )
+    g.add_argument(
+        "--elastic-timeout",
+        action=env.FromEnv,
+        env_var=env.ELASTIC_TIMEOUT,
+        kind=env.SECONDS,
+        default=DEFAULT_ELASTIC_TIMEOUT,
+        metavar="SECONDS",
+        help=f"with fewer than MIN slots, wait this long for hosts, then fail naming what is missing "
+        f"(default: $HVDKIT_ELASTIC_TIMEOUT or {DEFAULT_ELASTIC_TIMEOUT:g})",
+    )
 
 
 def _render_parser(sub):
@@ -117,6 +159,8 @@ def _render_parser(sub):
     job.add_argument("--memory", default="2Gi", help="memory per worker machine, e.g. 4Gi (default 2Gi)")
     job.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...", help="hosts for mpirun/horovodrun")
     job.add_argument("--hostfile", metavar="FILE", help="read the hosts for mpirun/horovodrun from FILE")
+    job.add_argument("--min-np", dest="min_np", type=int, metavar="MIN", help="slurm, mpijob: elastic, the fewest ranks to train with")
+    job.add_argument("--max-np", dest="max_np", type=int, metavar="MAX", help="slurm, mpijob: elastic, the most ranks to grow to")
     job.add_argument("-o", "--output", metavar="FILE", help="write here instead of to stdout")
     job.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
     r = sub.add_parser(
@@ -155,7 +199,11 @@ def _render(args):
         cpu=args.cpu,
         memory=args.memory,
         hosts=found,
+        min_np=args.min_np,
+        max_np=args.max_np,
     )
+    if spec.elastic and args.target not in ("slurm", "mpijob"):
+        raise ConfigError(f"--min-np/--max-np render only slurm and mpijob files (got {args.target}); for a plain script use hvdkit run")
     text = render.render(args.target, spec)
     if args.output:
         render.save(args.output, text)
@@ -200,10 +248,20 @@ def _run(args):
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     found, origin = hosts.resolve(host_list=args.hosts, hostfile=args.hostfile, environ=os.environ)
-    hosts.check_slots(found, args.num_proc, origin)
+    script = args.host_discovery_script
+    if script and (args.hosts or args.hostfile):
+        raise ConfigError("--host-discovery-script lists the hosts: give it without -H/--hostfile (or drop it)")
+    if not script:
+        hosts.check_slots(found, args.num_proc, origin)
     controller = "gloo" if args.gloo else "mpi"
+    restarts_given = env.given(args.max_restarts)
     env.resolve(args)  # flag > HVDKIT_* variable > default
+    elastic_settings = _elastic_settings(args, found, origin)
     restarts, stall, grace = args.max_restarts, args.stall_timeout, args.grace_period
+    if elastic_settings and not restarts_given:  # an elastic job is meant to survive failures
+        from .launch import elastic
+
+        restarts = elastic.DEFAULT_ELASTIC_MAX_RESTARTS
     extra_env = parse_env_vars(args.env_vars, os.environ)
     if stall:
         extra_env[env.STALL_TIMEOUT] = f"{stall:g}"
@@ -211,7 +269,7 @@ def _run(args):
         command=command,
         num_proc=args.num_proc,
         controller=controller,
-        hosts=found,
+        hosts=() if script else found,
         env=extra_env,
         network_interface=args.network_interface,
         timeline=args.timeline,
@@ -220,18 +278,23 @@ def _run(args):
     check_command(spec.command)
     is_root = os.geteuid() == 0
     cores = len(os.sched_getaffinity(0))
+    if not found and spec.num_proc > cores:  # said once, not per restart
+        sys.stderr.write(f"hvdkit run: {plan.oversubscribed(spec.num_proc, cores)}\n")
+    if elastic_settings:
+        return _run_elastic(args, spec, elastic_settings, restarts, is_root, cores)
     if args.dry_run:
         built = plan.build(spec, is_root=is_root, cores=cores)
         print(" ".join(_quote(a) for a in built.argv))
         return 0
-    remote.check_reachable(found)  # an unreachable host is an error before anything starts
+    if not (controller == "mpi" and hosts.mpirun_uses_srun(os.environ)):  # in SLURM, mpirun reaches nodes by srun
+        remote.check_reachable(found)  # an unreachable host is an error before anything starts
     if spec.timeline:
         from .launch.timeline_flags import ensure_folder
 
         ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
 
     def build_plan(job_id, attempt):
-        attempt_spec = dataclasses.replace(spec, env={**spec.env, env.RESTART: str(attempt)})
+        attempt_spec = dataclasses.replace(spec, env={**spec.env, env.RESTART: str(attempt), env.WORLD_SIZE: str(spec.num_proc)})
         return plan.build(attempt_spec, is_root=is_root, cores=cores, job_id=job_id, progress=sys.stderr.isatty())
 
     started = time.time()
@@ -247,6 +310,31 @@ def _run(args):
     if spec.timeline and os.path.exists(spec.timeline) and os.path.getmtime(spec.timeline) >= started - 1:
         sys.stderr.write(f"hvdkit run: timeline written; summarise it: hvdkit timeline {_quote(spec.timeline)}\n")
     return final.exit_code
+
+
+def _elastic_settings(args, found, origin):
+    from .core.options import check_positive_int
+    from .launch import elastic
+    from .launch.discovery import ScriptDiscovery
+
+    for flag, value in (("--min-np", args.min_np), ("--max-np", args.max_np)):
+        if value is not None:
+            check_positive_int(flag, value, "the fewest/most ranks an elastic job runs with")
+    script = args.host_discovery_script
+    if script:
+        ScriptDiscovery(script).check()
+    return elastic.settings_from(
+        args.num_proc, args.min_np, args.max_np, script=script and os.path.abspath(script), hosts=found, origin=origin,
+        interval=args.discovery_interval, timeout=args.elastic_timeout,
+    )  # fmt: skip
+
+
+def _run_elastic(args, spec, settings, restarts, is_root, cores):
+    """``hvdkit run`` with --min-np/--max-np: attempts of fixed size on the hosts there (hvdkit.launch.elastic_main)."""
+    from .launch import elastic_main
+
+    return elastic_main.main(spec, settings, script=args.host_discovery_script, restarts=restarts, grace=args.grace_period,
+                             dry_run=args.dry_run, is_root=is_root, cores=cores)  # fmt: skip
 
 
 def _quote(arg):
@@ -268,6 +356,10 @@ def main(argv=None):
             from .bench.suite import run_args
 
             return run_args(args)
+        if args.cmd == "engine":
+            from .engine.cli import run_args as engine_run_args
+
+            return engine_run_args(args)
         from .launch import hosts
         from .launch.doctor import diagnose
 

@@ -2,7 +2,8 @@
 # `make setup`: everything hvdkit needs on a fresh Debian 12 machine, idempotent.
 #   1. system packages: Open MPI (runtime and headers), a C++ toolchain and cmake;
 #   2. a virtualenv .venv with the pinned frameworks, mpi4py and the test tools;
-#   3. the Horovod engine, built once by scripts/build-horovod.sh and cached outside the repo;
+#   3. the Horovod engine, built once by scripts/build-horovod.sh (the recipe packaged in
+#      hvdkit/engine/recipe) and cached outside the repo; checked only when it changed;
 #   4. hvdkit itself, editable.
 # A second run checks stamps and finishes in seconds.
 #
@@ -17,8 +18,8 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # 1. System packages (ssh and iproute2: multi-host jobs and the two-host test in tests/multihost;
-#    patch: the engine fixes in scripts/horovod-fixes).
-apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake patch openssh-client openssh-server iproute2)
+#    patch: the engine fixes in hvdkit/engine/recipe/horovod-fixes).
+apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake patch openssh-client openssh-server iproute2 slurm-wlm munge)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

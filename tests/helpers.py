@@ -101,3 +101,14 @@ def record_figures(test, **figures):
     rows = json.loads(path.read_text()) if path.exists() else []
     rows = [r for r in rows if r["test"] != test] + [{"test": test, **figures}]
     path.write_text(json.dumps(rows, indent=1))
+
+
+def read_sample_logs(prefix):
+    """Every line the examples' ``--sample-log PREFIX`` wrote (``PREFIX.rank<r>`` files, all ranks,
+    all attempts), as dicts: ``{"epoch", "step", "rank", "size", "indices"}``."""
+    lines = []
+    for name in sorted(os.listdir(prefix.parent)):
+        if name.startswith(prefix.name + ".rank"):
+            with open(prefix.parent / name) as f:
+                lines += [json.loads(line) for line in f]
+    return lines

@@ -75,7 +75,7 @@ class Job:
         port = None
         if self.rank == 0:
             with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
+                s.bind(("", 0))  # free on every address of rank 0's host (MASTER_ADDR may be any of them)
                 port = s.getsockname()[1]
         port = hvd.broadcast_object(port, root_rank=0, name="hvdkit.bench.port")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -142,7 +142,7 @@ class Job:
         total = [self.expected_sum()] * 3
         return {v: (fns[v][0] if v == "memcpy" else (lambda c=check: (c(), total)), op) for v, (check, op) in fns.items()}
 
-    def sweep(self, sizes, reps):
+    def sweep(self, sizes, reps, max_iters=100):
         """(a) and (b): every variant at every size, checked, then timed interleaved."""
         rows = []
         for nbytes in sizes:
@@ -156,7 +156,7 @@ class Job:
             fns[f"hvd_{self.controller}_fp16"][1]()
             wire = RecordingFP16.sent_bytes / RecordingFP16.original_bytes
             samples = {v: Samples() for v in fns}
-            iters = iterations_for(nbytes)
+            iters = iterations_for(nbytes, hi=max_iters)
             for _, v in interleaved(list(fns), reps):
                 op = fns[v][1]
                 self.barrier()
@@ -232,6 +232,8 @@ def main(argv=None):
     p.add_argument("out")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition: checks, not figures")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--sizes", type=int, nargs="+", help="allreduce sizes in bytes (default: 4 KB ... 64 MB)")
+    p.add_argument("--max-iters", type=int, default=100, help="at most this many back-to-back allreduces per sample")
     args = p.parse_args(argv)
     job = Job()
     reps = 1 if args.quick else args.reps
@@ -239,7 +241,7 @@ def main(argv=None):
         "controller": job.controller,
         "size": job.size,
         "reps": reps,
-        "sweep": job.sweep(QUICK_SIZES if args.quick else SIZES, reps),
+        "sweep": job.sweep(args.sizes or (QUICK_SIZES if args.quick else SIZES), reps, args.max_iters),
         "fusion": job.fusion(reps, elements=256 if args.quick else FUSION_ELEMENTS),
     }
     job.dist.destroy_process_group()

@@ -104,21 +104,27 @@ class KerasJob:
         }
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def job_main(job_class, description, argv=None):
+    """The command line of a 2-rank Keras benchmark job: ``OUT [--quick] [--reps K] [--steps N]``;
+    rank 0 writes ``job_class(width, depth, batch).run(reps, steps)`` with its wall time to OUT."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("out")
     p.add_argument("--quick", action="store_true", help="tiny model, 1 repetition: checks, not figures")
     p.add_argument("--reps", type=int, default=11)
     p.add_argument("--steps", type=int, default=4)
     args = p.parse_args(argv)
     width, depth, batch = QUICK if args.quick else (WIDTH, DEPTH, BATCH)
-    job = KerasJob(width, depth, batch)
+    job = job_class(width, depth, batch)
     t0 = time.perf_counter()
     result = job.run(1 if args.quick else args.reps, 2 if args.quick else args.steps)
     result["seconds"] = time.perf_counter() - t0
     if job.rank == 0:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
+
+
+def main(argv=None):
+    job_main(KerasJob, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

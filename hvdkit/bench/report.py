@@ -179,15 +179,15 @@ def markdown(results, plots, docs_dir):
     return "\n".join(lines)
 
 
-def update_docs(path, section):
-    """Replace the text between the bench:results markers of ``path`` with ``section``."""
+def update_docs(path, section, begin=BEGIN, end=END):
+    """Replace the text between the ``begin`` and ``end`` markers of ``path`` (bench:results) with ``section``."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} markers; add them where the results should go")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    if begin not in text or end not in text:
+        raise ValueError(f"{path} has no {begin} ... {end} markers; add them where the results should go")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(f"{head}{BEGIN}\n{section}\n{END}{tail}")
+        f.write(f"{head}{begin}\n{section}\n{end}{tail}")
 
 

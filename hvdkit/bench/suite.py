@@ -164,16 +164,22 @@ def run_suite(out, np_=2, quick=False, docs=None, tune=True):
     if tune and not quick:
         results["tuning"] = suite.tuning(3)
     results["goals"] = report.goals(results)
+    return publish(results, out, docs, report, t0)
+
+
+def publish(results, out, docs, reporter, t0):
+    """Write ``results`` (with the seconds since ``t0``) to OUT/results.json, print ``reporter``'s table,
+    draw its plots, write OUT/results.md and, with ``docs``, its section of that page; ``results``."""
     results["seconds"] = time.perf_counter() - t0
     with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
-    print(report.table(results))
-    plots = report.plots(results, out)
-    markdown = report.markdown(results, plots, docs_dir=os.path.dirname(docs) if docs else out)
+    print(reporter.table(results))
+    plots = reporter.plots(results, out)
+    markdown = reporter.markdown(results, plots, docs_dir=os.path.dirname(docs) if docs else out)
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
         f.write(markdown)
     if docs:
-        report.update_docs(docs, markdown)
+        reporter.update_docs(docs, markdown)
     _say(f"all done in {results['seconds']:.0f} s: {out}/results.json, results.md, {', '.join(os.path.basename(p) for p in plots)}")
     return results
 
@@ -185,6 +191,13 @@ def parser(p=None):
     p.add_argument("--quick", action="store_true", help="every variant on tiny sizes, once: checks the suite, measures nothing")
     p.add_argument("--docs", default=None, help="also rewrite the results section of this Markdown file (docs/benchmarks.md)")
     p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the Horovod settings comparison")
+    p.add_argument("--hosts", type=int, default=None, help="2: run the network section instead, across two emulated "
+                   "hosts (network namespaces, needs root; hvdkit.bench.network)")
+    p.add_argument("--predict", action="store_true", help="run nothing: the scaling model, checked against Horovod's "
+                   "published figures, calibrated on OUT/results.json (else docs/bench/results.json), at 2-512 ranks")
+    p.add_argument("--link", action="append", default=None, metavar="RATE",
+                   help="with --hosts: link rate(s) to shape the hosts' link to, e.g. 1gbit, 10gbit, unlimited "
+                   "(repeatable; default: all three)")
     return p
 
 
@@ -194,6 +207,17 @@ def run_args(args):
         raise ConfigError(f"-np must be at least 2 (got {args.np}): the suite compares 1 rank with N")
     if args.docs and not os.path.isfile(args.docs):
         raise ConfigError(f"--docs {args.docs!r} is not a file; pass the Markdown file to update (docs/benchmarks.md)")
+    if args.predict:  # no jobs: the scaling model on the recorded results (hvdkit.bench.predict)
+        from .predict import run_predict
+
+        return run_predict(args.out, args.docs)
+    if args.hosts is not None or args.link:
+        from .network import RATES, check_ready, run_network
+
+        rates = tuple(args.link or RATES)
+        check_ready(args.hosts or 2, rates)
+        run_network(args.out, rates, args.quick, args.docs)
+        return 0
     run_suite(args.out, args.np, args.quick, args.docs, args.tune)
     return 0
 

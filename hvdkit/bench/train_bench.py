@@ -5,7 +5,9 @@
 Variants, interleaved in one job: ``single`` (rank 0 alone, plain optimizer, the others wait
 without spinning), ``hvdkit`` (``hvdkit.torch.DistributedOptimizer``), ``horovod`` (a raw
 ``horovod.torch`` loop) and ``ddp`` (``torch.nn.parallel.DistributedDataParallel`` over gloo), and ``compute_only`` (every
-rank steps a plain optimizer, nothing averaged: what sharing the machine alone costs).
+rank steps a plain optimizer, nothing averaged: what sharing the machine alone costs); with
+``--fp16`` also ``hvdkit_fp16`` (``compression="fp16"``), and with ``--auto`` the job records what
+``compression="auto"`` picks for this model (``hvdkit.torch.autocompress``) with both times.
 Each rank keeps its own batch size (weak scaling), so scaling efficiency = t_single / t_variant.
 Before timing, the three distributed variants train a few steps from one initial state and must
 end with parameters identical across ranks and equal to each other. Rank 0 writes OUT.json.
@@ -14,8 +16,11 @@ end with parameters identical across ranks and equal to each other. Rank 0 write
 import argparse
 import copy
 import json
+import os
 import sys
 import time
+
+from hvdkit.core.horovod_settings import HOROVOD_DEFAULTS
 
 from .comm_bench import Job
 from .stats import Samples, check_close, interleaved, timed
@@ -23,7 +28,8 @@ from .stats import Samples, check_close, interleaved, timed
 # Communication is 10-30 % of a step for this model on one CPU core per rank (measured: "comm_share").
 WIDTH, DEPTH, BATCH = 1024, 4, 128
 QUICK = (64, 2, 8)
-VARIANTS = ("single", "compute_only", "hvdkit", "horovod", "ddp")
+VARIANTS = ("single", "compute_only", "hvdkit", "horovod", "ddp", "hvdkit_fp16")
+FP16_TOL = 1e-2  # fp16 averaging moves the parameters in the 3rd-4th digit over the check's steps
 
 
 def build_model(torch, width, depth, seed=0):
@@ -35,8 +41,9 @@ def build_model(torch, width, depth, seed=0):
 
 
 class TrainJob(Job):
-    def __init__(self, width, depth, batch):
+    def __init__(self, width, depth, batch, fp16=False):
         super().__init__()
+        self.distributed = ("hvdkit", "horovod", "ddp") + (("hvdkit_fp16",) if fp16 else ())
         torch = self.torch
         self.width, self.depth, self.batch = width, depth, batch
         g = torch.Generator().manual_seed(1000 + self.rank)
@@ -72,6 +79,10 @@ class TrainJob(Job):
         m = copy.deepcopy(base)
         ddp = torch.nn.parallel.DistributedDataParallel(m)
         out["ddp"] = make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+        if "hvdkit_fp16" in self.distributed:
+            m = copy.deepcopy(base)
+            opt = hk.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01), model=m, compression="fp16")
+            out["hvdkit_fp16"] = make_step(m, opt)
         return out
 
     def flat(self, model):
@@ -79,16 +90,17 @@ class TrainJob(Job):
 
     def check(self, variants, steps=3):
         """Distributed variants: identical on every rank and equal to each other after ``steps``."""
-        for name in ("hvdkit", "horovod", "ddp"):
+        for name in self.distributed:
             for _ in range(steps):
                 variants[name][0]()
-        params = {n: self.flat(variants[n][1]) for n in ("hvdkit", "horovod", "ddp")}
+        params = {n: self.flat(variants[n][1]) for n in self.distributed}
         worst = {}
         for n, p in params.items():
             gathered = self.hvd.allgather_object(p[:1000].tolist(), name=f"bench.check.{n}")
             worst[f"{n}_across_ranks"] = check_close(f"{n} parameters across ranks", gathered[0], gathered[-1], 0.0)
-        for n in ("horovod", "ddp"):
-            worst[f"{n}_vs_hvdkit"] = check_close(f"{n} vs hvdkit parameters", params[n].tolist(), params["hvdkit"].tolist(), 1e-5)
+        for n in self.distributed[1:]:
+            tol = FP16_TOL if n.endswith("fp16") else 1e-5
+            worst[f"{n}_vs_hvdkit"] = check_close(f"{n} vs hvdkit parameters", params[n].tolist(), params["hvdkit"].tolist(), tol)
         return worst
 
     def time_single(self, step, steps):
@@ -111,6 +123,30 @@ class TrainJob(Job):
         t = self.torch.zeros(1024)
         self.hvd.allreduce_(t, name="bench.latency")
         return Samples(timed(lambda: self.hvd.allreduce_(t, name="bench.latency"), iters) for _ in range(reps)).median
+
+    def idle_cpu(self, seconds=1.0):
+        """CPU seconds this rank's process burns per second while the training loop sleeps.
+
+        What Horovod's background thread costs between collectives: it wakes every cycle
+        (HOROVOD_CYCLE_TIME) and negotiates with the other ranks, also when nothing is pending.
+        CPU time, unlike wall time, hardly moves with other load on the machine.
+        """
+        self.barrier()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        time.sleep(seconds)
+        return (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+
+    def auto_compression(self):
+        """What ``compression="auto"`` picks for this model now: its Decision as a dict (both times).
+
+        None when this hvdkit has no ``hvdkit.torch.autocompress`` (the hook the network section fills).
+        Collective: every rank calls it.
+        """
+        try:
+            from hvdkit.torch.autocompress import measure_and_choose
+        except ImportError:
+            return None
+        return measure_and_choose(build_model(self.torch, self.width, self.depth)).as_dict()
 
     def run(self, reps, steps, only=None):
         variants = self.variants()
@@ -144,6 +180,8 @@ class TrainJob(Job):
             "checks": checks,
             "comm_share": self.comm_share(samples["hvdkit"].median),
             "allreduce_4k_s": self.allreduce_latency(),
+            "idle_cpu": self.idle_cpu(0.2 if steps <= 2 else 1.0),
+            "horovod_env": {k: os.environ.get(k) for k in HOROVOD_DEFAULTS},  # what Horovod started with
             "variants": out,
         }
 
@@ -156,11 +194,15 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--only", nargs="+", choices=VARIANTS, help="time only these (and the single-rank baseline)")
+    p.add_argument("--fp16", action="store_true", help="also time hvdkit with compression='fp16'")
+    p.add_argument("--auto", action="store_true", help="also record what compression='auto' picks for this model")
     args = p.parse_args(argv)
     width, depth, batch = QUICK if args.quick else (WIDTH, DEPTH, BATCH)
-    job = TrainJob(width, depth, batch)
+    job = TrainJob(width, depth, batch, fp16=args.fp16 or "hvdkit_fp16" in (args.only or ()))
     t0 = time.perf_counter()
     result = job.run(1 if args.quick else args.reps, 2 if args.quick else args.steps, args.only)
+    if args.auto:
+        result["auto_compression"] = job.auto_compression()
     result["seconds"] = time.perf_counter() - t0
     job.dist.destroy_process_group()
     if job.rank == 0:

@@ -12,7 +12,7 @@ import math
 import os
 
 from .errors import ConfigError
-from .options import check_positive_int
+from .options import COMPRESSION_MODES, check_positive_int
 
 # Read by hvdkit.
 LOG_LEVEL = "HVDKIT_LOG_LEVEL"  # DEBUG, INFO (default), WARNING, ERROR
@@ -21,12 +21,17 @@ PROGRESS_INTERVAL = "HVDKIT_PROGRESS_INTERVAL"  # seconds between progress lines
 NUM_THREADS = "HVDKIT_NUM_THREADS"  # intra-op threads per rank (default: cores / local size)
 STALL_TIMEOUT = "HVDKIT_STALL_TIMEOUT"  # seconds a rank may stay out of a collective (default 600)
 GRACE_PERIOD = "HVDKIT_GRACE_PERIOD"  # seconds ranks get to checkpoint after SIGTERM (default 30)
-MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # `hvdkit run` relaunches after a failure (default 0)
+MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # `hvdkit run` relaunches after a failure (default 0; elastic jobs 10)
+DISCOVERY_INTERVAL = "HVDKIT_DISCOVERY_INTERVAL"  # seconds between host discovery polls of an elastic job (default 5)
+ELASTIC_TIMEOUT = "HVDKIT_ELASTIC_TIMEOUT"  # seconds an elastic job waits for --min-np slots (default 600)
 STRAGGLER_THRESHOLD = "HVDKIT_STRAGGLER_THRESHOLD"  # slowdown above which a rank is a straggler (default 1.2)
+COMPRESSION = "HVDKIT_COMPRESSION"  # none, fp16 or auto: what compression="auto" becomes (default: measure)
 
 # Set by `hvdkit run` for the ranks it starts.
 JOB_ID = "HVDKIT_JOB_ID"  # random per launch: each rank's wrapper tags its reports (pid, how it ended) with it
-RESTART = "HVDKIT_RESTART"  # 0 for the first launch, k for the k-th restart
+RESTART = "HVDKIT_RESTART"  # 0 for the first launch, k for the k-th restart (elastic: k-th relaunch, any cause)
+WORLD_SIZE = "HVDKIT_WORLD_SIZE"  # the ranks of this launch (an elastic job's size changes between launches)
+MEMBERSHIP_CHANGES = "HVDKIT_MEMBERSHIP_CHANGES"  # elastic: times the hosts or the size changed so far (0 at first)
 
 # MLflow's own, used by hvdkit.core.tracking: the first is read (an explicit URI wins), the second
 # set to "true" (if unset) when the URI is a `file:` store, which MLflow 3 refuses otherwise.
@@ -39,6 +44,11 @@ HOROVOD_STALL_SHUTDOWN = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 # Horovod's timeline, which `hvdkit run --timeline FILE` sets for every rank (only rank 0 writes it).
 HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
 HOROVOD_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"  # "1": a CYCLE_START record per Horovod cycle
+# Horovod's engine settings, which hvdkit sets (hvdkit.core.horovod_settings) unless these are set.
+HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"  # ms between the background thread's negotiation rounds (fractions too)
+HOROVOD_CACHE_CAPACITY = "HOROVOD_CACHE_CAPACITY"  # responses cached (0: off)
+HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"  # bytes of one fusion buffer
+HOROVOD_GLOO_RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"  # set by horovodrun --gloo: the job runs over Gloo
 DEFAULT_STALL_TIMEOUT = 600
 DEFAULT_GRACE_PERIOD = 30
 DEFAULT_STRAGGLER_THRESHOLD = 1.2
@@ -58,6 +68,7 @@ RANK_VARIABLES = (
 )
 
 DEFAULT_MAX_RESTARTS = 0
+COMPRESSION_CHOICES = COMPRESSION_MODES
 DEFAULT_LOG_LEVEL = "INFO"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 OMP_NUM_THREADS = "OMP_NUM_THREADS"  # OpenMP's own; hvdkit reads it after NUM_THREADS
@@ -220,6 +231,11 @@ class _Pending:
         except ValueError as e:
             got = e.args[0] if e.args and not isinstance(e.args[0], str) else self.text
             raise ConfigError(f"{self.source} must be {self.kind.what} (got {got!r})") from None
+
+
+def given(value):
+    """True when a ``FromEnv`` option (before ``resolve``) came from its flag or its variable, not its default."""
+    return not isinstance(value, _Pending) or value.text is not None or bool(_raw(value.source, None))
 
 
 def resolve(args):

@@ -5,7 +5,9 @@ import math
 from .errors import ConfigError
 
 __all__ = [
+    "AUTO",
     "COMPRESSIONS",
+    "COMPRESSION_MODES",
     "check_compression",
     "check_int_at_least",
     "check_number_above",
@@ -14,16 +16,20 @@ __all__ = [
 ]
 
 COMPRESSIONS = ("none", "fp16")
+AUTO = "auto"
+COMPRESSION_MODES = (*COMPRESSIONS, AUTO)  # what the adapters accept: "auto" measures (hvdkit.core.autocompress)
 
 
-def check_compression(value):
-    """``value`` if it names a gradient compression hvdkit supports, else ConfigError."""
+def check_compression(value, allow_auto=False):
+    """``value`` if it names a gradient compression hvdkit supports (and ``"auto"`` if ``allow_auto``), else ConfigError."""
     if value is None:
         return "none"
-    if value not in COMPRESSIONS:
+    choices = COMPRESSION_MODES if allow_auto else COMPRESSIONS
+    if not isinstance(value, str) or value not in choices:
         raise ConfigError(
-            f"compression must be one of {', '.join(map(repr, COMPRESSIONS))} (got {value!r}); "
+            f"compression must be one of {', '.join(map(repr, choices))} (got {value!r}); "
             "use 'fp16' to halve the bytes on the wire or 'none' for exact fp32 averaging"
+            + (", or 'auto' to time both at start-up and keep the faster" if allow_auto else "")
         )
     return value
 

@@ -1,13 +1,17 @@
 """Preemption: turn SIGTERM (what SLURM and Kubernetes send) into a clean, collective stop."""
 
+import json
+import os
 import signal
 import threading
 
-from .options import check_positive_int
+from . import env as _env
+from .options import check_int_at_least, check_positive_int
 
 __all__ = ["PreemptionGuard"]
 
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+REPORT_MARK = "hvdkit-rank"  # the mark of the reports hvdkit.launch.rankwrap writes (the launcher reads both)
 
 
 class PreemptionGuard:
@@ -24,7 +28,17 @@ class PreemptionGuard:
     makes every rank stop after the same step, so the checkpoint is consistent. ``every`` checks
     only every n-th call (the other calls return False without communicating). Handlers are
     installed on creation (main thread only) and the previous ones restored by ``close()``.
+
+    ``should_stop(step=N)``, N the steps done so far, also tells ``hvdkit run`` where training is:
+    rank 0 writes ``hvdkit-rank JOB {"event": "step", "step": N}`` to its stderr (the launcher takes
+    these lines out of the output), so an elastic job's summary can say which step each attempt
+    resumed at (the first N minus 1) and how many steps a relaunch recomputed. The first call
+    reports even without ``step`` (``"step": null``): from then on every rank has its guard, so an
+    elastic launcher may ask the ranks to stop without killing them mid-start-up. A loop that checks
+    the guard seldom (Keras: at epoch ends) says where it is in between with ``progress(step)``,
+    and where it resumed with ``progress(step, resumed=True)`` (neither is collective).
     Collective: every rank calls ``should_stop()`` the same number of times.
+    Env: HVDKIT_JOB_ID (set by ``hvdkit run``; without it no step is reported).
     """
 
     def __init__(self, comm, every=1, signals=DEFAULT_SIGNALS):
@@ -33,6 +47,7 @@ class PreemptionGuard:
         self.received = None
         self.stopped = False
         self._calls = 0
+        self._job = None  # HVDKIT_JOB_ID on rank 0 ("" elsewhere): where step reports go
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in signals:
@@ -41,14 +56,38 @@ class PreemptionGuard:
     def _on_signal(self, signum, _frame):
         self.received = signum
 
-    def should_stop(self):
-        """True on every rank once any rank received a stop signal (collective)."""
+    def should_stop(self, step=None):
+        """True on every rank once any rank received a stop signal (collective).
+
+        ``step`` (optional, the steps done so far) is reported to ``hvdkit run`` by rank 0.
+        """
+        if step is not None or self._calls == 0:  # the first call says the ranks train (and can stop cleanly)
+            self._report(step)
         self._calls += 1
         if self._calls % self.every:
             return False
         flag = 1.0 if self.received is not None else 0.0
         self.stopped = self.comm.allreduce_sum([flag], name="hvdkit.preemption")[0] > 0
         return self.stopped
+
+    def progress(self, step, resumed=False):
+        """Tell ``hvdkit run`` (from rank 0) that ``step`` steps are done; ``resumed``: training
+        resumes after step ``step`` (0 for a fresh start). Not collective: any rank may call it as
+        often as it likes, only rank 0 reports."""
+        self._report(check_int_at_least("step", step, 0, "pass the number of optimizer steps done, e.g. int(optimizer.iterations)"), resumed)
+
+    def _report(self, step, resumed=False):
+        if self._job is None:
+            self._job = os.environ.get(_env.JOB_ID, "") if getattr(self.comm, "rank", 0) == 0 else ""
+        if self._job:
+            record = {"event": "step", "step": None if step is None else int(step)}
+            if resumed:
+                record["resumed"] = True
+            line = f"{REPORT_MARK} {self._job} {json.dumps(record)}\n"
+            try:  # one write: never interleaved with other output on the same pipe
+                os.write(2, line.encode())
+            except OSError:
+                pass
 
     def close(self):
         for sig, handler in self._previous.items():

@@ -9,6 +9,7 @@ import os
 
 from . import env as _env
 from . import log as _log
+from .horovod_settings import engine_settings
 from .metrics import average_metrics as _average_metrics
 from .preemption import PreemptionGuard
 from .topology import Topology
@@ -34,13 +35,16 @@ class Runtime:
 
         Also sets hvdkit's rank-prefixed logging and turns on Horovod's stall shutdown, so a rank
         that stops taking part in collectives ends the job with an error naming it.
+        Also sets hvdkit's Horovod cycle time (``hvdkit.core.horovod_settings``) unless it is set.
         Collective: every rank calls it.
-        Env: HVDKIT_STALL_TIMEOUT (seconds, default 600), unless HOROVOD_STALL_* are set.
+        Env: HVDKIT_STALL_TIMEOUT (seconds, default 600), unless HOROVOD_STALL_* are set;
+        HOROVOD_CYCLE_TIME, HOROVOD_CACHE_CAPACITY, HOROVOD_FUSION_THRESHOLD (a value set wins).
         """
         hvd = self._engine()
         first = self._comm is None
         if first and not (hasattr(hvd, "is_initialized") and hvd.is_initialized()):
             os.environ.update(_env.stall_settings())  # Horovod reads them when it starts
+            os.environ.update(engine_settings())
             hvd.init()
         topo = self.topology()
         _log.set_topology(topo)

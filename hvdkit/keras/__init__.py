@@ -27,6 +27,7 @@ from ..tensorflow import (  # noqa: F401 - one runtime for TensorFlow and Keras
     size,
     topology,
 )
+from ..tensorflow.data import batch_plan
 from .callbacks import BroadcastInitialState, Checkpoint, LearningRateWarmup, MetricAverage, average_model_metrics
 from .monitoring import StragglerReport
 from .optimizer import DistributedOptimizer, ScaledSchedule, is_distributed, scaled_lr
@@ -47,6 +48,7 @@ __all__ = [
     "Tracker",
     "average_metrics",
     "average_model_metrics",
+    "batch_plan",
     "broadcast_variables",
     "communicator",
     "epoch_dataset",

@@ -8,6 +8,7 @@ from ..core.log import get_logger
 from ..core.lr import check_rule, lr_scale
 from ..core.metrics import sum_states
 from ..core.options import check_int_at_least, check_number_above, check_positive_int
+from ..core.sample_order import rank_seed
 from ..tensorflow.checkpoint import Checkpointer
 from ..tensorflow.runtime import communicator
 from ..tensorflow.variables import broadcast_variables
@@ -142,16 +143,22 @@ class Checkpoint(keras.callbacks.Callback):
         model.fit(..., initial_epoch=ckpt.restore(), callbacks=[..., ckpt])
 
     ``restore()`` loads the newest good checkpoint on every rank (weights, optimizer variables) and
-    returns the epoch to continue from (0 on a fresh start).
+    returns the epoch to continue from (0 on a fresh start). ``fit`` resumes at epoch boundaries,
+    at any world size: with a fixed global batch (``hk.batch_plan``) the optimizer step count
+    carries over across accumulation changes. A checkpoint written by another number of ranks is
+    resumed with this run's learning rate (what the script set for this world size, e.g.
+    ``scaled_lr``; a ``ScaledSchedule`` follows the size anyway) and the RNGs re-seeded
+    (``keras.utils.set_random_seed``) from ``(seed, step, rank)``; both logged on rank 0.
     Collective: every rank creates it, calls ``restore`` and has it in ``fit``.
     """
 
-    def __init__(self, directory, model=None, keep=3, every=1):
+    def __init__(self, directory, model=None, keep=3, every=1, seed=0):
         super().__init__()
         check_positive_int("every", every)
         self.directory = directory
         self.keep = keep
         self.every = every
+        self.seed = seed
         self._bound_model = model
         self._ckpt = None
         self.resumed = None
@@ -164,10 +171,39 @@ class Checkpoint(keras.callbacks.Callback):
 
     def restore(self):
         """The epoch to pass as ``initial_epoch``: the restored checkpoint's, or 0."""
-        self.resumed = self._checkpointer().restore()
+        ckpt = self._checkpointer()
+        lr = _constant_lr(ckpt.optimizer)
+        configured = None if lr is None else float(lr.numpy())
+        self.resumed = ckpt.restore()
+        comm = communicator()
+        if self.resumed is not None and self.resumed.world_size != comm.size:
+            saved = None if lr is None else float(lr.numpy())
+            if lr is not None:
+                lr.assign(configured)
+            keras.utils.set_random_seed(rank_seed(self.seed, self.resumed.step, comm.rank) & 0xFFFFFFFF)
+            if comm.is_rank0:
+                rate = "" if lr is None else f"learning rate {configured:.6g} as configured for this size (saved: {saved:.6g}), "
+                _log.warning(
+                    "checkpoint was written by %d ranks, this job has %d: resuming at epoch %d with %s"
+                    "RNGs re-seeded from (seed %d, step %d, rank)",
+                    self.resumed.world_size,
+                    comm.size,
+                    self.resumed.epoch,
+                    rate,
+                    self.seed,
+                    self.resumed.step,
+                )
         return self.resumed.epoch if self.resumed else 0
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every == 0:
             opt = self.model.optimizer
             self._checkpointer().save(step=int(opt.iterations) if opt is not None else 0, epoch=epoch + 1)
+
+
+def _constant_lr(optimizer):
+    """The optimizer's learning-rate variable, or None (no optimizer, or a schedule: Keras makes no variable then)."""
+    for v in optimizer.variables if optimizer is not None else []:
+        if v.name == "learning_rate":
+            return v
+    return None

@@ -8,7 +8,8 @@ import tensorflow as tf
 from ..core.errors import ConfigError
 from ..core.lr import check_warmup_steps, lr_scale
 from ..core.lr import scaled_lr as _scaled_lr
-from ..core.options import check_compression, check_number_above, check_positive_int
+from ..core.options import AUTO, check_compression, check_number_above, check_positive_int
+from ..tensorflow import autocompress
 from ..tensorflow.gradients import allreduce_gradients
 from ..tensorflow.runtime import communicator
 
@@ -42,18 +43,22 @@ class _AveragingMixin:
     _hvdkit_compression = "none"
     _hvdkit_name = "hvdkit.optimizer.grads"
     _hvdkit_wait = None
+    _hvdkit_groups = 1  # allreduce_gradients(groups=...): 1 grouped op; hvdkit.bench.keras_overlap measures others
 
     def apply(self, grads, trainable_variables=None):
+        if self._hvdkit_compression == AUTO:  # decided once, at the first apply (while tracing: eagerly)
+            grads = list(grads)
+            self._hvdkit_compression = autocompress.resolve(AUTO, grads)
         clock = self._hvdkit_wait
         if clock is None:
-            grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name)
+            grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name, self._hvdkit_groups)
             return super().apply(grads, trainable_variables)
         # Time the allreduce (for StragglerReport): the timestamps are ordered around it by data
         # and control dependencies, so this also holds inside tf.function.
         start = tf.timestamp()
         with tf.control_dependencies([start]):
             grads = [tf.identity(g) if isinstance(g, tf.Tensor) else g for g in grads]
-        grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name)
+        grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name, self._hvdkit_groups)
         with tf.control_dependencies([g for g in grads if isinstance(g, tf.Tensor)]):
             clock.seconds.assign_add(tf.timestamp() - start)
         return super().apply(grads, trainable_variables)
@@ -85,7 +90,9 @@ def allreduce_seconds(optimizer):
 def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step=1):  # noqa: N802 - mirrors Horovod
     """A copy of the Keras 3 ``optimizer`` (same class and config) that averages gradients over ranks.
 
-    - ``compression``: ``"none"`` (exact fp32) or ``"fp16"`` (half the bytes on the wire).
+    - ``compression``: ``"none"`` (exact fp32), ``"fp16"`` (half the bytes on the wire) or
+      ``"auto"``: at the first ``apply`` time both on the variables' shapes and keep fp16 only if
+      > 10 % faster (``hvdkit.tensorflow.autocompress``; HVDKIT_COMPRESSION overrides).
     - ``backward_passes_per_step``: apply the mean gradient of that many batches; implemented with
       Keras 3's own ``gradient_accumulation_steps``. Gradients are averaged over ranks at every
       batch (Keras accumulates inside ``apply``), so this saves memory and optimizer steps, not
@@ -99,6 +106,7 @@ def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step
     ``DistributedOptimizer(keras.optimizers.SGD(0.1, global_clipnorm=1.0))`` clips the gradient of
     the global batch, identically on every rank.
     Collective: every rank must apply gradients the same number of times.
+    Env: HVDKIT_COMPRESSION (with ``compression="auto"``).
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ConfigError(
@@ -107,7 +115,7 @@ def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step
         )
     if is_distributed(optimizer):
         raise ConfigError("optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
-    compression = check_compression(compression)
+    compression = check_compression(compression, allow_auto=True)
     check_positive_int("backward_passes_per_step", backward_passes_per_step)
     config = optimizer.get_config()
     if backward_passes_per_step > 1:

@@ -1,5 +1,9 @@
 """``hvdkit doctor``: what is installed, what Horovod was built with, and a 2-rank smoke test.
 
+The engine must carry the fix level of the recipe shipped with this hvdkit (``hvdkit.engine``): an
+engine from an older hvdkit, or an unpatched upstream one, is a problem whose fix is
+``hvdkit engine install``.
+
 With ``--hosts``: every host reachable over ssh, the same versions everywhere, the route and
 network interface to each, and an allreduce across all of them.
 """
@@ -19,7 +23,13 @@ from .remote import is_this_machine, remote_json
 
 __all__ = ["diagnose", "check_build", "engine_fix_level", "local_versions"]
 
-_FIX_SETUP = "run `make setup` in the hvdkit checkout (it installs and builds everything)"
+_FIX_SETUP = (
+    "install torch and tensorflow-cpu (pip install 'hvdkit[torch,tensorflow]'), then run `hvdkit engine install` "
+    "(in an hvdkit checkout `make setup` does both)"
+)
+# check-build imports TensorFlow and torch several times: about 25 s on a quiet machine, minutes on a busy one.
+_CHECK_BUILD_TIMEOUT = 300
+_FIX_ENGINE = "run `hvdkit engine install` (it builds Horovod for this environment; in an hvdkit checkout `make setup` does it)"
 
 
 def _version(*names):
@@ -86,7 +96,7 @@ def engine_fix_level(report):
     """The hvdkit engine fix level named in ``horovodrun --check-build`` output, or ``None``.
 
     ``None`` means an unpatched upstream engine: its check-build prints no fix level (the line comes
-    from fix 01 in ``scripts/horovod-fixes``).
+    from fix 01 in ``hvdkit/engine/recipe/horovod-fixes``).
     """
     m = re.search(r"^\s*hvdkit engine fixes: (hvdkit-fixes-\S+.*)$", report, re.MULTILINE)
     return m.group(1).strip() if m else None
@@ -109,23 +119,25 @@ def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None
     row("tensorflow", _version("tensorflow-cpu", "tensorflow"))
     row("keras", _version("keras"))
     horovod = _version("horovod")
-    row("horovod", horovod, _FIX_SETUP)
+    row("horovod", horovod, _FIX_ENGINE)
     row("mpi4py", _version("mpi4py"))
     rc, text = _run([find_tool("mpirun", python), "--version"], 30)
     mpi_fix = _tool_fix("mpirun", python, rc, text, "apt-get install openmpi-bin libopenmpi-dev")
     row("open mpi", text.splitlines()[0] if rc == 0 and text else None, mpi_fix)
     built, report, runnable = {}, "", True
     if horovod:
-        rc, report = _run([find_tool("horovodrun", python), "--check-build"], 120)
+        rc, report = _run([find_tool("horovodrun", python), "--check-build"], _CHECK_BUILD_TIMEOUT)
         built = check_build(report) if rc == 0 else {}
-        runnable = rc not in (126, 127)
-        if not runnable:  # the engine may be fine; what is missing is its launcher
-            row("horovodrun", None, _tool_fix("horovodrun", python, rc, report, _FIX_SETUP))
+        runnable = rc == 0
+        if rc in (126, 127):  # the engine may be fine; what is missing is its launcher
+            row("horovodrun", None, _tool_fix("horovodrun", python, rc, report, _FIX_ENGINE))
+        elif rc != 0:  # what the engine was built with is unknown, not missing
+            last = report.strip().splitlines()[-1] if report.strip() else f"exit {rc}"
+            row("horovodrun --check-build", None, f"it failed ({last}); run it by hand to see why, or {_FIX_ENGINE}")
     for part in ("PyTorch", "TensorFlow", "MPI", "Gloo") if runnable else ():
-        row(f"horovod built with {part}", "yes" if built.get(part) else None, f"rebuild Horovod: {_FIX_SETUP}")
+        row(f"horovod built with {part}", "yes" if built.get(part) else None, f"rebuild Horovod: {_FIX_ENGINE}")
     if horovod and runnable:
-        unpatched = f"unpatched upstream engine (Horovod's own TF/Keras API fails on Keras 3; {_FIX_SETUP})"
-        row("horovod engine fixes", engine_fix_level(report) or unpatched)
+        _engine_fixes_row(engine_fix_level(report), row)
     if smoke and not problems:
         for controller in ("mpi", "gloo"):
             ok, detail = _smoke(python, controller)
@@ -134,6 +146,23 @@ def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None
         _diagnose_hosts(hosts, python, network_interface, row, smoke)
     out.write("all checks passed\n" if not problems else "problems:\n" + "".join(f"  - {p}\n" for p in problems))
     return problems
+
+
+def _engine_fixes_row(installed, row):
+    """The engine's fix level, a problem unless it is the level of the recipe shipped with this hvdkit."""
+    from ..engine import EngineError, fix_level
+
+    try:
+        shipped = fix_level()
+    except EngineError as e:  # the recipe is package data; without bash it cannot be read
+        shipped = None
+        row("hvdkit engine recipe", None, f"cannot read its fix level ({e}); reinstall hvdkit")
+    if installed is None:
+        row("horovod engine fixes", None, f"an unpatched upstream engine (Horovod's own TF/Keras API fails on Keras 3): {_FIX_ENGINE}")
+    elif shipped and not installed.startswith(f"{shipped} "):
+        row("horovod engine fixes", None, f"the engine carries {installed}, this hvdkit ships {shipped}: {_FIX_ENGINE}")
+    else:
+        row("horovod engine fixes", installed)
 
 
 def _diagnose_hosts(hosts, python, network_interface, row, smoke):

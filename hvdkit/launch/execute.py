@@ -1,5 +1,6 @@
 """The one place that starts processes: run a Plan, stream rank-tagged output, report the outcome."""
 
+import dataclasses
 import json
 import os
 import re
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from ..core import env as _env
 from .plan import Plan
+from .quiet import OutputFilter
 from .rankwrap import MARK, die_with_parent
 
 __all__ = ["JobResult", "LineDemux", "RankReports", "local_rank_pids", "run", "retag", "signal_name"]
@@ -38,6 +40,11 @@ class JobResult:
     message: str = ""
     stalled_ranks: tuple = ()  # ranks Horovod's stall inspector found missing from collectives
     interrupted_by: int | None = None  # a signal the launcher itself received and passed on
+    stop_reason: str | None = None  # why the launcher asked the ranks to stop (a StopRequest), if it did
+    ranks_started_at: float | None = None  # time.monotonic() when the last rank reported its start
+    failure_noticed_at: float | None = None  # time.monotonic() when the first failure report arrived
+    resumed_step: int | None = None  # the step the ranks resumed at, if they report steps (PreemptionGuard)
+    last_step: int | None = None  # the last step they reported
 
 
 def retag(line):
@@ -107,6 +114,11 @@ class RankReports:
         self.job_id = job_id
         self.started = {}  # rank -> {"pid", "host", ...}
         self.ended = {}  # rank -> {"exit_code", "signal", "host", "seconds", "ended", ...}
+        self.first_step = self.last_step = None  # steps reported (``{"event": "step", "step": N}``)
+        self.resumed_step = None  # the first step reported with ``"resumed": true``
+        self.training = False  # a rank's PreemptionGuard reported (the ranks train and can stop cleanly)
+        self.last_start = None  # time.monotonic() of the newest start report
+        self.first_failure = None  # time.monotonic() of the first report of a rank that failed
 
     def take(self, text):
         """The record if ``text`` is one of this job's reports (then not shown to the user), else None."""
@@ -117,14 +129,24 @@ class RankReports:
             record = json.loads(m.group(3))
         except ValueError:
             return None
-        if not isinstance(record, dict) or record.get("event") not in ("start", "exit"):
+        if not isinstance(record, dict) or record.get("event") not in ("start", "exit", "step"):
             return None
         record["rank"] = int(m.group(1))
-        if record["event"] == "start":
+        if record["event"] == "step":
+            self.training = True
+            if isinstance(record.get("step"), int):
+                if record.get("resumed") is True and self.resumed_step is None:
+                    self.resumed_step = record["step"]
+                self.first_step = record["step"] if self.first_step is None else self.first_step
+                self.last_step = record["step"]
+        elif record["event"] == "start":
             self.started.setdefault(record["rank"], record)
+            self.last_start = time.monotonic()
         else:
             record["ended"] = time.time()
             self.ended.setdefault(record["rank"], record)
+            if record.get("exit_code") != 0 and self.first_failure is None:
+                self.first_failure = time.monotonic()
         return record
 
 
@@ -171,11 +193,14 @@ def signal_name(num):
         return f"signal {num}"
 
 
-def _outcome(returncode, statuses, seconds, stalled=(), interrupted_by=None):
+def _outcome(returncode, statuses, seconds, stalled=(), interrupted_by=None, started=None):
     failures = [r for r in statuses.values() if r.get("exit_code") != 0]
     extra = {"seconds": seconds, "stalled_ranks": tuple(stalled), "interrupted_by": interrupted_by}
     if not failures:
-        if returncode == 0:
+        # A stop sent to the whole job (SLURM's scancel signals mpirun too): every rank that started
+        # ended cleanly, so the launcher's own status says nothing more.
+        stopped_cleanly = interrupted_by is not None and started and set(started) <= set(statuses)
+        if returncode == 0 or stopped_cleanly:
             return JobResult(0, **extra)
         return JobResult(
             returncode or 1,
@@ -195,7 +220,7 @@ def _outcome(returncode, statuses, seconds, stalled=(), interrupted_by=None):
     return JobResult(exit_code, rank, code, sig, message=message, **extra)
 
 
-def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=True):
+def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=True, stop=None):
     """Start ``plan``, stream every rank's output tagged with its rank, return a JobResult.
 
     ``job_id`` is the HVDKIT_JOB_ID the plan gave its rank wrappers: their reports (pid, how each
@@ -206,10 +231,14 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
     PreemptionGuard can checkpoint the current step. After ``grace`` seconds, or at a second
     signal, the launcher itself is terminated. Afterwards no rank process of this job is left on
     this host. If this process dies without a word (SIGKILL, its process group killed), mpirun or
-    horovodrun gets SIGTERM from the kernel and ends the job on every host.
+    horovodrun gets SIGTERM from the kernel and ends the job on every host. ``stop`` (a
+    ``hvdkit.launch.elastic_run.StopRequest``) lets another thread ask for the same graceful stop,
+    or a hard one; the result names its reason.
     """
     out = out or sys.stdout
     err = err or sys.stderr
+    # HVDKIT_LOG_LEVEL=DEBUG shows the ranks' start-up chatter and the launcher's own failure report
+    quiet = OutputFilter(verbose=_env.read_choice(_env.LOG_LEVEL, _env.LOG_LEVELS, _env.DEFAULT_LOG_LEVEL, upper=True) == "DEBUG")
     start = time.perf_counter()
     proc = subprocess.Popen(
         list(plan.argv),
@@ -236,17 +265,38 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
         except ProcessLookupError:
             pass
 
-    def forward(signum, _frame):
-        received.append(signum)
-        if len(received) > 1:
-            stop_now()
-            return
+    stopping = []  # a graceful stop is under way (a signal or a StopRequest)
+
+    def graceful():
+        stopping.append(True)
         _signal_pids(local_ranks(), signal.SIGTERM)
         if forward_usr1:
             _signal_pids([proc.pid], signal.SIGUSR1)
         timers.append(threading.Timer(grace, stop_now))
         timers[-1].daemon = True
         timers[-1].start()
+
+    def forward(signum, _frame):
+        received.append(signum)
+        if len(received) > 1 or stopping:
+            stop_now()
+            return
+        graceful()
+
+    finished = threading.Event()
+
+    def on_request():
+        while not finished.is_set():
+            if stop.wait(0.2):
+                if stop.hard:  # mpirun and its ssh to a vanished host wait forever: kill them all
+                    _signal_pids(local_ranks(), signal.SIGTERM)
+                    _signal_pids(_tree(proc.pid), signal.SIGKILL)
+                elif not (received or stopping):
+                    graceful()
+                return
+
+    if stop is not None:
+        threading.Thread(target=on_request, daemon=True).start()
 
     stops = [signal.SIGINT, signal.SIGTERM]
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # nohup: the user asked to outlive the terminal
@@ -259,13 +309,19 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
     def write(lines):
         for stream, text in lines:
             record = reports.take(text)
+            if record and stop is not None:
+                stop.ranks_started_at, stop.last_step, stop.training = reports.last_start, reports.last_step, reports.training
             if record:
-                if record["event"] == "start" and received:  # started after the stop: stop it too
+                if record["event"] == "start" and stopping:  # started after the stop: stop it too
                     _signal_pids(local_rank_pids({0: record}, job_id), signal.SIGTERM)
                 continue
             m = _STALLED.match(text)
             if m and int(m.group(1)) not in stalled:
                 stalled.append(int(m.group(1)))
+            show(quiet.feed(stream, text))
+
+    def show(lines):
+        for stream, text in lines:
             target = out if stream == "stdout" else err
             if target in broken:
                 continue
@@ -281,13 +337,23 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
         write(demux.flush())
         returncode = proc.wait()
     finally:
+        finished.set()
         for timer in timers:  # the job is over: never signal a pid that may be reused
             timer.cancel()
         for s, handler in previous.items():
             signal.signal(s, handler)
         _reap(proc.pid, local_ranks())
     seconds = time.perf_counter() - start
-    return _outcome(returncode, reports.ended, seconds, stalled, received[0] if received else None)
+    result = _outcome(returncode, reports.ended, seconds, stalled, received[0] if received else None, reports.started)
+    show(quiet.end(rank_failed=result.failed_rank is not None))
+    return dataclasses.replace(
+        result,
+        stop_reason=stop.reason if stop is not None and stop.is_set() and not received else None,
+        ranks_started_at=reports.last_start,
+        failure_noticed_at=reports.first_failure,
+        resumed_step=reports.resumed_step if reports.resumed_step is not None else None if reports.first_step is None else reports.first_step - 1,
+        last_step=reports.last_step,
+    )
 
 
 def _end_with(launcher_pid):
@@ -306,6 +372,23 @@ def _end_with(launcher_pid):
             os.kill(os.getpid(), signal.SIGKILL)
 
     return arm
+
+
+def _tree(pid):
+    """``pid`` and every process below it (ssh clients run in sessions of their own), from /proc."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
 
 
 def _reap(pgid, rank_pids):

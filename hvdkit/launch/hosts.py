@@ -19,6 +19,7 @@ __all__ = [
     "expand_nodelist",
     "expand_tasks_per_node",
     "slurm_hosts",
+    "mpirun_uses_srun",
     "mpi_operator_hostfile",
     "resolve",
     "format_hosts",
@@ -31,6 +32,7 @@ __all__ = [
 SLURM_NODELIST = "SLURM_JOB_NODELIST"  # e.g. node[01-03,07]
 SLURM_NODELIST_OLD = "SLURM_NODELIST"  # older name, same value
 SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"  # e.g. 2(x3),1
+SLURM_JOBID = "SLURM_JOBID"  # what Open MPI's mpirun looks for to start its daemons with srun
 MPI_OPERATOR_HOSTFILE_VAR = "OMPI_MCA_orte_default_hostfile"  # set by the MPI Operator on the launcher
 MPI_OPERATOR_HOSTFILE = "/etc/mpi/hostfile"  # where the MPI Operator mounts it
 
@@ -227,6 +229,16 @@ def slurm_hosts(environ):
             f"{SLURM_NODELIST}={nodelist!r}; run inside the allocation as SLURM set it, or pass -H"
         )
     return _unique([Host(n, c) for n, c in zip(names, counts)], f"{SLURM_NODELIST}={nodelist!r}")
+
+
+def mpirun_uses_srun(environ):
+    """True inside a SLURM job: Open MPI's mpirun then starts its daemons with srun, not ssh.
+
+    Its plm/slurm component takes over there, so the nodes need not accept ssh from each other.
+
+    Env: SLURM_JOBID (set by sbatch, salloc and srun).
+    """
+    return bool(environ.get(SLURM_JOBID))
 
 
 def mpi_operator_hostfile(environ, default_path=MPI_OPERATOR_HOSTFILE, exists=os.path.isfile):

@@ -10,7 +10,7 @@ from .hosts import format_hosts, is_local
 from .spec import JobSpec
 from .timeline_flags import MARK_CYCLES, TIMELINE
 
-__all__ = ["Plan", "build", "find_tool", "FORWARDED"]
+__all__ = ["Plan", "build", "find_tool", "oversubscribed", "FORWARDED"]
 
 # The launcher's own values of these reach ranks on other hosts (mpirun -x NAME), when set.
 FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
@@ -35,6 +35,14 @@ def find_tool(name, python):
     return beside if os.access(beside, os.X_OK) else (shutil.which(name) or name)
 
 
+def oversubscribed(num_proc, cores):
+    """What running ``num_proc`` ranks on this host's ``cores`` means, in one line."""
+    return (
+        f"{num_proc} ranks on {cores} CPU cores here: they share cores (mpirun --oversubscribe), one thread "
+        f"each, so steps run slower than on {num_proc} cores; use -np {cores} or add hosts (-H) to avoid it"
+    )
+
+
 def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=None, base_env=None):
     """The Plan that runs ``spec``.
 
@@ -43,7 +51,8 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
     launcher can name the rank that failed first, on any host.
     ``is_root`` adds mpirun's ``--allow-run-as-root``. Without hosts the ranks run here
     (``localhost:N``) and ``num_proc > cores`` adds ``--oversubscribe``; with hosts they become
-    ``-H a:2,b:2``, and mpirun exports PATH, LD_LIBRARY_PATH and PYTHONPATH (those set in
+    ``-H a:2,b:2`` (names with a dot are kept whole: ``orte_keep_fqdn_hostnames``, as the MPI
+    Operator sets it), and mpirun exports PATH, LD_LIBRARY_PATH and PYTHONPATH (those set in
     ``base_env``) when any host is not localhost.
     ``progress`` (True/False/None) sets HVDKIT_PROGRESS for the ranks unless the user set it.
     ``spec.timeline`` sets HOROVOD_TIMELINE (and HOROVOD_TIMELINE_MARK_CYCLES) for every rank,
@@ -76,6 +85,8 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
     if not spec.hosts and spec.num_proc > cores:  # given hosts state their slots; no need
         argv.append("--oversubscribe")
     argv += ["--bind-to", "none", "--map-by", "slot", "--tag-output"]
+    if any("." in host.name for host in spec.hosts):  # Open MPI would cut "w-0.svc" to "w-0" and ssh there
+        argv += ["--mca", "orte_keep_fqdn_hostnames", "true"]
     if spec.network_interface:  # both the data path (btl) and mpirun's own control channel (oob)
         nic = spec.network_interface
         argv += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic]

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..core.errors import LaunchError
 from .hosts import LOCAL_NAMES
 
-__all__ = ["is_this_machine", "remote_hosts", "check_reachable", "ssh", "remote_json"]
+__all__ = ["is_this_machine", "remote_hosts", "unreachable", "check_reachable", "ssh", "remote_json"]
 
 _SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=5")
 
@@ -51,18 +51,23 @@ def ssh(host, argv, timeout=30):
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
-def check_reachable(hosts, timeout=15):
-    """Raise LaunchError naming every host that ssh cannot reach (checked in parallel)."""
+def unreachable(hosts, timeout=15):
+    """``{name: why}`` for every host that ssh cannot reach (checked in parallel); ``{}`` when all answer."""
     remote = remote_hosts(hosts)
     if not remote:
-        return
+        return {}
     with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
         results = list(pool.map(lambda h: (h.name, *ssh(h.name, ["true"], timeout)), remote))
-    failed = [(name, code, out) for name, code, out in results if code != 0]
+    return {name: (out.splitlines() or [f"exit code {code}"])[-1] for name, code, out in results if code != 0}
+
+
+def check_reachable(hosts, timeout=15):
+    """Raise LaunchError naming every host that ssh cannot reach (checked in parallel)."""
+    failed = unreachable(hosts, timeout)
     if failed:
-        detail = "; ".join(f"{name}: {(out.splitlines() or [f'exit code {code}'])[-1]}" for name, code, out in failed)
+        detail = "; ".join(f"{name}: {why}" for name, why in failed.items())
         raise LaunchError(
-            f"cannot reach {', '.join(name for name, _, _ in failed)} over ssh ({detail}). Ranks on other hosts are "
+            f"cannot reach {', '.join(failed)} over ssh ({detail}). Ranks on other hosts are "
             "started over ssh: check the host names, that sshd runs there and that `ssh HOST true` works "
             "without a password"
         )

@@ -4,6 +4,7 @@ Pure: ``render`` returns text. ``save`` and ``main`` (``python -m hvdkit.launch.
 rewrites the examples in the top-level ``launch/`` folder) are the only parts that write files.
 """
 
+import dataclasses
 import os
 import re
 import shlex
@@ -21,6 +22,7 @@ __all__ = [
     "TARGETS",
     "EXAMPLE",
     "EXAMPLE_FILES",
+    "EXAMPLE_ELASTIC",
     "render",
     "render_command",
     "example_files",
@@ -30,6 +32,8 @@ __all__ = [
 
 TARGETS = ("slurm", "mpijob", "mpirun", "horovodrun", "hostfile")
 SSH_HOME = "/home/hvdkit"  # the image runs as user hvdkit
+# The MPI Operator (v2) mounts this script on the launcher; it prints `host:slots` for the running workers.
+MPI_OPERATOR_DISCOVERY = "/etc/mpi/discover_hosts.sh"
 # Where the MPI Operator mounts its key Secret: a folder only hvdkit can enter; the image's entrypoint
 # (docker/entrypoint.sh) copies the keys into ~/.ssh with private modes at container start.
 SSH_SECRET = f"{SSH_HOME}/.mpi-operator/ssh"
@@ -70,6 +74,8 @@ class RenderSpec:
     cpu: int | None = None
     memory: str = "2Gi"
     hosts: tuple = ()
+    min_np: int | None = None  # elastic (slurm, mpijob): the fewest ranks to train with
+    max_np: int | None = None  # and the most to grow to
 
     def __post_init__(self):
         def fill(name, value):
@@ -97,6 +103,7 @@ class RenderSpec:
                 f"lower -np or raise --nodes/--slots-per-node"
             )
         check_slots(self.hosts, self.num_proc, origin=f"-H {format_hosts(self.hosts)}")
+        _check_elastic(self)
         fill("cpu", _count(_default(self.cpu, self.slots_per_node), "--cpu"))
         if self.cpu < self.slots_per_node:
             raise ConfigError(
@@ -115,9 +122,28 @@ class RenderSpec:
             )
 
     @property
+    def elastic(self):
+        return self.min_np is not None or self.max_np is not None
+
+    @property
+    def elastic_flags(self):
+        """``--min-np MIN --max-np MAX`` for ``hvdkit run`` (empty when the job is not elastic)."""
+        if not self.elastic:
+            return []
+        return ["--min-np", str(_default(self.min_np, self.num_proc)), "--max-np", str(_default(self.max_np, self.num_proc))]
+
+    @property
     def launch_hosts(self):
         """The hosts the mpirun/horovodrun scripts name: the given ones, else placeholders."""
         return self.hosts or tuple(Host(f"node{i}", self.slots_per_node) for i in range(1, self.nodes + 1))
+
+
+def _check_elastic(spec):
+    """Raise ConfigError unless 1 <= --min-np <= -np <= --max-np (when either is given)."""
+    lo = _count(_default(spec.min_np, spec.num_proc), "--min-np")
+    hi = _count(_default(spec.max_np, spec.num_proc), "--max-np")
+    if not lo <= spec.num_proc <= hi:
+        raise ConfigError(f"elastic bounds need --min-np <= -np <= --max-np (got {lo} <= {spec.num_proc} <= {hi}); fix the one out of order")
 
 
 def _check_word(word):
@@ -165,7 +191,7 @@ def render_command(target, spec):
     if target == "mpijob":
         argv += ["--image", spec.image]
     if target in ("slurm", "mpijob"):
-        argv += ["--cpu", str(spec.cpu), "--memory", spec.memory]
+        argv += ["--cpu", str(spec.cpu), "--memory", spec.memory, *spec.elastic_flags]
     if spec.hosts and target in ("mpirun", "horovodrun", "hostfile"):
         argv += ["-H", format_hosts(spec.hosts)]
     return [*argv, "--", *spec.command]
@@ -197,12 +223,35 @@ def _slurm(spec):
         "",
         "# hvdkit must be on PATH on every node (activate its virtualenv here if needed).",
         "# hvdkit run reads this allocation's hosts from SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE,",
-        "# starts mpirun with -H host:slots for them and names the rank that fails first.",
+        "# starts mpirun with -H host:slots for them (mpirun reaches the other nodes through srun, not ssh)",
+        "# and names the rank that fails first. `exec`: on scancel or preemption SLURM sends SIGTERM and",
+        "# kills what is left of the job once the script's own process ends; hvdkit run must be that",
+        "# process, so the ranks can save a checkpoint of the step they stopped at (see docs/slurm.md).",
         "# Without hvdkit run, when Slurm and Open MPI are built with PMIx, srun starts the ranks itself:",
         f"#   srun --mpi=pmix {command}",
-        f'hvdkit run -np "$SLURM_NTASKS" -- {command}',
+        f'exec hvdkit run -np "$SLURM_NTASKS" -- {command}',
     ]
+    if spec.elastic:
+        lines = _slurm_elastic(lines, spec)
     return "\n".join(lines) + "\n"
+
+
+def _slurm_elastic(lines, spec):
+    """The batch script's lines made elastic: --no-kill, what elastic means there, the flags."""
+    mem = next(i for i, line in enumerate(lines) if line.startswith("#SBATCH --mem="))
+    run = lines[-1].replace(' -- ', f" {_line(spec.elastic_flags)} -- ", 1)
+    return [*lines[: mem + 1], "#SBATCH --no-kill", *lines[mem + 1 : -1], *_SLURM_ELASTIC, run]
+
+
+# What elastic means inside a SLURM allocation, written into an elastic batch script.
+_SLURM_ELASTIC = [
+    "# Elastic (--min-np/--max-np) inside a fixed allocation: the hosts are this allocation's nodes and",
+    "# never more. When a node fails, hvdkit run relaunches on the nodes it can still reach over ssh,",
+    "# while they hold --min-np slots, and grows back when the node answers again; the ranks resume",
+    "# from their newest checkpoint. --no-kill keeps the allocation when a node fails (without it SLURM",
+    "# ends the whole job). For nodes SLURM itself reports, pass --host-discovery-script with a script",
+    "# that prints `host:slots` for the nodes of $SLURM_JOB_NODELIST that sinfo lists as up.",
+]
 
 
 def _mpijob_dict(spec):
@@ -210,7 +259,8 @@ def _mpijob_dict(spec):
         # `args`, not `command`: Kubernetes' `command` would replace the image's entrypoint.
         return {"name": name, "image": spec.image, "args": list(args), **extra}
 
-    launch = ["hvdkit", "run", "-np", str(spec.num_proc), "--", *spec.command]
+    elastic = [*spec.elastic_flags, "--host-discovery-script", MPI_OPERATOR_DISCOVERY] if spec.elastic else []
+    launch = ["hvdkit", "run", "-np", str(spec.num_proc), *elastic, "--", *spec.command]
     sshd = ["/usr/sbin/sshd", "-De", "-f", f"{SSH_HOME}/.sshd_config"]
     limits = {"limits": {"cpu": str(spec.cpu), "memory": spec.memory}}
     return {
@@ -238,11 +288,20 @@ def _mpijob(spec):
 
     header = _header("mpijob", spec, "Kubeflow MPI Operator job: kubectl apply -f mpijob.yaml")
     header += [
-        "# The launcher's `hvdkit run` reads the workers from the operator's hostfile (/etc/mpi/hostfile);",
+        "# The launcher's `hvdkit run` reads the workers from the operator's "
+        + ("discovery script (see below);" if spec.elastic else "hostfile (/etc/mpi/hostfile);"),
         f"# workers run sshd as user hvdkit with the config {SSH_HOME}/.sshd_config from the image.",
         "# Both run through the image's entrypoint (so `args`, not `command`): it makes a host key for",
         f"# each container and copies the operator's keys from {SSH_SECRET} into ~/.ssh, private.",
     ]
+    if spec.elastic:
+        header += [
+            f"# Elastic: the operator keeps {MPI_OPERATOR_DISCOVERY} listing the running workers (`pod:slots`);",
+            "# hvdkit run polls it, relaunches on the workers left after one fails (at least --min-np ranks)",
+            "# and grows up to --max-np when workers are added (raise Worker replicas); ranks resume from the",
+            "# newest checkpoint, so keep it on a volume every pod mounts. Kubernetes updates the mounted",
+            "# script only after its ConfigMap sync (up to about a minute).",
+        ]
     return "\n".join(header) + "\n" + yaml.safe_dump(_mpijob_dict(spec), sort_keys=False, default_flow_style=False)
 
 
@@ -318,9 +377,15 @@ EXAMPLE_FILES = {
 }
 
 
-def example_files(spec=EXAMPLE):
+# The same job made elastic (2 to 4 ranks on the workers the MPI Operator lists).
+EXAMPLE_ELASTIC = dataclasses.replace(EXAMPLE, name="hvdkit-digits-elastic", min_np=2, max_np=4)
+EXAMPLE_ELASTIC_FILES = {"mpijob-elastic.yaml": "mpijob"}
+
+
+def example_files(spec=EXAMPLE, elastic=EXAMPLE_ELASTIC):
     """``{file name: text}`` of the example files kept in the top-level ``launch/`` folder."""
-    return {name: render(target, spec) for name, target in EXAMPLE_FILES.items()}
+    files = {name: render(target, spec) for name, target in EXAMPLE_FILES.items()}
+    return {**files, **{name: render(target, elastic) for name, target in EXAMPLE_ELASTIC_FILES.items()}}
 
 
 def save(path, text):

@@ -15,6 +15,7 @@ from .runtime import communicator
 __all__ = ["Checkpointer", "Resumed"]
 
 STATE_FILE = "state.npz"
+_ACCUMULATOR = "_gradient_accumulator"  # Keras 3 names its accumulators <variable>_gradient_accumulator
 _log = get_logger("checkpoint")
 
 
@@ -26,7 +27,11 @@ class Checkpointer:
     """Saves and restores a model's weights, its optimizer's variables, step, epoch and ``extra``.
 
     ``model`` is anything with ``.weights`` (a Keras model); ``optimizer`` a Keras optimizer (its
-    variables include the iteration count, so learning-rate schedules continue). Files are plain
+    variables include the iteration count, so learning-rate schedules continue). Keras's gradient
+    accumulators are not saved: they hold a partial sum only between the batches of one optimizer
+    step, so save after complete steps (``fit`` callbacks at epoch ends do). A checkpoint restored
+    with another accumulation (a fixed global batch at another world size) continues at the same
+    optimizer step: the raw batch counter is converted. Files are plain
     arrays (``.npz``, read with ``allow_pickle=False``) under the core's rank-0 protocol; ``extra``
     (plain JSON data) is kept in the manifest.
 
@@ -47,7 +52,19 @@ class Checkpointer:
             return []
         if not opt.built:
             opt.build(self.model.trainable_variables)
-        return list(opt.variables)
+        return [v for v in opt.variables if not v.name.endswith(_ACCUMULATOR)]
+
+    def _accumulation(self):
+        return int(getattr(self.optimizer, "gradient_accumulation_steps", None) or 1)
+
+    def _convert_iterations(self, saved_accumulation):
+        """Rescale Keras's raw batch counter from the saved accumulation to this optimizer's (every rank)."""
+        now = self._accumulation()
+        if self.optimizer is None or saved_accumulation == now:
+            return
+        for v in self.optimizer.variables:
+            if v.name == "iteration":
+                v.assign(int(v.numpy()) // saved_accumulation * now)
 
     def save(self, step, epoch, extra=None):
         """Write a checkpoint of ``step``; ``epoch`` is the number of epochs completed.
@@ -68,7 +85,8 @@ class Checkpointer:
             with open(os.path.join(folder, STATE_FILE), "wb") as f:
                 f.write(buf.getvalue())
 
-        return self.store.save(write, step, epoch, meta={"extra": extra}, check=lambda: check_json_plain(extra, "extra"))
+        meta = {"extra": extra, "accumulation": self._accumulation()}
+        return self.store.save(write, step, epoch, meta=meta, check=lambda: check_json_plain(extra, "extra"))
 
     def restore(self):
         """Load the newest good checkpoint into the model and optimizer on every rank.
@@ -90,9 +108,11 @@ class Checkpointer:
             return None
         _, header, info = loaded
         self._receive(header, variables)
+        meta = info.manifest.get("meta", {})
+        self._convert_iterations(int(meta.get("accumulation", self._accumulation())))
         if self.comm.is_rank0:
             _log.info("resumed from %s (step %d, epoch %d)", info.path, info.step, info.epoch)
-        extra = info.manifest.get("meta", {}).get("extra")
+        extra = meta.get("extra")
         return Resumed(info.step, info.epoch, extra, info.path, info.world_size)
 
     @staticmethod

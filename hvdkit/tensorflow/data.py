@@ -1,15 +1,18 @@
 """Sharding ``tf.data`` datasets by rank, with a stated rule for sizes that do not divide."""
 
-import math
-
+import numpy as np
 import tensorflow as tf
 
 from ..core.errors import ConfigError
-from ..core.options import check_positive_int
+from ..core.global_batch import plan_batches
+from ..core.log import get_logger
+from ..core.sample_order import epoch_order, rank_batches, step_bounds
 from .runtime import rank as _rank
 from .runtime import size as _size
 
-__all__ = ["shard", "epoch_dataset"]
+__all__ = ["shard", "batch_plan", "epoch_dataset"]
+
+_log = get_logger("data")
 
 
 def shard(dataset, even=True, rank=None, size=None):
@@ -38,35 +41,73 @@ def shard(dataset, even=True, rank=None, size=None):
     return dataset.shard(size, rank)
 
 
+def batch_plan(batch_size, global_batch_size=None, backward_passes_per_step=1, size=None, log=True):
+    """The ``BatchPlan`` of this job: per-rank batch x ranks x accumulation steps = global batch.
 
-def epoch_dataset(arrays, batch_size, epochs, initial_epoch=0, seed=0, shuffle=True, rank=None, size=None):
-    """This rank's batches of in-memory ``arrays`` for epochs ``initial_epoch .. epochs-1``, and the
-    number of steps per epoch: ``model.fit(ds, steps_per_epoch=steps, epochs=epochs, initial_epoch=...)``.
-
-    Epoch e is a permutation of all n samples drawn from (seed, e) alone, then split by rank like
-    torch's DistributedSampler: rank r takes positions r, r + size, ... of the first
-    ``(n // size) * size`` (the rest of that epoch's order is dropped, so every rank runs the
-    same number of steps). The order depends only on the epoch, so a run resumed at epoch k sees
-    exactly the batches an uninterrupted run saw (``tf.data``'s ``shuffle`` does not: its order
-    depends on how many times the dataset was iterated in this process).
+    With ``global_batch_size`` the accumulation is chosen for this world size (ConfigError naming
+    the values when ``batch_size`` x ranks does not divide it); pass ``plan.accumulation`` as the
+    ``backward_passes_per_step`` of ``hvdkit.keras.DistributedOptimizer`` and the same numbers to
+    ``epoch_dataset``. Rank 0 logs it ("world size 1: global batch 64 = 32 per rank x 1 rank x 2
+    accumulation steps") unless ``log`` is False.
     """
-    check_positive_int("batch_size", batch_size)
+    plan = plan_batches(batch_size, _size() if size is None else size, global_batch_size, backward_passes_per_step)
+    if log and _rank() == 0:
+        _log.info("%s", plan.describe())
+    return plan
+
+
+def epoch_dataset(
+    arrays,
+    batch_size,
+    epochs,
+    initial_epoch=0,
+    seed=0,
+    shuffle=True,
+    rank=None,
+    size=None,
+    global_batch_size=None,
+    backward_passes_per_step=1,
+    drop_last=False,
+    on_batch=None,
+):
+    """This rank's batches of in-memory ``arrays`` for epochs ``initial_epoch .. epochs-1``, and the
+    number of batches per epoch: ``model.fit(ds, steps_per_epoch=steps, epochs=epochs, initial_epoch=...)``.
+
+    Epoch e visits all n samples in an order drawn from (seed, e) alone; each optimizer step takes
+    the next global batch of positions and splits it over the ranks x ``accumulation`` batches
+    (``hvdkit.core.sample_order``, the rule torch's ``hk.train_loader`` uses): every sample once
+    per epoch (``drop_last`` skips the last ``n % global batch`` instead), every rank the same
+    number of batches. The order depends only on the epoch, so a run resumed at epoch k sees the
+    batches an uninterrupted run saw, and with ``global_batch_size`` (see ``batch_plan``) every
+    optimizer step trains on the same samples at any world size. ``on_batch(epoch, step, indices)``,
+    if given, is called for each batch, in order, when the input pipeline starts its epoch (so
+    ahead of training; ``step``: the optimizer step within the epoch, from 0; ``indices``: the
+    sample indices of the batch).
+    """
     rank = _rank() if rank is None else rank
     size = _size() if size is None else size
+    plan = plan_batches(batch_size, size, global_batch_size, backward_passes_per_step)
     tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
     n = int(tf.nest.flatten(tensors)[0].shape[0])
-    per_rank = n // size
-    if per_rank == 0:
-        raise ConfigError(f"{n} samples cannot be split over {size} ranks; use fewer ranks or more data")
+    plan.check_dataset(n)
+    bounds = step_bounds(n, 0, plan.global_batch_size, plan.slots, drop_last)
+    k = plan.accumulation
+    rows_per_epoch = len(bounds) * k
+
+    def epoch_indices(epoch):  # numpy, run by tf.py_function once per epoch
+        epoch = int(epoch)
+        rows = list(rank_batches(epoch_order(n, seed, epoch, shuffle), bounds, rank, size, k))
+        if on_batch is not None:
+            for i, row in enumerate(rows):
+                on_batch(epoch, i // k, row)
+        return np.concatenate(rows).astype(np.int64), np.array([len(r) for r in rows], dtype=np.int64)
 
     def one_epoch(epoch):
-        if shuffle:
-            key = tf.stack([tf.constant(seed, tf.int64), epoch])
-            order = tf.argsort(tf.random.stateless_uniform([n], seed=key))
-        else:
-            order = tf.range(n)
-        return tf.data.Dataset.from_tensor_slices(order[rank : per_rank * size : size]).batch(batch_size)
+        flat, lengths = tf.py_function(epoch_indices, [epoch], [tf.int64, tf.int64])
+        flat.set_shape([None])
+        lengths.set_shape([rows_per_epoch])
+        return tf.data.Dataset.from_tensor_slices(tf.RaggedTensor.from_row_lengths(flat, lengths))
 
     ds = tf.data.Dataset.range(initial_epoch, epochs).flat_map(one_epoch)
     ds = ds.map(lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), tensors))
-    return ds.prefetch(2), math.ceil(per_rank / batch_size)
+    return ds.prefetch(2), rows_per_epoch

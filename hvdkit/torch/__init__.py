@@ -15,7 +15,7 @@ horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is m
 
 from ..core.metrics import MetricTracker  # noqa: E402, F401
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
-from .data import EvalSampler, eval_loader, train_loader, train_sampler  # noqa: E402
+from .data import EvalSampler, TrainLoader, TrainSampler, eval_loader, train_loader, train_sampler  # noqa: E402
 from .monitoring import StragglerMonitor  # noqa: E402
 from .optim import DistributedOptimizer, autocast, scale_lr  # noqa: E402
 from .progress import progress  # noqa: E402
@@ -35,6 +35,8 @@ __all__ = [
     "Resumed",
     "StragglerMonitor",
     "Tracker",
+    "TrainLoader",
+    "TrainSampler",
     "autocast",
     "average_metrics",
     "broadcast_state",

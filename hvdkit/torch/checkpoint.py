@@ -9,6 +9,7 @@ import torch
 from ..core.checkpoint import CheckpointStore, Resumed
 from ..core.errors import CheckpointError
 from ..core.log import get_logger
+from ..core.sample_order import rank_seed
 from .runtime import communicator
 from .safe_load import check_loadable
 from .state import describe_state, receive_state
@@ -28,6 +29,19 @@ def _rng_state():
     }
 
 
+def reseed(seed, step, rank):
+    """Seed torch, Python's ``random`` and NumPy's global RNGs from ``(seed, step, rank)`` alone.
+
+    Used at a resume with another world size, where the saved per-rank states cannot carry over
+    (``hvdkit.core.sample_order.rank_seed``). Returns the seed used.
+    """
+    value = rank_seed(seed, step, rank)
+    torch.manual_seed(value)
+    random.seed(value)
+    np.random.seed(value & 0xFFFFFFFF)
+    return value
+
+
 def _set_rng_state(state):
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
@@ -40,14 +54,16 @@ class Checkpointer:
     """Saves and restores model, optimizer, LR scheduler, step, epoch, RNG states and ``extra``.
 
     Files go under ``directory`` through the core's rank-0 protocol (atomic, verified, newest
-    ``keep`` kept). ``extra`` must hold plain data (numbers, strings, lists, dicts, tensors):
+    ``keep`` kept). ``seed`` re-seeds the RNGs when a checkpoint is restored at another world size
+    (see ``restore``). ``extra`` must hold plain data (numbers, strings, lists, dicts, tensors):
     checkpoints are read with ``torch.load(weights_only=True)``, which runs no pickled code.
 
     Collective: the constructor, ``save`` and ``restore`` are called by every rank.
     """
 
-    def __init__(self, directory, model, optimizer=None, scheduler=None, keep=3, comm=None):
+    def __init__(self, directory, model, optimizer=None, scheduler=None, keep=3, comm=None, seed=0):
         self.comm = comm or communicator()
+        self.seed = seed
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -89,6 +105,8 @@ class Checkpointer:
 
         Returns a ``Resumed`` or None when there is no checkpoint. Every rank ends with rank 0's
         parameters and optimizer state, and its own RNG state when the world size is unchanged.
+        At another world size the saved per-rank RNG states cannot carry over: every rank re-seeds
+        torch, ``random`` and NumPy from ``(seed, step, rank)`` (``reseed``), logged on rank 0.
         A checkpoint that does not fit the model raises CheckpointError and is left untouched.
         Rank 0 maps the file into memory and loads it into its own model and optimizer; the other
         ranks receive rank 0's tensors in bounded chunks straight into their parameters and
@@ -113,12 +131,17 @@ class Checkpointer:
         rngs = rest["rng"]
         if len(rngs) == self.comm.size:
             _set_rng_state(rngs[self.comm.rank])
-        elif self.comm.is_rank0:
-            _log.warning(
-                "checkpoint was written by %d ranks, this job has %d: data is re-sharded, RNG states are not restored",
-                len(rngs),
-                self.comm.size,
-            )
+        else:
+            reseed(self.seed, rest["step"], self.comm.rank)
+            if self.comm.is_rank0:
+                _log.warning(
+                    "checkpoint was written by %d ranks, this job has %d: data is re-sharded by global sample "
+                    "offset, RNG states re-seeded from (seed %d, step %d, rank)",
+                    len(rngs),
+                    self.comm.size,
+                    self.seed,
+                    rest["step"],
+                )
         if self.comm.is_rank0:
             _log.info("resumed from %s (step %d, epoch %d)", info.path, info.step, info.epoch)
         return Resumed(rest["step"], rest["epoch"], rest["extra"], info.path, info.world_size)

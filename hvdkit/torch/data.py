@@ -1,23 +1,116 @@
-"""Sharding datasets by rank."""
+"""Sharding datasets by rank: training batches by a global sample offset, evaluation shards."""
 
 import math
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from ..core.global_batch import plan_batches
+from ..core.log import get_logger
+from ..core.sample_order import epoch_order, position_after, rank_batches, step_bounds
 from .runtime import rank, size
 
-__all__ = ["train_sampler", "EvalSampler", "train_loader", "eval_loader"]
+__all__ = ["train_sampler", "TrainSampler", "TrainLoader", "EvalSampler", "train_loader", "eval_loader"]
+
+_log = get_logger("data")
 
 
 def train_sampler(dataset, shuffle=True, seed=0, drop_last=False):
-    """torch's DistributedSampler fed with hvdkit's rank and size.
+    """torch's DistributedSampler fed with hvdkit's rank and size (for a DataLoader you build yourself).
 
     Every rank gets ceil(n / size) samples per epoch (a few samples repeat when n does not divide,
     unless ``drop_last``). Call ``sampler.set_epoch(epoch)`` at the start of each epoch, so the
-    shuffle changes every epoch and is the same on every rank.
+    shuffle changes every epoch and is the same on every rank. It cannot resume mid-epoch at
+    another world size; ``train_loader`` (``TrainSampler``) can.
     """
     return DistributedSampler(dataset, num_replicas=size(), rank=rank(), shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+
+class TrainSampler(Sampler):
+    """A batch sampler: this rank's micro-batches of an epoch, laid out by global sample offset.
+
+    Epoch ``e`` visits all ``n`` samples in an order drawn from ``(seed, e)``; each optimizer step
+    takes the next ``global_batch_size`` positions of it and splits them over ``size`` ranks x
+    ``accumulation`` micro-batches (the rule of ``hvdkit.core.sample_order``). ``plan`` is the
+    ``hvdkit.core.global_batch.BatchPlan``: with ``global_batch_size`` given, the accumulation is
+    chosen so the global batch is the same at any world size. Every sample is used exactly once
+    per epoch (the last step may be smaller, or a little larger when a short remainder is merged
+    into it; ``drop_last`` skips the last ``n % global_batch_size`` instead), and every rank yields
+    the same number of micro-batches, so no rank waits in an extra allreduce.
+
+    ``set_epoch(epoch, start)`` begins an epoch at global sample offset ``start`` (0, or what
+    ``position(steps)`` returned when a run stopped after ``steps`` optimizer steps of that epoch),
+    at whatever world size the job has now.
+    """
+
+    def __init__(
+        self, n, batch_size, global_batch_size=None, accumulation=1, shuffle=True, seed=0, drop_last=False, rank_=None, size_=None
+    ):
+        self.size = size() if size_ is None else size_
+        self.rank = rank() if rank_ is None else rank_
+        self.plan = plan_batches(batch_size, self.size, global_batch_size, accumulation)
+        self.n = self.plan.check_dataset(int(n))
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.set_epoch(0)
+
+    @property
+    def accumulation(self):
+        """Backward passes per optimizer step on this world size (pass it as ``backward_passes_per_step``)."""
+        return self.plan.accumulation
+
+    def set_epoch(self, epoch, start=0):
+        """Begin ``epoch`` at global sample offset ``start`` (samples of the epoch already trained on)."""
+        self.epoch, self.start = int(epoch), int(start)
+        self.bounds = step_bounds(self.n, self.start, self.plan.global_batch_size, self.plan.slots, self.drop_last)
+
+    @property
+    def steps(self):
+        """Optimizer steps left in this epoch from its start offset."""
+        return len(self.bounds)
+
+    def position(self, steps):
+        """The global sample offset after ``steps`` optimizer steps since ``set_epoch``: save it to resume there."""
+        return position_after(self.bounds, steps, self.start)
+
+    def __iter__(self):
+        order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
+        return rank_batches(order, self.bounds, self.rank, self.size, self.plan.accumulation)
+
+    def __len__(self):
+        return self.steps * self.plan.accumulation
+
+
+class TrainLoader(DataLoader):
+    """A DataLoader over a ``TrainSampler``; ``loader.sampler`` is that sampler (``set_epoch``, ``position``).
+
+    Iterating yields micro-batches: ``accumulation`` of them make one optimizer step.
+    """
+
+    @property
+    def sampler(self):
+        return self.batch_sampler
+
+    @sampler.setter
+    def sampler(self, value):
+        """DataLoader sets its per-sample default here; with a batch sampler it is never used."""
+
+    @property
+    def accumulation(self):
+        """Backward passes per optimizer step (``backward_passes_per_step``)."""
+        return self.batch_sampler.accumulation
+
+    @property
+    def plan(self):
+        """The ``BatchPlan`` (per-rank batch, ranks, accumulation, global batch)."""
+        return self.batch_sampler.plan
+
+    def set_epoch(self, epoch, start=0):
+        """``sampler.set_epoch(epoch, start)``."""
+        self.batch_sampler.set_epoch(epoch, start)
+
+    def position(self, steps):
+        """``sampler.position(steps)``: the global sample offset to save after ``steps`` steps of this epoch."""
+        return self.batch_sampler.position(steps)
 
 
 class EvalSampler(Sampler):
@@ -42,11 +135,32 @@ class EvalSampler(Sampler):
         """Evaluation order does not change with the epoch (kept for a uniform loop)."""
 
 
-def train_loader(dataset, batch_size, shuffle=True, seed=0, drop_last=False, **kwargs):
-    """A DataLoader over this rank's training shard (see ``train_sampler``)."""
-    sampler = train_sampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+def train_loader(
+    dataset, batch_size, shuffle=True, seed=0, drop_last=False, global_batch_size=None, backward_passes_per_step=1, **kwargs
+):
+    """A ``TrainLoader`` over this rank's micro-batches of ``dataset`` (see ``TrainSampler``).
+
+        loader = hk.train_loader(train_set, batch_size=32, global_batch_size=64, seed=0)
+        opt = hk.DistributedOptimizer(sgd, model=model, backward_passes_per_step=loader.accumulation)
+        for epoch in range(start_epoch, epochs):
+            loader.sampler.set_epoch(epoch, start=offset)   # offset: 0, or the saved position
+            for i, (x, y) in enumerate(loader, 1):
+                (loss_fn(model(x), y) / loader.accumulation).backward()
+                if i % loader.accumulation == 0:
+                    opt.step(); opt.zero_grad()
+
+    ``global_batch_size``: samples per optimizer step over all ranks, kept at any world size by
+    choosing ``loader.accumulation`` (``hvdkit.core.global_batch.plan_batches``; ConfigError on every
+    rank when ``batch_size`` x ranks does not divide it). Without it the accumulation is
+    ``backward_passes_per_step`` and the global batch follows the world size. Rank 0 logs the plan
+    ("world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps").
+    ``kwargs`` go to the DataLoader (``num_workers``, ``collate_fn``, ...).
+    """
+    sampler = TrainSampler(len(dataset), batch_size, global_batch_size, backward_passes_per_step, shuffle, seed, drop_last)
+    if sampler.rank == 0:
+        _log.info("%s", sampler.plan.describe())
     generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator, **kwargs)
+    return TrainLoader(dataset, batch_sampler=sampler, generator=generator, **kwargs)
 
 
 def eval_loader(dataset, batch_size, **kwargs):

@@ -7,12 +7,15 @@ import torch
 
 from ..core.errors import ConfigError, MissingDependencyError
 from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
-from ..core.options import check_compression, check_positive_int
+from ..core.options import check_positive_int
+from . import autocompress
+from ..core.log import get_logger
 from ._engine import horovod_torch
 
 __all__ = ["DistributedOptimizer", "ScaledLR", "autocast", "scale_lr"]
 
 _OPS = ("average", "sum")
+_log = get_logger("lr")
 
 
 def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
@@ -23,8 +26,9 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     The result is Horovod's own ``horovod.torch.DistributedOptimizer`` (ring-allreduce, tensor
     fusion), configured by name:
 
-    - ``compression``: ``"none"`` (exact fp32) or ``"fp16"`` (half the bytes on the wire; the
-      average is taken in fp16 and cast back).
+    - ``compression``: ``"none"`` (exact fp32), ``"fp16"`` (half the bytes on the wire; the
+      average is taken in fp16 and cast back) or ``"auto"`` (time both on these gradients' shapes
+      now, keep fp16 only if > 10 % faster; HVDKIT_COMPRESSION overrides; ``hvdkit.torch.autocompress``).
     - ``backward_passes_per_step``: gradients of that many ``backward()`` calls are summed locally
       and averaged over ranks once, before ``step()``. As in Horovod the local sum is not divided:
       scale the loss by ``1 / backward_passes_per_step`` to train on the mean.
@@ -45,7 +49,8 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     ``synchronize()`` (the one inside ``step()`` too) with the time it took, mostly spent waiting
     for the other ranks' gradients (``hk.StragglerMonitor(optimizer=opt)`` uses it).
 
-    Collective: every rank must call ``step()`` the same number of times.
+    Collective: every rank must call ``step()`` the same number of times (and construct it, with ``"auto"``).
+    Env: HVDKIT_COMPRESSION (with ``compression="auto"``).
     """
     hvd = horovod_torch()
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -53,7 +58,7 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
             f"optimizer must be a torch.optim.Optimizer (got {type(optimizer).__name__}); "
             "create it first, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
         )
-    compression = check_compression(compression)
+    compression = autocompress.resolve(compression, optimizer)  # "auto": timed once here, collectively
     check_positive_int("backward_passes_per_step", backward_passes_per_step)
     if op not in _OPS:
         raise ConfigError(f"op must be one of {_OPS} (got {op!r})")
@@ -181,12 +186,44 @@ class ScaledLR(torch.optim.lr_scheduler.LRScheduler):
         """The multiplier of the optimizer's initial rate at ``step`` (``hvdkit.core.lr.warmup_factor``)."""
         return warmup_factor(step, self.warmup_steps, self.scale)
 
+    def load_state_dict(self, state_dict):
+        """Load a saved state; saved at another world size, the rule is re-applied for this one.
+
+        The optimizer's rates (restored before this) carry the saved run's factor; they are
+        multiplied by ``factor(t)`` at this job's scale over ``factor(t)`` at the saved scale, so
+        warmup position and any chained schedule carry over. Logged on rank 0.
+        """
+        scale = self.scale
+        super().load_state_dict(state_dict)
+        saved, self.scale = self.scale, scale
+        if saved == scale:
+            return
+        t = max(self.last_epoch, 0)
+        ratio = warmup_factor(t, self.warmup_steps, scale) / warmup_factor(t, self.warmup_steps, saved)
+        for group in self.optimizer.param_groups:
+            group["lr"] *= ratio
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        if _on_rank0():
+            _log.info(
+                "learning-rate rule re-applied for this world size: scale %g (saved run) -> %g, rates x %g, now %s",
+                saved,
+                scale,
+                ratio,
+                ", ".join(f"{lr:.6g}" for lr in self._last_lr),
+            )
+
     def get_lr(self):
         # Chainable (like MultiplicativeLR): multiply the current rate by this step's change of factor,
         # so schedulers stepped on the same optimizer (StepLR, ExponentialLR, ...) multiply on top.
         t = self.last_epoch
         ratio = self.factor(t) / (self.factor(t - 1) if t > 0 else 1.0)
         return [group["lr"] * ratio for group in self.optimizer.param_groups]
+
+
+def _on_rank0():
+    """True on rank 0, and in a process that has not started Horovod (a single process)."""
+    hvd = horovod_torch()
+    return not hvd.is_initialized() or hvd.rank() == 0
 
 
 def scale_lr(optimizer, rule="linear", warmup_steps=0, size=None):
@@ -207,7 +244,11 @@ def scale_lr(optimizer, rule="linear", warmup_steps=0, size=None):
     It is chainable: other chainable schedulers stepped on the same optimizer multiply on top
     (``lr(t) = base_lr * warmup_factor(t) * their factor``). Closed-form schedulers such as
     ``LambdaLR`` overwrite the rate instead; put their factor in the lambda and use this one alone.
-    Its state (``state_dict``) checkpoints like any scheduler's. ``size`` defaults to the job's.
+    Its state (``state_dict``) checkpoints like any scheduler's; restored in a job with another
+    number of ranks (elastic shrink or grow), the rule is re-applied for the new size (see
+    ``ScaledLR.load_state_dict``). ``size`` defaults to the job's. With a fixed global batch
+    (``hk.train_loader(..., global_batch_size=)``) the batch does not change with the ranks: use
+    ``rule="none"`` or no scaling.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"optimizer must be a torch.optim.Optimizer (got {type(optimizer).__name__})")

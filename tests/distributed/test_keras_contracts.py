@@ -41,7 +41,7 @@ def test_fit_leaves_every_weight_bitwise_identical_across_ranks(ranks):
 
 def test_fixed_horovod_keras_optimizer_agrees_with_hvdkits_bitwise_under_keras3(ranks):
     # Upstream Horovod 0.28.1's optimizer let the ranks drift apart here (digests differed, > 1e-3 from
-    # the reference); the engine's fixes (scripts/horovod-fixes/4*) make it average like hvdkit's.
+    # the reference); the engine's fixes (hvdkit/engine/recipe/horovod-fixes/4*) make it average like hvdkit's.
     d0, d1 = both(ranks, "fit", "horovod_keras", "digest")
     assert d0 == d1
     assert d0 == both(ranks, "fit", "fp32", "digest")[0]

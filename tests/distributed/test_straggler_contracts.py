@@ -42,7 +42,10 @@ def test_the_slowed_rank_1_is_named_with_a_slowdown_above_the_threshold(ranks):
     assert slowed["slowdown"] > THRESHOLD
     medians = [t["median_s"] for t in slowed["ranks"]]
     assert medians[1] > 0.060  # its 70 ms of sleep per step
-    assert medians[0] < 0.060  # rank 0's wait for rank 1 is not counted as its own time
+    # rank 0's wait for rank 1 is not counted as its own time: counted, the two medians would be about
+    # equal; not counted, they differ by rank 1's extra 50 ms of sleep (half of it is the bound, since
+    # a loaded machine stretches both ranks' own work alike: CI once saw rank 0 at 65 ms)
+    assert medians[1] - medians[0] > 0.025
 
 
 def test_a_balanced_epoch_names_no_straggler(ranks):

@@ -113,7 +113,7 @@ def test_bad_input_raises_clear_errors_on_every_rank(ranks):
     for r in ranks["r"]:
         bad = r["bad_input"]
         assert "not writable" in bad["unwritable"] and "a-file" in bad["unwritable"]
-        assert "compression must be one of 'none', 'fp16' (got 'int8')" in bad["compression"]
+        assert "compression must be one of 'none', 'fp16', 'auto' (got 'int8')" in bad["compression"]
         assert "torch.optim.Optimizer (got str)" in bad["not_optimizer"]
 
 

@@ -24,6 +24,14 @@ SKIP = "tests/e2e/scripts/skip_collective.py"
 STEPS_PER_EPOCH = 23  # 1,437 training samples, 2 ranks, batch 32
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fixed_compression():
+    """The examples default to compression="auto", timed anew in every run: pin fp16 so runs compared exactly choose alike."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HVDKIT_COMPRESSION", "fp16")
+        yield
+
+
 def newest(ckpt_dir):
     return sorted(p for p in os.listdir(ckpt_dir) if p.startswith("ckpt-"))[-1]
 

@@ -12,6 +12,14 @@ EXAMPLE = "examples/torch_digits.py"
 BEHAVE = "tests/e2e/scripts/rank_behaviour.py"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fixed_compression():
+    """The examples default to compression="auto", timed anew in every run: pin fp16 so runs compared exactly choose alike."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HVDKIT_COMPRESSION", "fp16")
+        yield
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """The README's demo with default flags, on 2 ranks over MPI."""
@@ -117,7 +125,7 @@ def test_bad_launch_input_is_a_clear_error_before_anything_starts(args, message)
 def test_unknown_compression_name_fails_on_every_rank_with_the_choices(tmp_path):
     proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--compression", "bf16", "--checkpoint-dir", str(tmp_path))
     assert proc.returncode == 2
-    assert "compression must be one of 'none', 'fp16' (got 'bf16')" in proc.stderr
+    assert "compression must be one of 'none', 'fp16', 'auto' (got 'bf16')" in proc.stderr
     assert "hvdkit run: rank" in proc.stderr
 
 

@@ -3,7 +3,7 @@
 One real 2-rank job per launcher runs tests/engine/scripts/hvd_keras_api.py, written as Horovod users
 write their scripts; each test reads what the ranks recorded. Every training surface must leave the
 weights bitwise identical across ranks and within 1e-6 of one process trained on the whole batches.
-Fixes: scripts/horovod-fixes/4*.patch.
+Fixes: hvdkit/engine/recipe/horovod-fixes/4*.patch.
 """
 
 import pytest

@@ -6,6 +6,7 @@
 set -e
 name=$1; ssh_dir=$2; shift 2
 hostname "$name"
+mkdir -p -m 700 "$HOME/.ssh"  # another run's hosts may have removed it meanwhile
 mount --bind "$ssh_dir" "$HOME/.ssh"
 if [ "$1" = "--private-tmp" ]; then
   keep=$2; shift 2

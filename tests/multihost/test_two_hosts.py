@@ -25,6 +25,14 @@ SAME_THREADS = ("-x", "HVDKIT_NUM_THREADS=1")  # like with like: one thread per 
 THREADS_LINE = "1 thread(s) per rank"  # what rank 0 logs at start-up
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fixed_compression():
+    """The examples default to compression="auto", timed anew in every run: pin fp16 so runs compared exactly choose alike."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HVDKIT_COMPRESSION", "fp16")
+        yield
+
+
 def check_threads(proc):
     assert THREADS_LINE in proc.stdout + proc.stderr, "the run did not use one thread per rank"
 

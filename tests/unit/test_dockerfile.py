@@ -1,5 +1,6 @@
-"""docker/Dockerfile: it lints clean, builds the engine with the one recipe, pins what constraints.txt
-pins, runs as a non-root user by default, and provides what launch/mpijob.yaml expects of the image.
+"""docker/Dockerfile: it lints clean, builds the engine with the one recipe in a build stage and ships
+it in a runtime stage without compilers or headers, pins what constraints.txt pins, runs as a
+non-root user by default, and provides what launch/mpijob.yaml expects of the image.
 
 These read files only; `make docker-test` builds the image and trains in it.
 """
@@ -59,7 +60,10 @@ def arg_defaults(text):
     for keyword, rest in instructions(text):
         if keyword == "ARG":
             name, sep, default = rest.partition("=")
-            args[name] = default.strip('"') if sep else None
+            if sep:
+                args[name] = default.strip('"')
+            else:  # a bare ARG in a stage brings a global ARG (and its default) into that stage
+                args.setdefault(name, None)
     return args
 
 
@@ -89,16 +93,52 @@ def version_drift(dockerfile_text, constraints_text):
     return problems
 
 
+def stages(steps):
+    """``{stage name: [(KEYWORD, arguments)]}`` in order, each starting with its FROM; unnamed stages by index."""
+    result = {}
+    current = None
+    for keyword, rest in steps:
+        if keyword == "FROM":
+            words = rest.split()
+            named = len(words) == 3 and words[1].upper() == "AS"
+            current = result.setdefault(words[2] if named else str(len(result)), [])
+        if current is not None:
+            current.append((keyword, rest))
+    return result
+
+
 def copies(steps):
-    """``[(sources, destination, workdir at that point)]`` of every COPY, flags dropped."""
+    """``[(sources, destination, workdir at that point)]`` of every COPY from the build context, flags dropped."""
     result, workdir = [], "/"
     for keyword, rest in steps:
         if keyword == "WORKDIR":
             workdir = rest
-        elif keyword == "COPY":
+        elif keyword == "COPY" and "--from=" not in rest:
             words = [w for w in shlex.split(rest) if not w.startswith("--")]
             result.append((words[:-1], words[-1], workdir))
     return result
+
+
+def stage_copies(steps):
+    """``[(stage, source, destination)]`` of every ``COPY --from=stage``."""
+    result = []
+    for keyword, rest in steps:
+        if keyword == "COPY" and "--from=" in rest:
+            words = shlex.split(rest)
+            stage = [w.split("=", 1)[1] for w in words if w.startswith("--from=")][0]
+            paths = [w for w in words if not w.startswith("--")]
+            result += [(stage, source, paths[-1]) for source in paths[:-1]]
+    return result
+
+
+def apt_packages(steps):
+    """The package words of every ``apt-get install`` in ``steps`` (options dropped)."""
+    packages = []
+    for keyword, rest in steps:
+        if keyword == "RUN" and "apt-get install" in rest:
+            command = rest.split("apt-get install", 1)[1].split("&&", 1)[0]
+            packages += [w for w in shlex.split(command) if not w.startswith("-")]
+    return packages
 
 
 def dockerignored(path, patterns):
@@ -148,6 +188,20 @@ def steps(text):
 
 
 @pytest.fixture(scope="module")
+def runtime(steps):
+    """The steps of the image's own stage (the last one)."""
+    return list(stages(steps).values())[-1]
+
+
+@pytest.fixture(scope="module")
+def build(steps):
+    """The steps of the stage named ``build``."""
+    found = stages(steps)
+    assert "build" in found, f"no stage named build: {list(found)}"
+    return found["build"]
+
+
+@pytest.fixture(scope="module")
 def mpijob():
     return yaml.safe_load((ROOT / "launch" / "mpijob.yaml").read_text())
 
@@ -181,9 +235,9 @@ def test_hadolint_with_the_project_settings_fails_a_careless_dockerfile(tmp_path
     assert {"DL3007", "DL3015"} <= set(re.findall(r"DL\d{4}", done.stdout))
 
 
-def test_the_engine_is_built_by_scripts_build_horovod_sh_with_the_venv_python(steps):
-    assert any(sources == ["scripts/build-horovod.sh"] for sources, _, _ in copies(steps))
-    venv = env_values(steps)["VIRTUAL_ENV"]
+def test_the_engine_is_built_by_scripts_build_horovod_sh_with_the_venv_python(steps, build):
+    assert any(sources == ["scripts/build-horovod.sh"] for sources, _, _ in copies(build))
+    venv = env_values(build)["VIRTUAL_ENV"]
     builds = [rest for keyword, rest in steps if keyword == "RUN" and "build-horovod.sh" in rest]
     assert len(builds) == 1, builds
     python = re.search(r"PYTHON=(\S+)", builds[0]).group(1).strip('"')
@@ -226,10 +280,10 @@ def test_build_arguments_for_base_torch_source_and_certificate(text):
     assert defaults["PIP_CERT"] is None and defaults["PIP_FIND_LINKS"] is None
 
 
-def test_default_user_is_hvdkit_and_not_root(steps):
-    users = [rest for keyword, rest in steps if keyword == "USER"]
+def test_default_user_is_hvdkit_and_not_root(runtime):
+    users = [rest for keyword, rest in runtime if keyword == "USER"]
     assert users, "no USER: the image would run as root"
-    name, uid, gid, home = created_user(steps)
+    name, uid, gid, home = created_user(runtime)
     assert (name, home) == ("hvdkit", "/home/hvdkit")
     assert users[-1] == f"{uid}:{gid}" and uid != "0"
 
@@ -257,7 +311,8 @@ def sshd_settings(text=None):
     return dict(line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 
-def test_mpijob_runs_sshd_through_the_image_entrypoint_with_the_image_config(steps, mpijob):
+def test_mpijob_runs_sshd_through_the_image_entrypoint_with_the_image_config(runtime, mpijob):
+    steps = runtime
     worker = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert "command" not in worker  # Kubernetes' `command` would replace the entrypoint
     sshd, *flags = worker["args"]
@@ -432,7 +487,8 @@ def test_sshd_accepts_the_image_config_with_what_the_entrypoint_made(tmp_path, s
     assert done.returncode != 0 and "ssh_host_ed25519_key" in done.stderr
 
 
-def test_mpijob_launcher_command_runs_from_the_image_workdir(steps, mpijob):
+def test_mpijob_launcher_command_runs_from_the_image_workdir(runtime, mpijob):
+    steps = runtime
     launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert launcher["image"] == "hvdkit:cpu"
     assert launcher["args"][0] == "hvdkit"
@@ -445,7 +501,8 @@ def test_mpijob_launcher_command_runs_from_the_image_workdir(steps, mpijob):
     assert (ROOT / script).is_file()
 
 
-def test_default_command_trains_two_ranks_and_mpi_avoids_ptrace(steps):
+def test_default_command_trains_two_ranks_and_mpi_avoids_ptrace(runtime):
+    steps = runtime
     cmd = json.loads([rest for keyword, rest in steps if keyword == "CMD"][-1])
     assert cmd[:5] == ["hvdkit", "run", "-np", "2", "--"]
     assert (ROOT / cmd[cmd.index("python") + 1]).is_file()
@@ -513,3 +570,142 @@ def test_a_login_works_with_the_image_sshd_config_strict_modes_and_the_entrypoin
                 proc.kill()
                 proc.wait()
         shutil.rmtree(base, ignore_errors=True)
+
+
+# --- Two stages: the engine compiles in `build`, the image (`runtime`) has no compiler or headers ---
+
+# Packages that compile or only serve compiling: none may be in the image.
+BUILD_ONLY = re.compile(r"^(g\+\+|gcc|cpp|c\+\+|clang|make|cmake|patch|build-essential|binutils|.*-dev)(-\d+)?$")
+RECIPE = ROOT / "hvdkit" / "engine" / "recipe" / "build-horovod.sh"
+
+
+def recipe_needs():
+    """``{tool: Debian package}`` the engine recipe checks for (its ``need "TOOL:PACKAGE:WHAT"`` lines)."""
+    return dict(re.findall(r'"([^":\s]+):([^":\s]+):[^"]*"', RECIPE.read_text()))
+
+
+def test_the_image_is_a_runtime_stage_built_from_the_same_base_as_a_build_stage(steps):
+    found = stages(steps)
+    assert list(found) == ["build", "runtime"]
+    bases = [stage[0][1].split()[0] for stage in found.values()]
+    assert bases == ["${BASE_IMAGE}", "${BASE_IMAGE}"]  # same Debian, same /usr/bin/python3.11 for the venv
+
+
+def test_the_runtime_stage_installs_no_compiler_and_no_headers(runtime):
+    packages = apt_packages(runtime)
+    assert packages, "the runtime stage installs nothing with apt-get"
+    assert [p for p in packages if BUILD_ONLY.match(p.replace("${PYTHON_VERSION}", "3.11"))] == []
+    # what does run the venv: Python itself, Open MPI's mpirun/orted and libraries, ssh
+    assert {"python${PYTHON_VERSION}", "openmpi-bin", "openssh-server", "openssh-client"} <= set(packages)
+
+
+def test_the_build_stage_has_every_tool_the_engine_recipe_checks_for(build):
+    needs = recipe_needs()
+    assert {"g++", "cmake", "mpicc"} <= set(needs), needs  # the recipe still says what it needs
+    packages = set(apt_packages(build))
+    assert set(needs.values()) <= packages
+    assert "python${PYTHON_VERSION}-dev" in packages  # Python.h
+
+
+def test_the_engine_is_compiled_in_the_build_stage_and_copied_from_it(build, runtime):
+    assert any("build-horovod.sh" in rest for keyword, rest in build if keyword == "RUN")
+    assert not any("build-horovod.sh" in rest for _, rest in runtime), "the runtime stage runs the engine recipe"
+    venv = env_values(build)["VIRTUAL_ENV"]
+    # the venv keeps its path: its scripts name their interpreter by it
+    assert stage_copies(runtime) == [("build", venv, venv)]
+    assert env_values(runtime)["VIRTUAL_ENV"] == venv
+
+
+def test_hvdkit_is_installed_in_the_runtime_stage_after_the_engine_copy(build, runtime):
+    # A change to hvdkit's code must rebuild neither the frameworks nor the engine.
+    assert [sources for sources, _, _ in copies(build) if any(s.startswith("hvdkit") for s in sources)] == [
+        ["hvdkit/engine/recipe"]  # the recipe only, which the engine's wheel is keyed by anyway
+    ]
+    order = [i for i, (keyword, rest) in enumerate(runtime) if keyword == "COPY" and ("--from=" in rest or " hvdkit " in f" {rest} ")]
+    assert len(order) == 2 and runtime[order[0]][1].startswith("--from="), [runtime[i] for i in order]
+    installs = [i for i, (keyword, rest) in enumerate(runtime) if keyword == "RUN" and "pip install" in rest]
+    assert len(installs) == 1 and installs[0] > order[1]
+    install = runtime[installs[0]][1]
+    assert "--no-deps" in install and "pip check" in install  # nothing missing from the copied venv
+
+
+def test_the_runtime_stage_proves_the_copied_engine_finds_its_libraries(runtime):
+    after_copy = runtime[[i for i, (k, r) in enumerate(runtime) if k == "COPY" and "--from=" in r][0]:]
+    runs = " ".join(rest for keyword, rest in after_copy if keyword == "RUN")
+    assert "xargs -0 ldd | grep 'not found'" in runs and "! find" in runs
+    assert 'LD_LIBRARY_PATH="$site/tensorflow:$site/torch/lib"' in runs  # only the frameworks' own folders
+    assert re.search(r"python -c '.*import mpi4py\.MPI, horovod\.torch, horovod\.tensorflow", runs)
+
+
+def test_the_frameworks_headers_stay_in_the_build_stage(build):
+    builds = [i for i, (keyword, rest) in enumerate(build) if keyword == "RUN" and "build-horovod.sh" in rest]
+    removes = [i for i, (keyword, rest) in enumerate(build) if keyword == "RUN" and "site-packages/tensorflow/include" in rest]
+    assert builds and removes and removes[0] > builds[0]  # after the engine compiled against them
+    assert "site-packages/torch/include" in build[removes[0]][1]
+
+
+def test_the_engine_wheel_cache_is_a_build_cache_mount_not_a_layer(build):
+    (run,) = [rest for keyword, rest in build if keyword == "RUN" and "build-horovod.sh" in rest]
+    mount = re.match(r"--mount=type=cache,id=([\w-]+),target=(\S+)\s", run)
+    assert mount, run
+    assert re.search(r"HVDKIT_WHEEL_CACHE=" + re.escape(mount.group(2)) + r"\s", run)
+
+
+def test_the_mpijob_the_renderer_and_the_build_script_name_one_image(mpijob, text):
+    pods = mpijob["spec"]["mpiReplicaSpecs"]
+    images = {pods[role]["template"]["spec"]["containers"][0]["image"] for role in ("Launcher", "Worker")}
+    assert images == {"hvdkit:cpu"}
+    build_sh = (ROOT / "docker" / "build.sh").read_text()
+    assert "IMAGE=${HVDKIT_IMAGE:-localhost/hvdkit:cpu}" in build_sh  # buildah's local name of hvdkit:cpu
+    assert "docker build -f docker/Dockerfile -t hvdkit:cpu ." in text
+    rendered = subprocess.run([sys.executable, "-m", "hvdkit", "render", "mpijob", "--", "python", "x.py"],
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    assert set(re.findall(r"^\s*image: (\S+)$", rendered.stdout, re.M)) == {"hvdkit:cpu"}  # the renderer's default
+
+
+# --- docker/oci_config.py: the runc config of one host of `make docker-test-hosts` ---
+
+def oci_config(tmp_path, image_config, *command):
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\nhvdkit:x:1000:1000::/home/hvdkit:/bin/bash\n")
+    image = json.dumps({"OCIv1": {"config": image_config}})
+    argv = [sys.executable, str(ROOT / "docker" / "oci_config.py"), "--rootfs", str(rootfs), "--netns", "/run/netns/n0",
+            "--hostname", "job-worker-0", "--hosts", "/x/hosts", "--secret", "/x/secret",
+            "--secret-mount", "/home/hvdkit/.mpi-operator/ssh", "--", *command]
+    return subprocess.run(argv, input=image, capture_output=True, text=True, timeout=60)
+
+
+def test_oci_config_runs_the_worker_command_through_the_entrypoint_as_the_image_user(tmp_path):
+    image = {"User": "1000:1000", "WorkingDir": "/opt/hvdkit/app", "Env": ["PATH=/opt/hvdkit/venv/bin:/usr/bin", "HOME=/"],
+             "Entrypoint": ["/usr/local/bin/hvdkit-entrypoint"]}
+    done = oci_config(tmp_path, image, "/usr/sbin/sshd", "-De", "-f", "/home/hvdkit/.sshd_config")
+    assert done.returncode == 0, done.stderr
+    spec = json.loads(done.stdout)
+    process = spec["process"]
+    assert process["args"] == ["/usr/local/bin/hvdkit-entrypoint", "/usr/sbin/sshd", "-De", "-f", "/home/hvdkit/.sshd_config"]
+    assert process["user"] == {"uid": 1000, "gid": 1000} and process["cwd"] == "/opt/hvdkit/app"
+    assert process["env"] == ["PATH=/opt/hvdkit/venv/bin:/usr/bin", "HOME=/home/hvdkit", "HOSTNAME=job-worker-0"]
+    assert spec["hostname"] == "job-worker-0"
+    namespaces = {ns["type"]: ns.get("path") for ns in spec["linux"]["namespaces"]}
+    assert namespaces == {"pid": None, "ipc": None, "uts": None, "mount": None, "network": "/run/netns/n0"}
+    binds = {m["destination"]: (m["source"], "ro" in m["options"]) for m in spec["mounts"] if m["type"] == "bind"}
+    assert binds == {"/etc/hosts": ("/x/hosts", True), "/home/hvdkit/.mpi-operator/ssh": ("/x/secret", True)}
+
+
+def test_oci_config_names_a_user_the_image_does_not_have(tmp_path):
+    done = oci_config(tmp_path, {"User": "nobody-here"}, "true")
+    assert done.returncode != 0 and "'nobody-here' is not in its /etc/passwd" in done.stderr
+
+
+def test_the_two_host_script_names_its_hosts_so_the_image_ssh_config_reaches_them_on_2222():
+    # `make docker-test-hosts` relies on the image's own ssh client config, as an MPIJob launcher does.
+    script = (ROOT / "docker" / "two-hosts.sh").read_text()
+    names = re.search(r'^names=\("([^"]+)" "([^"]+)"\)$', script, re.M)
+    assert names, "docker/two-hosts.sh no longer sets names=(...)"
+    for form in names.groups():
+        host = form.replace("$job", "hvdkit2h123")
+        assert ssh_client_settings(host)["port"] == sshd_settings()["Port"], host
+    # like with like: both runs fix the threads and the compression
+    assert "threads=(-x HVDKIT_NUM_THREADS=1)" in script and "--compression none" in script

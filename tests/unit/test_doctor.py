@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from unittest.mock import ANY
 
+from hvdkit import engine
 from hvdkit.launch import doctor
 from hvdkit.launch.hosts import Host
 
@@ -20,7 +21,7 @@ def test_a_missing_horovod_is_a_problem_with_the_fix(monkeypatch):
     monkeypatch.setattr(doctor, "_version", lambda *names: None if "horovod" in names else real(*names))
     out = io.StringIO()
     problems = doctor.diagnose(smoke=False, out=out)
-    assert any(p.startswith("horovod is missing: run `make setup`") for p in problems)
+    assert any(p.startswith("horovod is missing: run `hvdkit engine install`") for p in problems)
     assert "horovod                    MISSING" in out.getvalue()
 
 
@@ -29,6 +30,27 @@ def test_the_engine_fix_level_is_read_from_check_build_and_its_absence_means_unp
     assert doctor.engine_fix_level(patched) == "hvdkit-fixes-0123456789ab (3 fixes)"
     assert doctor.engine_fix_level("    Horovod v0.28.1:\n\n    Available Frameworks:\n") is None
     assert doctor.engine_fix_level("    hvdkit engine fixes: none (unpatched upstream engine)\n") is None
+
+
+def _engine_rows(installed):
+    rows = {}
+    doctor._engine_fixes_row(installed, lambda name, value, fix=None: rows.setdefault(name, (value, fix)))
+    return rows
+
+
+def test_an_engine_with_the_fix_level_this_hvdkit_ships_passes():
+    shipped = engine.fix_level()
+    assert _engine_rows(f"{shipped} (16 fixes)") == {"horovod engine fixes": (f"{shipped} (16 fixes)", None)}
+
+
+def test_an_engine_from_another_recipe_or_unpatched_is_a_problem_whose_fix_is_hvdkit_engine_install():
+    shipped = engine.fix_level()
+    value, fix = _engine_rows("hvdkit-fixes-000000000000 (3 fixes)")["horovod engine fixes"]
+    assert value is None
+    assert f"the engine carries hvdkit-fixes-000000000000 (3 fixes), this hvdkit ships {shipped}" in fix
+    assert "run `hvdkit engine install`" in fix
+    value, fix = _engine_rows(None)["horovod engine fixes"]
+    assert value is None and fix.startswith("an unpatched upstream engine") and "hvdkit engine install" in fix
 
 
 def _venv_with_a_space(tmp_path, tools=()):
@@ -70,6 +92,21 @@ def test_doctor_names_a_missing_mpirun_and_horovodrun_and_where_it_looked(tmp_pa
     assert f"mpirun is not next to {python} nor on PATH" in text, out.getvalue()
     assert f"horovodrun is not next to {python} nor on PATH" in text, out.getvalue()
     assert "rebuild Horovod" not in text  # the engine is fine; its launcher was not found
+
+
+def test_a_failing_check_build_is_reported_as_such_not_as_an_engine_built_without_every_part(tmp_path):
+    python = _venv_with_a_space(tmp_path)
+    horovodrun = python.with_name("horovodrun")
+    horovodrun.write_text("#!/bin/sh\necho 'ImportError: libmpi.so.40: cannot open shared object file' >&2\nexit 1\n")
+    horovodrun.chmod(0o755)
+    out = io.StringIO()
+    problems = doctor.diagnose(python=str(python), smoke=False, out=out)
+    assert [p for p in problems if "horovod" in p] == [
+        "horovodrun --check-build is missing: it failed (ImportError: libmpi.so.40: cannot open shared object file); "
+        "run it by hand to see why, or run `hvdkit engine install` (it builds Horovod for this environment; in an "
+        "hvdkit checkout `make setup` does it)"
+    ], out.getvalue()
+    assert "horovod built with" not in out.getvalue()
 
 
 def test_doctor_with_a_broken_mpirun_reports_it_instead_of_a_traceback(tmp_path):

@@ -1,10 +1,11 @@
-"""scripts/horovod-fixes: every engine fix says what it cures and which test proves it, stays in its
+"""hvdkit/engine/recipe/horovod-fixes: every engine fix says what it cures and which test proves it, stays in its
 owner's number range, and the whole series applies in order to a pristine Horovod sdist.
 
-The mechanism itself (scripts/apply-horovod-fixes.sh) is tested on small fake trees: it stops naming a
+The mechanism itself (hvdkit/engine/recipe/apply-horovod-fixes.sh) is tested on small fake trees: it stops naming a
 patch that does not apply, and its fix level changes with any patch's content (the wheel cache key).
 """
 
+import os
 import re
 import shutil
 import subprocess
@@ -16,8 +17,9 @@ import pytest
 
 from helpers import ROOT
 
-FIXES = ROOT / "scripts" / "horovod-fixes"
-APPLY = ROOT / "scripts" / "apply-horovod-fixes.sh"
+RECIPE = ROOT / "hvdkit" / "engine" / "recipe"
+FIXES = RECIPE / "horovod-fixes"
+APPLY = RECIPE / "apply-horovod-fixes.sh"
 PATCHES = sorted(FIXES.glob("*.patch"))
 HOROVOD_VERSION = "0.28.1"
 # Number range -> the folders its patches may touch (one owner per range, see the fixes README).
@@ -162,8 +164,40 @@ def test_the_fix_level_changes_with_the_content_of_any_patch(tmp_path):
 
 
 def test_the_build_script_applies_the_fixes_inside_the_recipe_and_keys_the_cache_on_them():
-    text = (ROOT / "scripts" / "build-horovod.sh").read_text()
+    text = (RECIPE / "build-horovod.sh").read_text()
     recipe = text.split("\n    # >>> recipe\n", 1)[1].split("\n    # <<< recipe\n", 1)[0]
     assert 'apply-horovod-fixes.sh" "$src"' in recipe
     key_line = next(line for line in text.splitlines() if line.startswith("key="))
     assert "fixes=" in key_line
+
+
+def test_the_recipe_and_the_fixes_exist_once_inside_the_package_and_the_script_only_wraps_it():
+    scripts = ROOT / "scripts"
+    assert not list(scripts.rglob("*.patch")) and not (scripts / "apply-horovod-fixes.sh").exists()
+    wrapper = (scripts / "build-horovod.sh").read_text()
+    assert 'exec bash "$root/hvdkit/engine/recipe/build-horovod.sh" "$@"' in wrapper
+    assert "pip wheel" not in wrapper and "CMAKE_CXX_STANDARD" not in wrapper
+    setup_cfg = (ROOT / "setup.cfg").read_text()
+    assert "recipe/*.sh" in setup_cfg and "recipe/horovod-fixes/*.patch" in setup_cfg
+
+
+def key_of(argv, env=None):
+    done = subprocess.run(["bash", *map(str, argv), "--key"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable, **(env or {})})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_make_setup_and_hvdkit_engine_install_share_one_cache_key():
+    from hvdkit import engine
+
+    by_setup = key_of([ROOT / "scripts" / "build-horovod.sh"])
+    assert re.fullmatch(rf".*/horovod-{HOROVOD_VERSION}-[0-9a-f]{{20}}", by_setup)
+    assert str(engine.wheel_dir(sys.executable)) == by_setup
+    # The key follows the fixes: a different patch set is a different wheel.
+    assert key_of([RECIPE / "build-horovod.sh"], {"HVDKIT_HOROVOD_FIXES": "/nonexistent"}) != by_setup
+
+
+def test_the_packaged_recipe_defaults_to_the_horovod_version_pinned_in_constraints():
+    pin = re.search(r"^horovod==(\S+)$", (ROOT / "constraints.txt").read_text(), re.MULTILINE).group(1)
+    assert re.search(rf"^HOROVOD_VERSION=\$\{{HOROVOD_VERSION:-{re.escape(pin)}\}}$", (RECIPE / "build-horovod.sh").read_text(), re.MULTILINE)

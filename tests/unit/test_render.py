@@ -66,7 +66,8 @@ def test_slurm_script_has_the_sbatch_lines_and_runs_hvdkit_inside_the_allocation
     ]
     assert "set -euo pipefail\n" in text
     assert "#   srun --mpi=pmix python examples/torch_digits.py\n" in text
-    assert _last_line(text) == 'hvdkit run -np "$SLURM_NTASKS" -- python examples/torch_digits.py'
+    # exec: the script's own process is hvdkit run, which SLURM's SIGTERM reaches (a checkpoint, then exit)
+    assert _last_line(text) == 'exec hvdkit run -np "$SLURM_NTASKS" -- python examples/torch_digits.py'
 
 
 def test_sbatch_directives_come_before_the_first_command():
@@ -159,7 +160,7 @@ def test_hvdkit_render_hosts_come_from_a_hostfile(tmp_path, capsys):
 
 def test_the_launch_folder_holds_exactly_what_the_renderer_writes():
     files = render.example_files()
-    assert sorted(files) == ["horovodrun.sh", "hostfile.example", "mpijob.yaml", "mpirun.sh", "slurm.sbatch"]
+    assert sorted(files) == ["horovodrun.sh", "hostfile.example", "mpijob-elastic.yaml", "mpijob.yaml", "mpirun.sh", "slurm.sbatch"]
     for name, text in files.items():
         committed = (ROOT / "launch" / name).read_text()
         assert committed == text, f"launch/{name} is out of date: run `make render`"

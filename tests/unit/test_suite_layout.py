@@ -25,3 +25,12 @@ def test_pytest_collects_the_distributed_and_end_to_end_suites():
         "tests/e2e/test_quickstarts.py",
     ):
         assert expected in files
+
+
+def test_no_two_test_files_share_a_name():
+    # pytest imports test files by their base name (no packages here): a second file of the same name
+    # in another folder stops the whole run at collection ("import file mismatch").
+    names = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}

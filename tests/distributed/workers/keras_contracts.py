@@ -71,7 +71,7 @@ def section_fit(rank, size):
         if name == "fp32":
             hvdkit_fp32 = model
     # Horovod's own Keras optimizer, used the same way. Upstream 0.28.1 does not average under Keras 3
-    # (the ranks drift apart); the engine hvdkit installs carries the fix (scripts/horovod-fixes/4*).
+    # (the ranks drift apart); the engine hvdkit installs carries the fix (hvdkit/engine/recipe/horovod-fixes/4*).
     import horovod.tensorflow.keras as hvd_keras
 
     model = clone(init)

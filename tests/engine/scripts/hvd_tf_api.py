@@ -156,19 +156,26 @@ def linear_loss(w, b, x, y):
     return mse(tf.matmul(x, w) + b, y)
 
 
-def tf_variable_case(mode, **tape_kwargs):
-    w, b = linear_vars()
-    rw, rb = linear_vars()
+def linear_train_step(w, b, local_source=None, **tape_kwargs):
+    """One SGD step of the linear model through DistributedGradientTape (``local_source`` kept local)."""
 
     def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = linear_loss(w, b, x, y)
         tape = hvd.DistributedGradientTape(tape, **tape_kwargs)
+        if local_source is not None:
+            tape.register_local_source(local_source)
         gw, gb = tape.gradient(loss, [w, b])
         w.assign_sub(LR * gw)
         b.assign_sub(LR * gb)
 
-    step = maybe_function(train_step, mode)
+    return train_step
+
+
+def tf_variable_case(mode, **tape_kwargs):
+    w, b = linear_vars()
+    rw, rb = linear_vars()
+    step = maybe_function(linear_train_step(w, b, **tape_kwargs), mode)
     for s in range(STEPS):
         step(*map(tf.constant, batch(hvd.rank(), s)))
         fx, fy = full_batch(hvd.size(), s)
@@ -267,17 +274,7 @@ def register_local_source_case(mode):
     """DistributedGradientTape.register_local_source on a plain tf.Variable (the bias stays local)."""
     w, b = linear_vars()
     init = [w.numpy(), b.numpy()]
-
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = linear_loss(w, b, x, y)
-        tape = hvd.DistributedGradientTape(tape)
-        tape.register_local_source(b)
-        gw, gb = tape.gradient(loss, [w, b])
-        w.assign_sub(LR * gw)
-        b.assign_sub(LR * gb)
-
-    step = maybe_function(train_step, mode)
+    step = maybe_function(linear_train_step(w, b, local_source=b), mode)
     for s in range(STEPS):
         step(*map(tf.constant, batch(hvd.rank(), s)))
     sw, sb = linear_vars()

@@ -20,6 +20,9 @@ import torch
 import torch.nn.functional as F
 
 import horovod.torch as hvd
+from torch_reference import batches as reference_batches
+from torch_reference import digest, make_base, make_model, max_diff, reference_step
+from torch_reference import reference as one_process
 
 STEPS = 3
 B = 4  # per-rank batch
@@ -35,51 +38,13 @@ def record(out_dir, name, fn):
         json.dump(RECORD, f, indent=1)
 
 
-def make_model(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
-
-
-def digest(model):
-    return hashlib.sha256(flat(model).double().numpy().tobytes()).hexdigest()
-
-
-def max_diff(a, b):
-    return float((flat(a).double() - flat(b).double()).abs().max())
-
-
 def batches():
-    g = torch.Generator().manual_seed(99)
-    return torch.randn(STEPS, hvd.size() * B, 6, generator=g), torch.randn(STEPS, hvd.size() * B, 3, generator=g)
-
-
-def make_base(name, model, lr_scale=1.0):
-    if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=0.1 * lr_scale, momentum=0.9)
-    return torch.optim.AdamW(model.parameters(), lr=0.05 * lr_scale, weight_decay=0.5)
+    return reference_batches(STEPS, hvd.size(), B)
 
 
 def reference(init, opt_name, reduce="mean"):
     """One process on the concatenated batch: every rank's part's gradient, averaged (or summed)."""
-    model = copy.deepcopy(init)
-    opt = make_base(opt_name, model)
-    x, y = batches()
-    for s in range(STEPS):
-        grads = []
-        for r in range(hvd.size()):
-            opt.zero_grad()
-            part = slice(r * B, (r + 1) * B)
-            F.mse_loss(model(x[s][part]), y[s][part]).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for i, p in enumerate(model.parameters()):
-            total = sum(g[i] for g in grads)
-            p.grad = total if reduce == "sum" else total / hvd.size()
-        opt.step()
-    return model
+    return one_process(init, opt_name, STEPS, hvd.size(), B, reduce)
 
 
 def train(opt_name="sgd", passes=1, closure=False, **hvd_kwargs):
@@ -156,15 +121,7 @@ def section_sparse(sparse_as_dense):
         opt.zero_grad()
         F.mse_loss(model(idx[s][mine]), y[s][mine]).backward()
         opt.step()
-        grads = []
-        for r in range(hvd.size()):
-            ref_opt.zero_grad()
-            part = slice(r * B, (r + 1) * B)
-            F.mse_loss(ref(idx[s][part]), y[s][part]).backward()
-            grads.append([p.grad.clone() for p in ref.parameters()])
-        for i, p in enumerate(ref.parameters()):
-            p.grad = sum(gr[i] for gr in grads) / hvd.size()
-        ref_opt.step()
+        reference_step(ref, ref_opt, idx[s], y[s], hvd.size(), B)
     return {"digest": digest(model), "max_diff_vs_reference": max_diff(model, ref), "moved": max_diff(model, emb_model(False))}
 
 

@@ -9,7 +9,6 @@ error. Usage: python hvd_torch_subclass.py OUT
 """
 
 import copy
-import hashlib
 import json
 import os
 import sys
@@ -20,47 +19,16 @@ import torch
 import torch.nn.functional as F
 
 import horovod.torch as hvd
+from torch_reference import batches as reference_batches
+from torch_reference import digest, flat, make_base, make_model, max_diff
+from torch_reference import reference as one_process
 
 STEPS = 3
 B = 4  # per-rank batch
 
 
-def make_model(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-
-
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
-
-
-def make_base(name, model):
-    if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.5)
-
-
 def batches():
-    g = torch.Generator().manual_seed(99)
-    return torch.randn(STEPS, hvd.size() * B, 6, generator=g), torch.randn(STEPS, hvd.size() * B, 3, generator=g)
-
-
-def reference(init, opt_name):
-    """One process on the concatenated batch: the mean of every rank's part's gradient."""
-    model = copy.deepcopy(init)
-    opt = make_base(opt_name, model)
-    x, y = batches()
-    for s in range(STEPS):
-        grads = []
-        for r in range(hvd.size()):
-            opt.zero_grad()
-            part = slice(r * B, (r + 1) * B)
-            F.mse_loss(model(x[s][part]), y[s][part]).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for i, p in enumerate(model.parameters()):
-            p.grad = sum(g[i] for g in grads) / hvd.size()
-        opt.step()
-    return model
+    return reference_batches(STEPS, hvd.size(), B)
 
 
 def timed_subclass(opt):
@@ -102,9 +70,9 @@ def train(opt_name):
         opt.zero_grad(set_to_none=True)
         F.mse_loss(model(x[s][mine]), y[s][mine]).backward()
         opt.step()
-    diff = float((flat(model).double() - flat(reference(init, opt_name)).double()).abs().max())
+    diff = max_diff(model, one_process(init, opt_name, STEPS, hvd.size(), B))
     return {
-        "digest": hashlib.sha256(flat(model).double().numpy().tobytes()).hexdigest(),
+        "digest": digest(model),
         "max_diff_vs_reference": diff,
         "moved": float((flat(model) - flat(init)).abs().max()),
         "sync_calls": opt.sync_calls,

@@ -8,13 +8,13 @@ iterations, img/sec on rank 0). The model is torch-only: torchvision does not lo
 import argparse
 import timeit
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
 import horovod.torch as hvd
+from synthetic_timing import time_and_report
 
 parser = argparse.ArgumentParser(
     description="PyTorch Synthetic Benchmark", formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -129,17 +129,4 @@ log("Number of %ss: %d" % (device, hvd.size()))
 log("Running warmup...")
 timeit.timeit(benchmark_step, number=args.num_warmup_batches)
 
-# Benchmark
-log("Running benchmark...")
-img_secs = []
-for x in range(args.num_iters):
-    time = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
-    img_sec = args.batch_size * args.num_batches_per_iter / time
-    log("Iter #%d: %.1f img/sec per %s" % (x, img_sec, device))
-    img_secs.append(img_sec)
-
-# Results
-img_sec_mean = np.mean(img_secs)
-img_sec_conf = 1.96 * np.std(img_secs)
-log("Img/sec per %s: %.1f +-%.1f" % (device, img_sec_mean, img_sec_conf))
-log("Total img/sec on %d %s(s): %.1f +-%.1f" % (hvd.size(), device, hvd.size() * img_sec_mean, hvd.size() * img_sec_conf))
+time_and_report(benchmark_step, args, log, device, hvd.size())

@@ -13,11 +13,11 @@ import argparse
 import os
 import timeit
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.keras import applications
 
 import horovod.tensorflow as hvd
+from synthetic_timing import time_and_report
 
 # Benchmark settings
 parser = argparse.ArgumentParser(description="TensorFlow Synthetic Benchmark",
@@ -98,18 +98,4 @@ with tf.device(device):
     benchmark_step(first_batch=True)
     timeit.timeit(lambda: benchmark_step(first_batch=False), number=args.num_warmup_batches)
 
-    # Benchmark
-    log("Running benchmark...")
-    img_secs = []
-    for x in range(args.num_iters):
-        time = timeit.timeit(lambda: benchmark_step(first_batch=False), number=args.num_batches_per_iter)
-        img_sec = args.batch_size * args.num_batches_per_iter / time
-        log("Iter #%d: %.1f img/sec per %s" % (x, img_sec, device))
-        img_secs.append(img_sec)
-
-    # Results
-    img_sec_mean = np.mean(img_secs)
-    img_sec_conf = 1.96 * np.std(img_secs)
-    log("Img/sec per %s: %.1f +-%.1f" % (device, img_sec_mean, img_sec_conf))
-    log("Total img/sec on %d %s(s): %.1f +-%.1f" %
-        (hvd.size(), device, hvd.size() * img_sec_mean, hvd.size() * img_sec_conf))
+    time_and_report(lambda: benchmark_step(first_batch=False), args, log, device, hvd.size())

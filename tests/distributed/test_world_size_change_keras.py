@@ -1,0 +1,88 @@
+"""The Keras example (``model.fit``) trained 1 epoch at 2 ranks, 1 more at 1 rank, the last at 2
+(plain mpirun; each leg ends at an epoch boundary, where ``fit`` resumes).
+
+With the global batch fixed at 64 (32 per rank x 2 ranks, or x 1 rank x 2 accumulation steps,
+Keras's own ``gradient_accumulation_steps``) and no compression it must end where an uninterrupted
+2-rank run ends, every training sample used exactly once per epoch, and the optimizer's step count
+must carry over although Keras counts batches, not steps, when it accumulates.
+"""
+
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, read_sample_logs, record_figures, run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
+KERAS = str(ROOT / "examples" / "keras_digits.py")
+TRAIN_SAMPLES = 1437
+STEPS_PER_EPOCH = 23
+COMMON = ["--compression", "none", "--global-batch-size", "64"]
+LEGS = ((2, 1), (1, 2), (2, 3))  # (ranks, epochs to reach)
+
+
+def run(np_, epochs, ckpt, samples):
+    argv = [KERAS, *COMMON, "--epochs", str(epochs), "--checkpoint-dir", str(ckpt), "--sample-log", str(samples)]
+    proc = run_ranks("mpirun", np_, argv, timeout=600)
+    assert proc.returncode == 0, f"{np_} rank(s) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def final_line(proc):
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def newest_params(ckpt):
+    newest = sorted(p for p in os.listdir(ckpt) if p.startswith("ckpt-"))[-1]
+    with np.load(os.path.join(ckpt, newest, "state.npz")) as z:
+        return {k: z[k] for k in z.files if k.startswith("model/")}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("world-size-keras")
+    reference = run(2, 3, d / "ref", d / "ref-samples")
+    legs = [run(np_, epochs, d / "elastic", d / "elastic-samples") for np_, epochs in LEGS]
+    return {"dir": d, "reference": reference, "legs": legs}
+
+
+def test_fit_at_2_then_1_then_2_ranks_ends_within_1e_5_of_an_uninterrupted_run(jobs):
+    d = jobs["dir"]
+    assert [final_line(p)["steps"] for p in jobs["legs"]] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH]
+    assert [final_line(p)["resumed_from_epoch"] for p in jobs["legs"]] == [0, 1, 2]
+    ref, got = newest_params(d / "ref"), newest_params(d / "elastic")
+    assert sorted(ref) == sorted(got)
+    diff = max(float(np.max(np.abs(ref[k] - got[k]))) for k in ref)
+    record_figures("world_size_change_keras_2_1_2", max_abs_param_diff=diff, epochs=3)
+    assert diff < 1e-5, f"final parameters differ by {diff}"
+
+
+def test_every_training_sample_is_used_exactly_once_per_epoch_across_the_changes(jobs):
+    d = jobs["dir"]
+    for prefix in ("ref-samples", "elastic-samples"):
+        lines = read_sample_logs(d / prefix)
+        for epoch in range(3):
+            used = Counter(i for line in lines if line["epoch"] == epoch for i in line["indices"])
+            assert sorted(used) == list(range(TRAIN_SAMPLES)), f"{prefix} epoch {epoch}"
+            assert set(used.values()) == {1}, f"{prefix} epoch {epoch}"
+    sizes = {line["epoch"]: line["size"] for line in read_sample_logs(d / "elastic-samples")}
+    assert sizes == {0: 2, 1: 1, 2: 2}
+
+    def by_step(prefix):
+        steps = {}
+        for line in read_sample_logs(d / prefix):
+            steps.setdefault(line["step"], []).extend(line["indices"])
+        return {step: sorted(v) for step, v in steps.items()}
+
+    assert by_step("elastic-samples") == by_step("ref-samples")  # the same samples in every optimizer step
+
+
+def test_rank_0_logs_the_plan_and_the_resume_at_another_size(jobs):
+    one, again = (p.stderr + p.stdout for p in jobs["legs"][1:])
+    assert "world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps" in one
+    assert "checkpoint was written by 2 ranks, this job has 1: resuming at epoch 1" in one
+    assert "learning rate 0.05 as configured for this size" in one
+    assert "checkpoint was written by 1 ranks, this job has 2: resuming at epoch 2" in again
