@@ -3,8 +3,9 @@
 Layout under the checkpoint root::
 
     ckpt-000000000040/            one complete checkpoint (step 40)
-        state.pt                  files written by the framework adapter
+        arrays.npz                the tensors of the state (core/checkpointer.py, checkpoint_arrays.py)
         manifest.json             step, epoch, world size, versions, size and SHA-256 of every file,
+                                  ``meta`` (the state's layout, ``extra``, every rank's RNG states),
                                   sealed by the SHA-256 of the manifest itself (core/manifest.py)
     ckpt-000000000040.1/          a newer copy of step 40, while a save of step 40 again replaces it
     .tmp-<job>-...                a write in progress or a deletion (never loaded)
@@ -20,28 +21,33 @@ Loading walks the checkpoints newest first, verifies each manifest (sizes and ch
 reports the ones that fail, and broadcasts the first good state to every rank.
 """
 
-import hashlib
 import json
 import os
-import re
 import shutil
 import time
 import uuid
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import checkpoint_lock
 from . import manifest as _manifest
-from .checkpoint_folder import delete_later, fsync_path, place, signature, wait_for_deletions
+from .checkpoint_folder import (
+    MANIFEST,
+    delete_later,
+    fsync_path,
+    listing,
+    place,
+    signature,
+    sync_and_hash,
+    verify,
+    wait_for_deletions,
+)
 from .errors import CheckpointError, ConfigError
 from .log import get_logger
 
-__all__ = ["CheckpointStore", "CheckpointInfo", "Resumed", "MANIFEST"]
+__all__ = ["CheckpointStore", "CheckpointInfo", "Resumed", "MANIFEST", "verify"]
 
-MANIFEST = "manifest.json"
 _PREFIX = "ckpt-"
-_NAME = re.compile(r"^ckpt-(\d{12})(?:\.(\d{1,9}))?$")  # step, then the copy's generation (none: 0)
 _TMP = ".tmp-"
 _log = get_logger("checkpoint")
 
@@ -68,62 +74,10 @@ class Resumed:
     world_size: int
 
 
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _sync_and_hash(folder):
-    """{name: {size, sha256}} of every file in ``folder``, each fsynced.
-
-    The fsyncs (disk writes) run in a thread while this one hashes the files (page-cache reads);
-    both release the GIL, so a save costs about max(fsync, hash) instead of their sum.
-    """
-    paths = {}
-    for name in sorted(os.listdir(folder)):
-        fpath = os.path.join(folder, name)
-        if os.path.islink(fpath) or not os.path.isfile(fpath):
-            raise CheckpointError(f"write() left {name!r}, which is not a regular file")
-        paths[name] = fpath
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvdkit-fsync") as pool:
-        synced = pool.map(fsync_path, paths.values())
-        files = {name: {"size": os.path.getsize(p), "sha256": _sha256(p)} for name, p in paths.items()}
-        list(synced)  # re-raises an fsync error
-    return files
-
-
 def _version():
     from .. import __version__
 
     return __version__
-
-
-def verify(path):
-    """The manifest of the checkpoint folder ``path`` after checking every file; else CheckpointError."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        raise CheckpointError(f"{path} is not a checkpoint folder (links are not followed)")
-    mpath = os.path.join(path, MANIFEST)
-    try:
-        with open(mpath, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError, RecursionError) as e:
-        raise CheckpointError(f"{path}: unreadable manifest ({e})") from None
-    _manifest.check(path, manifest)
-    for name, entry in manifest["files"].items():
-        if not isinstance(name, str) or name in ("", ".", "..", MANIFEST) or os.sep in name or "/" in name:
-            raise CheckpointError(f"{path}: manifest names an unsafe file {name!r}")
-        fpath = os.path.join(path, name)
-        if os.path.islink(fpath) or not os.path.isfile(fpath):
-            raise CheckpointError(f"{path}: {name} is missing or not a regular file")
-        size = os.path.getsize(fpath)
-        if size != entry.get("size"):
-            raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says {entry.get('size')}")
-        if _sha256(fpath) != entry.get("sha256"):
-            raise CheckpointError(f"{path}: {name} does not match its SHA-256 in the manifest (corrupted)")
-    return manifest
 
 
 class CheckpointStore:
@@ -206,14 +160,7 @@ class CheckpointStore:
         return [(step, path) for step, _, path in self._listing()]
 
     def _listing(self):
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
-        found = [
-            (int(m.group(1)), int(m.group(2) or 0), os.path.join(self.root, n)) for n in names if (m := _NAME.match(n))
-        ]
-        return sorted(found, reverse=True)
+        return listing(self.root)
 
     def latest(self):
         """The newest checkpoint that verifies (rank 0 only; no collective), or None.
@@ -233,7 +180,8 @@ class CheckpointStore:
     def save(self, write, step, epoch, meta=None, check=None):
         """Write a checkpoint of ``step`` on rank 0; ``write(folder)`` puts the files in ``folder``.
 
-        ``check()``, if given, runs on rank 0 before anything is written; a ConfigError it raises
+        ``meta`` goes into the manifest: a JSON-ready dict, or a function returning one (called on
+        rank 0 after ``check``). ``check()``, if given, runs on rank 0 before anything is written; a ConfigError it raises
         (data that could not be read back, say) is raised on every rank as ConfigError. Returns
         the checkpoint's path on every rank. Raises CheckpointError on every rank when rank 0
         could not write it; earlier checkpoints are then left untouched.
@@ -262,8 +210,9 @@ class CheckpointStore:
         tmp = self._tmp_path(f"{_PREFIX}{step:012d}")
         os.makedirs(tmp)
         try:
+            meta = meta() if callable(meta) else meta
             write(tmp)
-            files = _sync_and_hash(tmp)
+            files = sync_and_hash(tmp)
             manifest = _manifest.seal({
                 "step": step,
                 "epoch": epoch,

@@ -5,13 +5,23 @@
 a background thread; ``signature`` tells whether a folder changed since it was last verified.
 """
 
+import hashlib
+import json
 import os
+import re
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
+from . import manifest as _manifest
+from .errors import CheckpointError
 from .log import get_logger
 
-__all__ = ["fsync_path", "place", "delete_later", "wait_for_deletions", "signature"]
+__all__ = ["MANIFEST", "fsync_path", "place", "delete_later", "wait_for_deletions", "signature", "listing",
+           "sync_and_hash", "verify"]  # fmt: skip
+
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^ckpt-(\d{12})(?:\.(\d{1,9}))?$")  # step, then the copy's generation (none: 0)
 
 _log = get_logger("checkpoint")
 _DELETERS = {}  # root -> the thread deleting that root's pruned checkpoints
@@ -99,3 +109,65 @@ def signature(path):
         return tuple(sorted((e.name, e.inode(), e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(path)))
     except OSError:
         return None
+
+
+def listing(root):
+    """``(step, generation, path)`` of every ``ckpt-`` folder under ``root``, newest first, unverified."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    found = [(int(m.group(1)), int(m.group(2) or 0), os.path.join(root, n)) for n in names if (m := _NAME.match(n))]
+    return sorted(found, reverse=True)
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sync_and_hash(folder):
+    """{name: {size, sha256}} of every file in ``folder``, each fsynced.
+
+    The fsyncs (disk writes) run in a thread while this one hashes the files (page-cache reads);
+    both release the GIL, so a save costs about max(fsync, hash) instead of their sum.
+    """
+    paths = {}
+    for name in sorted(os.listdir(folder)):
+        fpath = os.path.join(folder, name)
+        if os.path.islink(fpath) or not os.path.isfile(fpath):
+            raise CheckpointError(f"write() left {name!r}, which is not a regular file")
+        paths[name] = fpath
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvdkit-fsync") as pool:
+        synced = pool.map(fsync_path, paths.values())
+        files = {name: {"size": os.path.getsize(p), "sha256": _sha256(p)} for name, p in paths.items()}
+        list(synced)  # re-raises an fsync error
+    return files
+
+
+def verify(path):
+    """The manifest of the checkpoint folder ``path`` after checking every file; else CheckpointError."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        raise CheckpointError(f"{path} is not a checkpoint folder (links are not followed)")
+    mpath = os.path.join(path, MANIFEST)
+    try:
+        with open(mpath, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: unreadable manifest ({e})") from None
+    _manifest.check(path, manifest)
+    for name, entry in manifest["files"].items():
+        if not isinstance(name, str) or name in ("", ".", "..", MANIFEST) or os.sep in name or "/" in name:
+            raise CheckpointError(f"{path}: manifest names an unsafe file {name!r}")
+        fpath = os.path.join(path, name)
+        if os.path.islink(fpath) or not os.path.isfile(fpath):
+            raise CheckpointError(f"{path}: {name} is missing or not a regular file")
+        size = os.path.getsize(fpath)
+        if size != entry.get("size"):
+            raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says {entry.get('size')}")
+        if _sha256(fpath) != entry.get("sha256"):
+            raise CheckpointError(f"{path}: {name} does not match its SHA-256 in the manifest (corrupted)")
+    return manifest

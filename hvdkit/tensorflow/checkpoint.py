@@ -1,50 +1,66 @@
-"""Rank-0 checkpoints of a TensorFlow/Keras model and optimizer, with automatic resume."""
+"""Rank-0 checkpoints of a TensorFlow/Keras model and optimizer, with automatic resume.
 
-import io
+The format, the RNG states of every rank, the scheduler and the order of the collectives are the
+core's (``hvdkit.core.checkpointer``); this module only turns variables into arrays and back.
+"""
+
 import os
-import zipfile
+import warnings
 
 import numpy as np
 
-from ..core.checkpoint import CheckpointStore, Resumed
+from ..core.checkpoint import Resumed
+from ..core.checkpoint_arrays import ArrayFile
+from ..core.checkpointer import CheckpointerBase, Snapshot
 from ..core.errors import CheckpointError
-from ..core.log import get_logger
-from ..core.plain_data import check_json_plain
 from .runtime import communicator
+from .variables import broadcast_variables
 
 __all__ = ["Checkpointer", "Resumed"]
 
-STATE_FILE = "state.npz"
+LEGACY_STATE_FILE = "state.npz"  # hvdkit before the shared layout: model/<i> and optimizer/<i> arrays
 _ACCUMULATOR = "_gradient_accumulator"  # Keras 3 names its accumulators <variable>_gradient_accumulator
-_log = get_logger("checkpoint")
+_NUMPY_DTYPES = frozenset(
+    {"float64", "float32", "float16", "complex64", "complex128", "int64", "int32", "int16", "int8", "uint64",
+     "uint32", "uint16", "uint8", "bool"}
+)  # fmt: skip
 
 
-def _values(variables):
-    return [np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
+def _dtype_name(v):
+    return str(getattr(v.dtype, "name", v.dtype))
 
 
-class Checkpointer:
-    """Saves and restores a model's weights, its optimizer's variables, step, epoch and ``extra``.
+class Checkpointer(CheckpointerBase):
+    """Saves and restores a model's weights, its optimizer's variables, a scheduler, step, epoch,
+    every rank's RNG states and ``extra``.
 
     ``model`` is anything with ``.weights`` (a Keras model); ``optimizer`` a Keras optimizer (its
-    variables include the iteration count, so learning-rate schedules continue). Keras's gradient
-    accumulators are not saved: they hold a partial sum only between the batches of one optimizer
-    step, so save after complete steps (``fit`` callbacks at epoch ends do). A checkpoint restored
-    with another accumulation (a fixed global batch at another world size) continues at the same
-    optimizer step: the raw batch counter is converted. Files are plain
-    arrays (``.npz``, read with ``allow_pickle=False``) under the core's rank-0 protocol; ``extra``
-    (plain JSON data) is kept in the manifest.
+    variables include the iteration count, so learning-rate schedules continue); ``scheduler``
+    anything with ``state_dict()`` and ``load_state_dict(state)``. Keras's gradient accumulators
+    are not saved: they hold a partial sum only between the batches of one optimizer step, so
+    save after complete steps (``fit`` callbacks at epoch ends do). A checkpoint restored with
+    another accumulation (a fixed global batch at another world size) continues at the same
+    optimizer step: the raw batch counter is converted. The RNG states are Python's, NumPy's,
+    TensorFlow's global generator and the model's seed generators (dropout). Variables are written
+    one at a time (no second copy of the state); ``extra`` takes the same data as torch's
+    (tensors included) and comes back with the same types. ``seed`` re-seeds at another world size.
 
     Collective: the constructor, ``save`` and ``restore`` are called by every rank.
     """
 
-    def __init__(self, directory, model, optimizer=None, keep=3, comm=None):
+    def __init__(self, directory, model, optimizer=None, scheduler=None, keep=3, comm=None, seed=0):
         import tensorflow as tf
 
-        self.comm = comm or communicator()
-        self.model = model
-        self.optimizer = optimizer
-        self.store = CheckpointStore(directory, self.comm, keep=keep, framework=f"tensorflow {tf.__version__}")
+        if isinstance(scheduler, int) and not isinstance(scheduler, bool):  # the signature before ``scheduler``
+            warnings.warn("Checkpointer(directory, model, optimizer, keep, comm): pass keep= and comm= by name; "
+                          "the fourth argument is the scheduler now", DeprecationWarning, stacklevel=2)  # fmt: skip
+            scheduler, keep, comm = None, scheduler, keep if comm is None and not isinstance(keep, int) else comm
+        super().__init__(directory, model, optimizer, scheduler, keep, comm or communicator(), seed,
+                         framework=f"tensorflow {tf.__version__}")  # fmt: skip
+        self._opt_vars = []
+
+    def _prepare(self):
+        self._opt_vars = self._optimizer_variables()  # builds the optimizer on every rank alike
 
     def _optimizer_variables(self):
         opt = self.optimizer
@@ -54,103 +70,122 @@ class Checkpointer:
             opt.build(self.model.trainable_variables)
         return [v for v in opt.variables if not v.name.endswith(_ACCUMULATOR)]
 
+    def _variables(self):
+        return {"model": list(self.model.weights), "optimizer": self._opt_vars}
+
     def _accumulation(self):
         return int(getattr(self.optimizer, "gradient_accumulation_steps", None) or 1)
 
-    def _convert_iterations(self, saved_accumulation):
-        """Rescale Keras's raw batch counter from the saved accumulation to this optimizer's (every rank)."""
-        now = self._accumulation()
-        if self.optimizer is None or saved_accumulation == now:
-            return
-        for v in self.optimizer.variables:
-            if v.name == "iteration":
-                v.assign(int(v.numpy()) // saved_accumulation * now)
+    # ------------------------------------------------------------ tensors and arrays
+    def _is_tensor(self, value):
+        import keras
+        import tensorflow as tf
 
-    def save(self, step, epoch, extra=None):
-        """Write a checkpoint of ``step``; ``epoch`` is the number of epochs completed.
+        return isinstance(value, (tf.Tensor, tf.Variable, keras.Variable))
 
-        ``extra`` is kept in the manifest as JSON: what JSON would not give back as it was (a
-        tuple, a non-string key, a NumPy value, a path) raises ConfigError on every rank naming its
-        key path and type, and nothing is written. Collective: every rank calls it.
-        """
-        opt_vars = self._optimizer_variables()  # builds the optimizer on every rank alike
-        model_vals = _values(self.model.weights) if self.comm.is_rank0 else None
-        opt_vals = _values(opt_vars) if self.comm.is_rank0 else None
+    def _tensor_meta(self, tensor):
+        name = _dtype_name(tensor)
+        return None if name in _NUMPY_DTYPES else [name, list(tensor.shape)]  # stored as raw bytes
 
-        def write(folder):
-            arrays = {f"model/{i}": v for i, v in enumerate(model_vals)}
-            arrays.update({f"optimizer/{i}": v for i, v in enumerate(opt_vals)})
-            buf = io.BytesIO()
-            np.savez(buf, **arrays)
-            with open(os.path.join(folder, STATE_FILE), "wb") as f:
-                f.write(buf.getvalue())
+    def _to_array(self, tensor):
+        array = np.asarray(tensor.numpy())
+        return array if _dtype_name(tensor) in _NUMPY_DTYPES else np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
-        meta = {"extra": extra, "accumulation": self._accumulation()}
-        return self.store.save(write, step, epoch, meta=meta, check=lambda: check_json_plain(extra, "extra"))
+    def _from_array(self, array, meta, name):
+        import tensorflow as tf
 
-    def restore(self):
-        """Load the newest good checkpoint into the model and optimizer on every rank.
+        if meta is not None:
+            array = array.view(tf.dtypes.as_dtype(meta[0]).as_numpy_dtype).reshape(meta[1])
+        return array if name in ("model", "optimizer") else tf.convert_to_tensor(array)
 
-        Returns a ``Resumed`` (``epoch`` is what to pass as ``initial_epoch``) or None when there is
-        no checkpoint. A checkpoint that does not fit the model raises CheckpointError on every
-        rank and is left untouched. Rank 0 reads the arrays one at a time into its variables; the
-        other ranks receive them variable by variable, in bounded chunks: no rank holds a pickled
-        copy of the state. Collective: every rank calls it.
-        """
-        variables = {"model": list(self.model.weights), "optimizer": self._optimizer_variables()}
+    def _state(self):
+        return self._variables()
 
-        def describe(saved, info):  # rank 0; what it raises fails every rank
-            self._apply(saved, variables, info.path)
-            return _specs(variables)
+    def _meta(self):
+        return {"accumulation": self._accumulation()}
 
-        loaded = self.store.load_on_rank0(_read_state, describe)
-        if loaded is None:
-            return None
-        _, header, info = loaded
-        self._receive(header, variables)
-        meta = info.manifest.get("meta", {})
-        self._convert_iterations(int(meta.get("accumulation", self._accumulation())))
-        if self.comm.is_rank0:
-            _log.info("resumed from %s (step %d, epoch %d)", info.path, info.step, info.epoch)
-        extra = meta.get("extra")
-        return Resumed(info.step, info.epoch, extra, info.path, info.world_size)
-
-    @staticmethod
-    def _apply(saved, variables, path):
-        """Rank 0: assign the saved arrays, read one at a time, after checking that all fit."""
+    # ------------------------------------------------------------ restore
+    def _apply(self, snapshot):
+        """Rank 0: assign the saved arrays, one at a time, after checking that all fit."""
+        variables = self._variables()
         for what, vs in variables.items():
             shapes = [tuple(v.shape) for v in vs]
-            held = [shape for shape, _ in saved[what]]
+            held = [tuple(a.shape) for a in snapshot.state.get(what) or []]
             if shapes != held:
                 raise CheckpointError(
-                    f"checkpoint {path} does not fit this {what}: it holds {len(held)} arrays {held[:3]}..., "
+                    f"checkpoint {snapshot.path} does not fit this {what}: it holds {len(held)} arrays {held[:3]}..., "
                     f"the {what} has {len(shapes)} variables {shapes[:3]}...; point the checkpoint directory at the "
                     "checkpoints of this model, or at an empty directory"
                 )
-        with np.load(saved["path"], allow_pickle=False) as z:
-            for what, vs in variables.items():
-                for i, v in enumerate(vs):
-                    v.assign(z[f"{what}/{i}"])
+        for what, vs in variables.items():
+            for v, array in zip(vs, snapshot.state[what]):
+                v.assign(array)
 
-    def _receive(self, header, variables):
-        """Every rank: rank 0's variables, one at a time, in bounded chunks (see ``broadcast_tensors``)."""
+    def _share(self):
+        """Every rank: rank 0's variables, after checking that every rank's fit (CheckpointError if not)."""
         comm = self.comm
         if comm.size == 1:
             return
+        variables = self._variables()
         mine = _specs(variables)
-        problem = None if comm.is_rank0 or mine == header else f"its variables {_mismatch(mine, header)}"
-        problems = comm.allgather_object(problem, name="hvdkit.checkpoint.restore.fit")
-        bad = [(r, p) for r, p in enumerate(problems) if p]
+        everyone = comm.allgather_object(mine, name="hvdkit.checkpoint.restore.fit")
+        bad = [(r, f"its variables {_mismatch(s, everyone[0])}") for r, s in enumerate(everyone) if s != everyone[0]]
         if bad:
             raise CheckpointError(
                 f"rank {bad[0][0]} cannot take rank 0's checkpoint: {bad[0][1]}; every rank must build the same model and optimizer"
             )
-        specs = header["model"] + header["optimizer"]
-        for k, (v, (shape, dtype)) in enumerate(zip(variables["model"] + variables["optimizer"], specs)):
-            buf = np.ascontiguousarray(v.numpy()) if comm.is_rank0 else np.empty(shape, dtype)
-            comm.broadcast_tensors([buf], name=f"hvdkit.checkpoint.restore.{k}")
-            if not comm.is_rank0:
-                v.assign(buf)
+        broadcast_variables(variables["model"] + variables["optimizer"], root_rank=0)  # as at a fresh start
+
+    def _after_restore(self, meta):
+        """Rescale Keras's raw batch counter from the saved accumulation to this optimizer's (every rank)."""
+        saved, now = int(meta.get("accumulation", self._accumulation())), self._accumulation()
+        if self.optimizer is None or saved == now:
+            return
+        for v in self.optimizer.variables:
+            if v.name == "iteration":
+                v.assign(int(v.numpy()) // saved * now)
+
+    # ------------------------------------------------------------ RNG states
+    def _seed_generators(self):
+        """The state variables of the model's seed generators (dropout and other random layers)."""
+        weights = {id(v) for v in self.model.weights}
+        return [v for v in getattr(self.model, "variables", []) if id(v) not in weights]
+
+    def _framework_rng(self):
+        import tensorflow as tf
+
+        return {
+            "tf": tf.random.get_global_generator().state.numpy(),
+            "seeds": [np.asarray(v.numpy()) for v in self._seed_generators()],
+        }
+
+    def _set_framework_rng(self, state):
+        import tensorflow as tf
+
+        tf.random.get_global_generator().reset(state["tf"])
+        seeds = self._seed_generators()
+        if len(seeds) == len(state["seeds"]):
+            for v, value in zip(seeds, state["seeds"]):
+                v.assign(value)
+
+    def _reseed_framework(self, value):
+        import keras
+        import tensorflow as tf
+
+        keras.utils.set_random_seed(value & 0xFFFFFFFF)  # as the Keras callback does at another world size
+        tf.random.get_global_generator().reset_from_seed(value)
+
+    def _read_legacy(self, folder, manifest):
+        """A checkpoint of hvdkit before the shared layout: ``state.npz``, ``extra`` in the manifest, no RNG states."""
+        if LEGACY_STATE_FILE not in manifest.get("files", {}):
+            raise CheckpointError(f"{folder} holds no TensorFlow checkpoint (framework: {manifest.get('framework')!r})")
+        arrays = ArrayFile(os.path.join(folder, LEGACY_STATE_FILE))
+        state = {}
+        for what in ("model", "optimizer"):
+            count = sum(1 for n in arrays.names() if n.startswith(f"{what}/"))
+            state[what] = [arrays.read(f"{what}/{i}") for i in range(count)]
+        extra = manifest.get("meta", {}).get("extra")
+        return Snapshot(manifest["step"], manifest["epoch"], manifest["world_size"], extra, state, None, folder)
 
 
 def _np_dtype(v):
@@ -158,7 +193,7 @@ def _np_dtype(v):
 
 
 def _specs(variables):
-    """``{"model": [(shape, dtype)], "optimizer": [...]}`` of the variables: a restore's header."""
+    """``{"model": [(shape, dtype)], "optimizer": [...]}`` of the variables."""
     return {what: [(tuple(v.shape), _np_dtype(v)) for v in vs] for what, vs in variables.items()}
 
 
@@ -170,20 +205,3 @@ def _mismatch(mine, theirs):
             if a != b:
                 return f"({what} variable {i}) is {a[0]} {np.dtype(a[1]).name} here, {b[0]} {np.dtype(b[1]).name} on rank 0"
     return "differ"
-
-
-def _read_state(folder):
-    """The saved arrays' shapes and dtypes (read from their headers; the data stays on disk)."""
-    path = os.path.join(folder, STATE_FILE)
-    specs = {"model": {}, "optimizer": {}}
-    with zipfile.ZipFile(path) as zf:
-        for member in zf.namelist():
-            what, _, index = member.removesuffix(".npy").partition("/")
-            with zf.open(member) as f:
-                version = np.lib.format.read_magic(f)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read_header(f)
-            if dtype.hasobject:
-                raise CheckpointError(f"{path}: {member} holds Python objects, which are not loaded")
-            specs[what][int(index)] = (tuple(shape), dtype.str)
-    return {"path": path, **{what: [s[i] for i in range(len(s))] for what, s in specs.items()}}

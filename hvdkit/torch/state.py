@@ -13,7 +13,7 @@ import torch
 from ..core.errors import CollectiveError
 from .runtime import communicator
 
-__all__ = ["broadcast_state"]
+__all__ = ["broadcast_state", "share_state"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,27 @@ def _targets(header, model):
     return tensors
 
 
+def share_state(comm, model=None, optimizer=None, extra=None, root=0, error=CollectiveError):
+    """Make every rank hold ``root``'s model, optimizer state and ``extra``; returns ``root``'s ``extra``.
+
+    The one path by which ranks take one rank's state: a fresh start (``broadcast_state``) and a
+    resume (``Checkpointer.restore``, after rank 0 loaded the checkpoint) alike. A failure on the
+    root, or a rank whose model or optimizer does not fit the root's, raises ``error`` on every rank.
+    Collective: every rank calls it; names are fixed here.
+    """
+    outcome, tensors = None, None
+    if comm.rank == root:
+        try:
+            header, tensors = describe_state(model, optimizer, {"extra": extra})
+            outcome = ("ok", header)
+        except Exception as e:  # noqa: BLE001 - any failure must reach every rank
+            outcome = ("error", f"rank {root} could not describe its state ({type(e).__name__}: {e})")
+    status, header = comm.broadcast_object(outcome, name="hvdkit.state.header", root=root)
+    if status != "ok":
+        raise error(header)
+    return receive_state(comm, header, tensors, model, optimizer, root, error)["extra"]
+
+
 def broadcast_state(model=None, optimizer=None, extra=None, root_rank=0):
     """Copy ``root_rank``'s model parameters and buffers, optimizer state and ``extra`` to every rank.
 
@@ -148,15 +169,4 @@ def broadcast_state(model=None, optimizer=None, extra=None, root_rank=0):
 
     Collective: every rank calls it with the same kind of model and optimizer.
     """
-    comm = communicator()
-    outcome, tensors = None, None
-    if comm.rank == root_rank:
-        try:
-            header, tensors = describe_state(model, optimizer, {"extra": extra})
-            outcome = ("ok", header)
-        except Exception as e:  # noqa: BLE001 - any failure must reach every rank
-            outcome = ("error", f"rank {root_rank} could not describe its state ({type(e).__name__}: {e})")
-    status, header = comm.broadcast_object(outcome, name="hvdkit.state.header", root=root_rank)
-    if status != "ok":
-        raise CollectiveError(header)
-    return receive_state(comm, header, tensors, model, optimizer, root_rank)["extra"]
+    return share_state(communicator(), model, optimizer, extra, root_rank)

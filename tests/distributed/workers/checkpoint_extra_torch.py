@@ -1,5 +1,5 @@
-"""Runs on every rank of a real 2-rank job: what torch checkpoints do with ``extra`` that
-``torch.load(weights_only=True)`` would refuse at resume. Writes OUT/rank<r>.json.
+"""Runs on every rank of a real 2-rank job: what torch checkpoints do with ``extra`` that would not
+come back as it was at resume. Writes OUT/rank<r>.json.
 
 Rank 0's ``extra`` is the bad one, rank 1 passes None: rank 0's finding must reach rank 1 too.
 Usage: python checkpoint_extra_torch.py OUT
