@@ -8,7 +8,6 @@ Usage: python autocompress_keras.py OUT
 """
 
 import json
-import logging
 import os
 import sys
 
@@ -21,18 +20,11 @@ import hvdkit.keras as hk
 import hvdkit.tensorflow as htf
 from hvdkit.tensorflow.autocompress import measure_and_choose
 from model_params import max_weight_diff, weights_digest
-from recording import error_of
+from recording import LogRecorder, error_of, logged_run, with_env
 
 STEPS, B, LR = 3, 4, 0.1
+VAR = "HVDKIT_COMPRESSION"
 
-
-class Recorder(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def make_model(seed=0):
@@ -85,17 +77,6 @@ def tape(init, x, y, rank, compression):
     return model
 
 
-def with_env(value, fn):
-    old = os.environ.pop("HVDKIT_COMPRESSION", None)
-    if value is not None:
-        os.environ["HVDKIT_COMPRESSION"] = value
-    try:
-        return fn()
-    finally:
-        os.environ.pop("HVDKIT_COMPRESSION", None)
-        if old is not None:
-            os.environ["HVDKIT_COMPRESSION"] = old
-
 
 RUNS = [  # (label, train function, compression argument, HVDKIT_COMPRESSION)
     ("fit_auto", fit, "auto", None),
@@ -111,26 +92,26 @@ RUNS = [  # (label, train function, compression argument, HVDKIT_COMPRESSION)
 
 def main(out_dir):
     topo = hk.init(threads=1)
-    recorder = Recorder()
-    logging.getLogger("hvdkit.autocompress").addHandler(recorder)
+    recorder = LogRecorder("hvdkit.autocompress")
+
+    def rank0_view(messages):
+        return hvd.broadcast_object(messages, root_rank=0, name="test.autocompress.logged")
+
     init = make_model()
     x, y = global_data(topo.size)
     ref = reference(init, x, y)
     out = {"rank": topo.rank, "measured": measure_and_choose(init.trainable_variables).as_dict(), "runs": {}}
     for label, train, arg, env in RUNS:
-        before = len(recorder.messages)
-        model = with_env(env, lambda t=train, a=arg: t(init, x, y, topo.rank, a))
-        logged = hvd.broadcast_object(recorder.messages[before:], root_rank=0, name="test.autocompress.logged")
+        model, logged = logged_run(recorder, lambda: with_env(VAR, env, lambda: train(init, x, y, topo.rank, arg)), rank0_view)  # noqa: B023 - called at once
         out["runs"][label] = {
-            "logged_on_rank0": logged,
-            "logged_here": recorder.messages[before:],
+            **logged,
             "digest": weights_digest(model),
             "max_diff_vs_reference": max_weight_diff(model, ref),
         }
     out["errors"] = {
         "optimizer": error_of(lambda: hk.DistributedOptimizer(keras.optimizers.SGD(LR), compression="int8"), ValueError),
         "tape": error_of(lambda: htf.DistributedGradientTape(tf.GradientTape(), compression="bf16"), ValueError),
-        "variable": with_env("half", lambda: error_of(lambda: fit(init, x, y, topo.rank, "auto"), ValueError)),
+        "variable": with_env(VAR, "half", lambda: error_of(lambda: fit(init, x, y, topo.rank, "auto"), ValueError)),
     }
     with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
         json.dump(out, f)

@@ -8,7 +8,6 @@ Usage: python autocompress_torch.py OUT
 import copy
 import hashlib
 import json
-import logging
 import os
 import sys
 
@@ -18,18 +17,11 @@ import horovod.torch as hvd
 import hvdkit.torch as hk
 from hvdkit.torch.autocompress import measure_and_choose
 from model_params import max_param_diff, params_of
-from recording import error_of
+from recording import LogRecorder, error_of, logged_run, with_env
 
 STEPS, B, LR = 3, 4, 0.1
+VAR = "HVDKIT_COMPRESSION"
 
-
-class Recorder(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def make_model():
@@ -63,22 +55,14 @@ def reference(init, x, y):
     return model
 
 
-def with_env(value, fn):
-    old = os.environ.pop("HVDKIT_COMPRESSION", None)
-    if value is not None:
-        os.environ["HVDKIT_COMPRESSION"] = value
-    try:
-        return fn()
-    finally:
-        os.environ.pop("HVDKIT_COMPRESSION", None)
-        if old is not None:
-            os.environ["HVDKIT_COMPRESSION"] = old
-
 
 def main(out_dir):
     topo = hk.init(threads=1)
-    recorder = Recorder()
-    logging.getLogger("hvdkit.autocompress").addHandler(recorder)
+    recorder = LogRecorder("hvdkit.autocompress")
+
+    def rank0_view(messages):
+        return hvd.broadcast_object(messages, root_rank=0, name="test.autocompress.logged")
+
     init = make_model()
     x, y = batches(topo.size)
     ref = reference(init, x, y)
@@ -87,19 +71,16 @@ def main(out_dir):
     for label, arg, env in [("auto", "auto", None), ("auto_env_fp16", "auto", "fp16"), ("auto_env_none", "auto", "none"),
                             ("explicit_none_env_fp16", "none", "fp16"), ("explicit_fp16", "fp16", None),
                             ("auto_env_fp16_on_rank1_only", "auto", rank1_only)]:
-        before = len(recorder.messages)
-        model = with_env(env, lambda a=arg: train(init, x, y, topo.rank, a))
-        logged = hvd.broadcast_object(recorder.messages[before:], root_rank=0, name="test.autocompress.logged")
+        model, logged = logged_run(recorder, lambda: with_env(VAR, env, lambda: train(init, x, y, topo.rank, arg)), rank0_view)  # noqa: B023 - called at once
         out["runs"][label] = {
-            "logged_on_rank0": logged,
-            "logged_here": recorder.messages[before:],
+            **logged,
             "digest": hashlib.sha256(params_of(model).double().numpy().tobytes()).hexdigest(),
             "max_diff_vs_reference": max_param_diff(model, ref),
         }
     plain = torch.optim.SGD(init.parameters(), lr=LR)
     out["errors"] = {
         "argument": error_of(lambda: hk.DistributedOptimizer(plain, compression="int8"), ValueError),
-        "variable": with_env("bf16", lambda: error_of(lambda: hk.DistributedOptimizer(plain, compression="auto"), ValueError)),
+        "variable": with_env(VAR, "bf16", lambda: error_of(lambda: hk.DistributedOptimizer(plain, compression="auto"), ValueError)),
     }
     with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
         json.dump(out, f)

@@ -1,4 +1,8 @@
-"""What the contract workers share: recording the message of an expected error."""
+"""What the contract workers share: recording the message of an expected error, the log lines an
+hvdkit logger wrote, and running with a variable set for one call."""
+
+import logging
+import os
 
 
 def error_of(call, exc_type):
@@ -8,3 +12,40 @@ def error_of(call, exc_type):
     except exc_type as e:
         return str(e)
     return None
+
+
+class LogRecorder(logging.Handler):
+    """Keeps every message logged to ``logger_name`` (``.messages``); ``since(n)``: those after the first n."""
+
+    def __init__(self, logger_name):
+        super().__init__()
+        self.messages = []
+        logging.getLogger(logger_name).addHandler(self)
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+    def since(self, n):
+        return self.messages[n:]
+
+
+def with_env(name, value, fn):
+    """``fn()`` with the variable ``name`` set to ``value`` (unset when None), restored afterwards."""
+    old = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        os.environ.pop(name, None)
+        if old is not None:
+            os.environ[name] = old
+
+
+def logged_run(recorder, run, broadcast_object):
+    """``(result, {"logged_on_rank0", "logged_here"})`` of ``run()``: what it logged on this rank, and
+    on rank 0 (``broadcast_object(messages)`` from rank 0, so every rank can check against it)."""
+    before = len(recorder.messages)
+    result = run()
+    here = recorder.since(before)
+    return result, {"logged_on_rank0": broadcast_object(here), "logged_here": here}
