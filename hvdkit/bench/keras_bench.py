@@ -70,25 +70,34 @@ class KerasJob:
             "hvdkit_across_ranks": check_close("keras hvdkit across ranks", first[0], first[-1], 0.0),
         }
 
-    def run(self, reps, steps):
-        checks = self.check()
-        models = {"single": self.model(False), "compute_only": self.model(False), "hvdkit": self.model(True)}
+    def time_models(self, models, reps, steps, tag, progress_after):
+        """``{variant: Samples}``: seconds per ``steps`` training steps of each model, ``reps`` times
+        interleaved. ``"single"`` trains on rank 0 alone (its time broadcast); the others on every
+        rank, aligned first. Rank 0 shows progress after each ``progress_after`` rep.
+        Collective: every rank calls it with the same variants."""
         steps_fn = {v: (lambda m=m: m.train_on_batch(self.x, self.y)) for v, m in models.items()}
-        for v in ("compute_only", "hvdkit"):
-            steps_fn[v]()  # trace and build before timing
+        for v in models:
+            if v != "single":
+                steps_fn[v]()  # trace and build before timing
         if self.rank == 0:
             steps_fn["single"]()
         samples = {v: Samples() for v in models}
         for rep, v in interleaved(list(models), reps):
             if v == "single":
                 seconds = timed(steps_fn[v], steps) if self.rank == 0 else None
-                samples[v].add(self.hvd.broadcast_object(seconds, root_rank=0, name="bench.keras.single"))
+                samples[v].add(self.hvd.broadcast_object(seconds, root_rank=0, name=f"bench.{tag}.single"))
                 continue
-            self.wait("bench.keras.align")
+            self.wait(f"bench.{tag}.align")
             steps_fn[v]()
             samples[v].add(timed(steps_fn[v], steps))
-            if v == "hvdkit" and self.rank == 0:
-                print(f"[bench keras] rep {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+            if v == progress_after and self.rank == 0:
+                print(f"[bench {tag}] rep {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+        return samples
+
+    def run(self, reps, steps):
+        checks = self.check()
+        models = {"single": self.model(False), "compute_only": self.model(False), "hvdkit": self.model(True)}
+        samples = self.time_models(models, reps, steps, "keras", "hvdkit")
         single = samples["single"].median
         return {
             "model": {"width": self.width, "depth": self.depth, "batch_per_rank": self.batch},

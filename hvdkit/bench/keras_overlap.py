@@ -16,12 +16,11 @@ bitwise identical across ranks and equal to one process on the ranks' batches to
 """
 
 import statistics
-import sys
 
 import numpy as np
 
 from .keras_bench import KerasJob, build_model, job_main
-from .stats import Samples, check_close, interleaved, timed
+from .stats import check_close
 
 GROUPS = {"grouped_1": 1, "groups_4": 4, "per_tensor": 0}
 
@@ -59,23 +58,7 @@ class OverlapJob(KerasJob):
                 raise AssertionError(f"keras {label}: ranks ended with different weights")
         models = {"single": self.model(None), "compute_only": self.model(None)}
         models.update({label: self.model(g) for label, g in GROUPS.items()})
-        steps_fn = {v: (lambda m=m: m.train_on_batch(self.x, self.y)) for v, m in models.items()}
-        for v in models:
-            if v != "single":
-                steps_fn[v]()  # trace and build before timing
-        if self.rank == 0:
-            steps_fn["single"]()
-        samples = {v: Samples() for v in models}
-        for rep, v in interleaved(list(models), reps):
-            if v == "single":
-                seconds = timed(steps_fn[v], steps) if self.rank == 0 else None
-                samples[v].add(self.hvd.broadcast_object(seconds, root_rank=0, name="bench.overlap.single"))
-                continue
-            self.wait("bench.overlap.align")
-            steps_fn[v]()
-            samples[v].add(timed(steps_fn[v], steps))
-            if v == "per_tensor" and self.rank == 0:
-                print(f"[bench keras-overlap] rep {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+        samples = self.time_models(models, reps, steps, "keras-overlap", "per_tensor")
         single, grouped = samples["single"].median, samples["grouped_1"].median
         paired = {v: _quartiles([g / t for g, t in zip(samples["grouped_1"].values, samples[v].values)]) for v in GROUPS}
         return {
