@@ -212,10 +212,7 @@ def plots(results, out):
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("bus bandwidth (Gbit/s; fp16: of the fp32 size)")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(os.path.join(out, "network_bandwidth.png"))
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(_report.save_figure(fig, os.path.join(out, "network_bandwidth.png"), dpi=100))
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     variants = [v for v in TRAIN_VARIANTS if v in results["links"][links[0]]["train"]["variants"]]
@@ -239,10 +236,7 @@ def plots(results, out):
     ax2.set_ylabel("4 KB allreduce (ms)")
     ax2.set_title("Horovod settings: small-message latency")
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(os.path.join(out, "network_steps.png"))
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(_report.save_figure(fig, os.path.join(out, "network_steps.png"), dpi=100))
     return paths
 
 

@@ -22,6 +22,7 @@ import os
 import sys
 
 from .model import Link, Step, fit_link, simulate
+from .report import save_figure
 
 __all__ = ["PUBLISHED", "HOROVOD_2018", "published_check", "local_check", "network_check", "network_links", "prediction", "main",
            "run_predict"]
@@ -208,10 +209,7 @@ def plot(report, path):
         ax.legend(fontsize=8)
     axes[0].set_ylabel("predicted scaling efficiency")
     fig.suptitle("alpha-beta model: ring allreduce, Horovod 0.28 fusion/cycle, overlap with backward", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def build_report(results, network=None):

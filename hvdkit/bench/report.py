@@ -9,6 +9,16 @@ BEGIN, END = "<!-- bench:results:begin -->", "<!-- bench:results:end -->"
 MB = 1 << 20
 
 
+def save_figure(fig, path, dpi=110):
+    """Lay out ``fig``, write it to ``path`` (PNG) and free it; ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def _median(section, variant):
     return section["variants"][variant]["median_s"]
 
@@ -133,10 +143,7 @@ def plots(results, out):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("bus bandwidth (GB/s)")
-    fig.tight_layout()
-    paths.append(os.path.join(out, "bandwidth.png"))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save_figure(fig, os.path.join(out, "bandwidth.png")))
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels, values = [], []
@@ -151,10 +158,7 @@ def plots(results, out):
     ax.set_xticks(range(len(values)), labels, fontsize=8)
     ax.set_ylabel(f"scaling efficiency, 1 -> {results['ranks']} ranks")
     ax.set_title("training throughput per rank vs one process (grey: no communication at all)")
-    fig.tight_layout()
-    paths.append(os.path.join(out, "scaling.png"))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save_figure(fig, os.path.join(out, "scaling.png")))
     return paths
 
 
