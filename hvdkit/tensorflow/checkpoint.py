@@ -59,6 +59,9 @@ class Checkpointer(CheckpointerBase):
                          framework=f"tensorflow {tf.__version__}")  # fmt: skip
         self._opt_vars = []
 
+    save = CheckpointerBase.save  # named here so that the API reference, made from own members, lists them
+    restore = CheckpointerBase.restore
+
     def _prepare(self):
         self._opt_vars = self._optimizer_variables()  # builds the optimizer on every rank alike
 
@@ -78,10 +81,9 @@ class Checkpointer(CheckpointerBase):
 
     # ------------------------------------------------------------ tensors and arrays
     def _is_tensor(self, value):
-        import keras
         import tensorflow as tf
 
-        return isinstance(value, (tf.Tensor, tf.Variable, keras.Variable))
+        return tf.is_tensor(value) or isinstance(value, tf.Variable)  # Keras 3 variables are tensors to TF
 
     def _tensor_meta(self, tensor):
         name = _dtype_name(tensor)
@@ -169,10 +171,9 @@ class Checkpointer(CheckpointerBase):
                 v.assign(value)
 
     def _reseed_framework(self, value):
-        import keras
         import tensorflow as tf
 
-        keras.utils.set_random_seed(value & 0xFFFFFFFF)  # as the Keras callback does at another world size
+        tf.random.set_seed(value & 0xFFFFFFFF)  # Python and NumPy got the same value (core.checkpoint_tree.reseed_rng)
         tf.random.get_global_generator().reset_from_seed(value)
 
     def _read_legacy(self, folder, manifest):

@@ -52,6 +52,9 @@ class Checkpointer(CheckpointerBase):
         super().__init__(directory, model, optimizer, scheduler, keep, comm or communicator(), seed,
                          framework=f"torch {torch.__version__}")  # fmt: skip
 
+    save = CheckpointerBase.save  # named here so that the API reference, made from own members, lists them
+    restore = CheckpointerBase.restore
+
     def _is_tensor(self, value):
         return isinstance(value, torch.Tensor)
 
