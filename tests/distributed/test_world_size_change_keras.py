@@ -8,13 +8,13 @@ must carry over although Keras counts batches, not steps, when it accumulates.
 """
 
 import json
-import os
 from collections import Counter
 
 import numpy as np
 import pytest
 
 from helpers import ROOT, read_sample_logs, record_figures, run_ranks
+from hvdkit.core.checkpointer import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
 KERAS = str(ROOT / "examples" / "keras_digits.py")
@@ -36,9 +36,8 @@ def final_line(proc):
 
 
 def newest_params(ckpt):
-    newest = sorted(p for p in os.listdir(ckpt) if p.startswith("ckpt-"))[-1]
-    with np.load(os.path.join(ckpt, newest, "state.npz")) as z:
-        return {k: z[k] for k in z.files if k.startswith("model/")}
+    """The model weights of the newest checkpoint in ``ckpt``, by position (the public reader)."""
+    return {f"model/{i}": a for i, a in enumerate(read_newest(ckpt).state["model"])}
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from helpers import ROOT, read_sample_logs, record_figures, run_ranks
+from hvdkit.core.checkpointer import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
 TORCH = str(ROOT / "examples" / "torch_digits.py")
@@ -37,8 +38,8 @@ def final_line(proc):
 
 
 def newest_params(ckpt):
-    newest = sorted(p for p in os.listdir(ckpt) if p.startswith("ckpt-"))[-1]
-    return torch.load(os.path.join(ckpt, newest, "state.pt"), weights_only=True)["model"]
+    """The model tensors of the newest checkpoint in ``ckpt``, by state-dict key (the public reader)."""
+    return {k: torch.from_numpy(a) for k, a in read_newest(ckpt).state["model"].items()}
 
 
 @pytest.fixture(scope="module")

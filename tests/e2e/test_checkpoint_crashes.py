@@ -9,20 +9,17 @@ import subprocess
 import sys
 import time
 
+from checkpoint_files import read
 from helpers import PYTHON, ROOT, record_figures, run_bounded
-from hvdkit.core import CheckpointStore, LocalCommunicator
+from hvdkit.core import CheckpointError, CheckpointStore, LocalCommunicator
 from hvdkit.core.checkpoint import verify
+from hvdkit.core.checkpoint_folder import listing
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e" / "scripts"))
 from checkpoint_writer import RESAVED_STEP, payload, writer  # noqa: E402
 
 WRITER = str(ROOT / "tests" / "e2e" / "scripts" / "checkpoint_writer.py")
 TRIALS = 24
-
-
-def read(folder):
-    with open(os.path.join(folder, "state.bin"), "rb") as f:
-        return f.read()
 
 
 def kill_writer(root, rng, in_rename_window):
@@ -46,14 +43,13 @@ def kill_writer(root, rng, in_rename_window):
 
 
 def newest_complete(root):
-    steps = []
-    for name in os.listdir(root):
-        if name.startswith("ckpt-"):
-            try:
-                steps.append(int(verify(os.path.join(root, name))["step"]))
-            except Exception:  # noqa: BLE001 - a broken one simply does not count
-                continue
-    return max(steps) if steps else None
+    """The step of the newest checkpoint under ``root`` that verifies, found without the store's lock."""
+    for _, _, path in listing(root):
+        try:
+            return int(verify(path)["step"])
+        except CheckpointError:  # a broken one simply does not count
+            continue
+    return None
 
 
 def test_killing_the_writer_anywhere_never_loses_a_saved_checkpoint_or_loads_a_partial_one(tmp_path):

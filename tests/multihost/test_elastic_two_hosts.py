@@ -10,7 +10,6 @@ than --elastic-timeout the job fails naming the missing host, its newest checkpo
 Needs root (namespaces, mounts).
 """
 
-import hashlib
 import json
 import os
 import re
@@ -187,9 +186,13 @@ def newest_checkpoint(folder):
 
 
 def final_model(folder):
+    """``step``, ``epoch`` and ``model`` (tensors by state-dict key) of the newest checkpoint in ``folder``."""
     import torch
 
-    return torch.load(newest_checkpoint(folder) / "state.pt", weights_only=True)
+    from hvdkit.core.checkpointer import read_newest
+
+    newest = read_newest(folder)
+    return {"step": newest.step, "epoch": newest.epoch, "model": {k: torch.from_numpy(a) for k, a in newest.state["model"].items()}}
 
 
 def discovery_script(workdir, listed):
@@ -351,9 +354,9 @@ def test_below_min_np_past_the_timeout_fails_naming_the_missing_host_with_the_ch
     assert last.startswith(f"hvdkit run: error: only 1 slot(s) available ({a}:1), fewer than --min-np 2, for "), last
     assert f"missing: {b}:1: " in last and "newest checkpoint is kept" in last
     newest = newest_checkpoint(tmp_path / "c")
-    manifest = json.loads((newest / "manifest.json").read_text())
-    digest = hashlib.sha256((newest / "state.pt").read_bytes()).hexdigest()
-    assert manifest["files"]["state.pt"]["sha256"] == digest
+    from hvdkit.core.checkpoint import verify
+
+    manifest = verify(newest)  # every file matches its SHA-256 in the manifest
     assert final_model(tmp_path / "c")["step"] == manifest["step"]
     record_figures("elastic: below --min-np past --elastic-timeout 6", seconds_from_kill_to_failure=round(gave_up_after, 1))
 

@@ -46,10 +46,10 @@ def hosts():
 
 
 def final_weights(folder):
-    """The model weights of the newest checkpoint in ``folder`` (``model/...`` arrays of state.npz)."""
-    newest = max(folder.glob("ckpt-*"), key=lambda p: int(p.name.split("-")[1]))
-    with np.load(newest / "state.npz") as z:
-        return {k: z[k] for k in z.files if k.startswith("model/")}
+    """The model weights of the newest checkpoint in ``folder``, by position (``model/<i>``)."""
+    from hvdkit.core.checkpointer import read_newest
+
+    return {f"model/{i}": a for i, a in enumerate(read_newest(folder).state["model"])}
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import torch
@@ -62,7 +61,10 @@ def newest(ckpt_dir):
 
 
 def params(ckpt_dir):
-    return torch.load(Path(ckpt_dir) / newest(ckpt_dir) / "state.pt", weights_only=True)["model"]
+    """The model tensors of the newest checkpoint in ``ckpt_dir``, by state-dict key (the public reader)."""
+    from hvdkit.core.checkpointer import read_newest
+
+    return {k: torch.from_numpy(a) for k, a in read_newest(ckpt_dir).state["model"].items()}
 
 
 def assert_same_params(a, b):
