@@ -26,7 +26,7 @@ from ..core.horovod_settings import HOROVOD_DEFAULTS  # Horovod 0.28.1's own val
 from . import network_report as report
 from .netns import NIC, TwoHosts, format_rate, missing_tools, parse_rate
 from .stats import Samples, interleaved
-from .suite import Suite, _say, _stream, busy_warning, machine, publish
+from .suite import Suite, _say, busy_warning, machine, publish, run_job
 
 __all__ = ["RATES", "HOROVOD_DEFAULTS", "LATENCY", "run_network"]
 
@@ -80,14 +80,7 @@ class Network:
         run = [self.hvdkit, "run", "-np", "2", *(["--gloo"] if gloo else []), "-H", f"{a}:1,{b}:1",
                "--network-interface", NIC, *[arg for x in xs for arg in ("-x", x)], "--",
                self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
-        t0 = time.perf_counter()
-        rc, output = _stream(self.hosts.argv_on(0, run), {**os.environ, **(env or {})}, timeout)
-        if rc != 0:
-            raise ConfigError(f"benchmark job {name!r} across hosts failed (exit {rc}): {' '.join(run)}\n{output[-4000:]}")
-        with open(path, encoding="utf-8") as f:
-            result = json.load(f)
-        _say(f"{name}: done in {time.perf_counter() - t0:.0f} s")
-        return result
+        return run_job(name, self.hosts.argv_on(0, run), path, env, timeout, shown=run, error=ConfigError, where=" across hosts")
 
     def tcp_once(self, seconds):
         """Bits/s of one raw TCP stream from host a to host b."""

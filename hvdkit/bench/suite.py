@@ -91,6 +91,20 @@ def busy_warning(load, cores):
             "them (ps aux | grep -e mpirun -e python) and run the suite on a quiet machine")
 
 
+def run_job(name, argv, path, env=None, timeout=600, shown=None, error=LaunchError, where=""):
+    """Run one benchmark job (``argv``, with ``env`` added to this environment), its output shown as
+    it comes; the JSON it wrote to ``path``. A failure raises ``error`` with the command line
+    (``shown``, default ``argv``) and the end of the output; ``where`` says where it ran."""
+    t0 = time.perf_counter()
+    rc, output = _stream(argv, {**os.environ, **(env or {})}, timeout)
+    if rc != 0:
+        raise error(f"benchmark job {name!r}{where} failed (exit {rc}): {' '.join(shown or argv)}\n{output[-4000:]}")
+    with open(path, encoding="utf-8") as f:
+        result = json.load(f)
+    _say(f"{name}: done in {time.perf_counter() - t0:.0f} s")
+    return result
+
+
 class Suite:
     def __init__(self, out, np_, quick, python=None):
         self.out, self.np, self.quick = out, np_, quick
@@ -104,14 +118,7 @@ class Suite:
         cmd = [self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
         if ranks:
             cmd = [self.hvdkit, "run", "-np", str(self.np), *(["--gloo"] if gloo else []), "--", *cmd]
-        t0 = time.perf_counter()
-        rc, output = _stream(cmd, {**os.environ, **(env or {})}, timeout)
-        if rc != 0:
-            raise LaunchError(f"benchmark job {name!r} failed (exit {rc}): {' '.join(cmd)}\n{output[-4000:]}")
-        with open(path, encoding="utf-8") as f:
-            result = json.load(f)
-        _say(f"{name}: done in {time.perf_counter() - t0:.0f} s")
-        return result
+        return run_job(name, cmd, path, env, timeout)
 
     def startup(self, reps):
         """(g) ``hvdkit run`` against the raw ``mpirun`` command, each starting N ranks that print their rank."""
