@@ -40,36 +40,13 @@ def _parser():
         help="network interface the ranks talk over across hosts, e.g. eth0 (mpirun: btl/oob_tcp_if_include; "
         "horovodrun: --network-interface)",
     )
-    r.add_argument(
-        "--max-restarts",
-        action=env.FromEnv,
-        env_var=env.MAX_RESTARTS,
-        kind=env.integer(0),
-        default=env.DEFAULT_MAX_RESTARTS,
-        metavar="K",
-        help="relaunch the whole job after a rank fails, at most K times; ranks resume from their newest "
-        "checkpoint (default: $HVDKIT_MAX_RESTARTS or 0)",
-    )
+    _env_option(r, "--max-restarts", env.MAX_RESTARTS, env.integer(0), "K", env.DEFAULT_MAX_RESTARTS,
+                "relaunch the whole job after a rank fails, at most K times; ranks resume from their newest checkpoint")
     _elastic_options(r)
-    r.add_argument(
-        "--stall-timeout",
-        action=env.FromEnv,
-        env_var=env.STALL_TIMEOUT,
-        kind=env.SECONDS,
-        metavar="SECONDS",
-        help="end the job when a rank stays out of a collective this long, naming it "
-        "(default: $HVDKIT_STALL_TIMEOUT or 600)",
-    )
-    r.add_argument(
-        "--grace-period",
-        action=env.FromEnv,
-        env_var=env.GRACE_PERIOD,
-        kind=env.SECONDS,
-        default=env.DEFAULT_GRACE_PERIOD,
-        metavar="SECONDS",
-        help="after SIGTERM/SIGINT, how long ranks get to checkpoint and exit before they are killed "
-        "(default: $HVDKIT_GRACE_PERIOD or 30)",
-    )
+    _env_option(r, "--stall-timeout", env.STALL_TIMEOUT, env.SECONDS, "SECONDS", None,
+                "end the job when a rank stays out of a collective this long, naming it", shown="600")
+    _env_option(r, "--grace-period", env.GRACE_PERIOD, env.SECONDS, "SECONDS", env.DEFAULT_GRACE_PERIOD,
+                "after SIGTERM/SIGINT, how long ranks get to checkpoint and exit before they are killed")
     r.add_argument(
         "--timeline",
         metavar="FILE",
@@ -108,6 +85,14 @@ def _parser():
     return p
 
 
+def _env_option(parser, flag, var, kind, metavar, default, text, shown=None):
+    """An option the variable ``var`` also sets (the flag wins; ``env.FromEnv``); its help ends with
+    "(default: $VAR or DEFAULT)", DEFAULT shown as ``shown`` or ``default``."""
+    shown = f"{default:g}" if shown is None else shown
+    parser.add_argument(flag, action=env.FromEnv, env_var=var, kind=kind, default=default, metavar=metavar,
+                        help=f"{text} (default: ${var} or {shown})")
+
+
 def _elastic_options(r):
     from .launch.elastic import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT
 
@@ -125,25 +110,10 @@ def _elastic_options(r):
         help="executable printing the hosts there now, one 'host:slots' line each (as horovodrun's); run at every "
         "poll. Without it the hosts of -H/--hostfile/SLURM/the MPI Operator are fixed and ssh decides which are up",
     )
-    g.add_argument(
-        "--discovery-interval",
-        action=env.FromEnv,
-        env_var=env.DISCOVERY_INTERVAL,
-        kind=env.SECONDS,
-        default=DEFAULT_DISCOVERY_INTERVAL,
-        metavar="SECONDS",
-        help=f"seconds between discovery polls (default: $HVDKIT_DISCOVERY_INTERVAL or {DEFAULT_DISCOVERY_INTERVAL:g})",
-    )
-    g.add_argument(
-        "--elastic-timeout",
-        action=env.FromEnv,
-        env_var=env.ELASTIC_TIMEOUT,
-        kind=env.SECONDS,
-        default=DEFAULT_ELASTIC_TIMEOUT,
-        metavar="SECONDS",
-        help=f"with fewer than MIN slots, wait this long for hosts, then fail naming what is missing "
-        f"(default: $HVDKIT_ELASTIC_TIMEOUT or {DEFAULT_ELASTIC_TIMEOUT:g})",
-    )
+    _env_option(g, "--discovery-interval", env.DISCOVERY_INTERVAL, env.SECONDS, "SECONDS", DEFAULT_DISCOVERY_INTERVAL,
+                "seconds between discovery polls")
+    _env_option(g, "--elastic-timeout", env.ELASTIC_TIMEOUT, env.SECONDS, "SECONDS", DEFAULT_ELASTIC_TIMEOUT,
+                "with fewer than MIN slots, wait this long for hosts, then fail naming what is missing")
 
 
 def _render_parser(sub):
