@@ -39,8 +39,22 @@ def pid_running(pid):
         return False
 
 
-def run_bounded(argv, timeout, env=None, cwd=None):
-    """Run ``argv`` in its own process group; kill the whole group if it outlives ``timeout``."""
+def _end_group(proc, term_grace):
+    """End ``proc``'s process group (SIGTERM and ``term_grace`` seconds first, when given); its output."""
+    if term_grace:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            return proc.communicate(timeout=term_grace)
+        except subprocess.TimeoutExpired:
+            pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()
+
+
+def run_bounded(argv, timeout, env=None, cwd=None, term_grace=None, cleanup=None):
+    """Run ``argv`` in its own process group; kill the whole group if it outlives ``timeout``
+    (``term_grace`` seconds: SIGTERM first, so that it can clean up, and SIGKILL after that long).
+    ``cleanup(pid)`` runs at the end in any case (to remove what a killed run left)."""
     full_env = dict(os.environ, PYTHONUNBUFFERED="1")
     full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
     full_env.update(env or {})
@@ -57,14 +71,15 @@ def run_bounded(argv, timeout, env=None, cwd=None):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{argv[:4]}... did not finish within {timeout} s (hang?)\nstdout:\n{out}\nstderr:\n{err}")
+        out, err = _end_group(proc, term_grace)
+        pytest.fail(f"{argv[:4]}... did not finish within {timeout} s (hang?)\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # no stray ranks survive a test
         except ProcessLookupError:
             pass
+        if cleanup is not None:
+            cleanup(proc.pid)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 

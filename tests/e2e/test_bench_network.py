@@ -9,11 +9,10 @@ nothing the run made survives it. Needs root (namespaces, mounts, tc).
 import json
 import os
 import shutil
-import signal
 import subprocess
 
 import pytest
-from helpers import HVDKIT, ROOT
+from helpers import HVDKIT, run_bounded
 
 from hvdkit.core.horovod_settings import DEFAULTS
 
@@ -28,30 +27,18 @@ MARGIN = 1.15  # token-bucket burst and timer granularity; a link that shapes no
 TIMEOUT = 900
 
 
+def _remove_hosts(pid):
+    """The bench names its hosts after its pid; after a kill, remove what it left."""
+    for host in "ab":
+        ns = f"hvdb{pid % 10000}{host}"
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+
+
 def run_bench(argv, timeout):
     """Run the bench in its own process group; on a hang SIGTERM it (it closes its hosts), then kill."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(f"hvdkit bench --hosts did not finish within {timeout} s\n{out[-3000:]}\n{err[-3000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for host in "ab":  # the bench names its hosts after its pid; after a kill, remove what it left
-            ns = f"hvdb{proc.pid % 10000}{host}"
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
-    return proc.returncode, out, err
+    proc = run_bounded(argv, timeout, term_grace=60, cleanup=_remove_hosts)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.fixture(scope="module")
