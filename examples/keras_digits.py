@@ -103,8 +103,9 @@ def train(args):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    ckpt = hk.Checkpoint(args.checkpoint_dir, model, keep=args.keep, seed=args.seed)
-    start_epoch = ckpt.restore()
+    ckpt = hk.CheckpointCallback(args.checkpoint_dir, model, keep=args.keep, seed=args.seed)
+    ckpt.restore()  # the newest good checkpoint (a Resumed), or None on a fresh start
+    start_epoch = ckpt.initial_epoch
     # Epoch e's order depends on (seed, e) only, so a resumed run sees the batches an uninterrupted
     # one would, at any world size; every rank gets the same number of batches.
     samples = StepSamples(SampleLog(args.sample_log, topo.rank, topo.size), plan.accumulation)
@@ -122,7 +123,14 @@ def train(args):
         on_epoch_end=lambda epoch, logs: topo.is_rank0 and log_epoch(log, epoch, args.epochs, logs)
     )
     stop = StopAtEpochEnd(args.stop_at_step)
-    callbacks = [hk.BroadcastInitialState(), hk.MetricAverage(), hk.ProgressBar(args.batch_size), report, ckpt, stop]
+    callbacks = [
+        hk.BroadcastInitialStateCallback(),
+        hk.MetricAverageCallback(),
+        hk.ProgressBarCallback(args.batch_size),
+        report,
+        ckpt,
+        stop,
+    ]
     model.fit(
         train_ds,
         steps_per_epoch=steps,

@@ -10,12 +10,14 @@ N ranks with a per-rank batch of b train on a global batch of N*b, so the single
 Warmup (Goyal et al.): the rate starts at ``base_lr`` and rises linearly to ``base_lr * scale`` over
 the first ``warmup_steps`` optimizer steps, then stays there. Any user schedule multiplies on top:
 ``lr(step) = base_lr * warmup_factor(step, warmup_steps, scale) * user_factor(step)``.
-The framework adapters (``hvdkit.torch.scale_lr``, ``hvdkit.keras.scaled_lr``,
-``hvdkit.keras.ScaledSchedule``, ``hvdkit.keras.LearningRateWarmup``) apply exactly these numbers.
+The framework adapters apply exactly these numbers: ``scaled_lr`` (a number; in every adapter),
+``hvdkit.torch.ScaledLRScheduler`` (a torch scheduler), ``hvdkit.keras.ScaledLRSchedule`` (a Keras
+schedule) and ``hvdkit.keras.LearningRateWarmupCallback``.
 """
 
 import math
 
+from .deprecation import warn_renamed
 from .errors import ConfigError
 from .options import check_int_at_least, check_number_above, check_number_at_least, check_positive_int
 
@@ -54,11 +56,21 @@ def lr_scale(size, rule="linear"):
     return 1.0
 
 
-def scaled_lr(base_lr, size, rule="linear"):
+def scaled_lr(base_lr, rule="linear", size=None):
     """The learning rate for ``size`` ranks: ``base_lr * lr_scale(size, rule)``.
 
-    ``base_lr`` is the rate tuned for one process with the per-rank batch.
+    ``base_lr`` is the rate tuned for one process with the per-rank batch. The adapters'
+    ``scaled_lr`` (``hvdkit.torch``, ``hvdkit.tensorflow``, ``hvdkit.keras``) take the same arguments
+    and default ``size`` to the job's; here it must be given.
+
+    >>> scaled_lr(0.1, "sqrt", size=4)
+    0.2
     """
+    if isinstance(rule, int) and not isinstance(rule, bool):  # the old order scaled_lr(base_lr, size, rule)
+        warn_renamed("hvdkit.core.scaled_lr(base_lr, size, rule)", "scaled_lr(base_lr, rule, size=size)")
+        rule, size = ("linear" if size is None else size), rule
+    if size is None:
+        raise ConfigError("scaled_lr needs size=, the number of ranks (the adapters' scaled_lr use the job's)")
     return check_number_above("base_lr", base_lr) * lr_scale(size, rule)
 
 

@@ -10,15 +10,16 @@ import os
 from . import env as _env
 from . import log as _log
 from .horovod_settings import engine_settings
+from .lr import check_rule
+from .lr import scaled_lr as _scaled_lr
 from .metrics import average_metrics as _average_metrics
-from .preemption import PreemptionGuard
 from .topology import Topology
 
 __all__ = ["Runtime"]
 
 
 class Runtime:
-    """One adapter's view of the job: ``init``, ``topology``, ``rank``, ``size``, ``communicator``.
+    """One adapter's view of the job: ``init``, ``topology``, ``rank``, ``size``, ``communicator``, ``scaled_lr``.
 
     ``on_start(topology, hvd, threads)`` runs once, after Horovod has started (thread settings,
     the start-up log line).
@@ -72,12 +73,14 @@ class Runtime:
         """
         return _average_metrics(metrics, self.communicator(), name=name)
 
-    def preemption_guard(self, every=1):
-        """A PreemptionGuard on this job's communicator: after SIGTERM/SIGUSR1 on any rank, every rank
-        stops at the same step (see ``hvdkit.core.PreemptionGuard``).
-        Collective: every rank creates it and calls ``should_stop()``.
+    def scaled_lr(self, base_lr, rule="linear", size=None):
+        """The learning rate for this job: ``base_lr`` x ``size`` ("linear"), x sqrt(``size``) ("sqrt") or x 1 ("none").
+
+        ``base_lr`` is the rate tuned for one process with the per-rank batch (``hvdkit.core.lr``);
+        ``size`` defaults to the job's number of ranks. A number: for a gradual start use the
+        adapter's schedule (``hvdkit.torch.ScaledLRScheduler``, ``hvdkit.keras.ScaledLRSchedule``).
         """
-        return PreemptionGuard(self.communicator(), every=every)
+        return _scaled_lr(base_lr, check_rule(rule), self.communicator().size if size is None else size)
 
     def rank(self):
         """This process's rank in the job, 0 .. size() - 1 (needs ``init()``)."""

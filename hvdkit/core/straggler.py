@@ -10,7 +10,7 @@ per step::
     step time = wall time of the step - time waited inside collectives during it
 
 The adapters report the allreduce wait for you (``hvdkit.torch.StragglerMonitor(optimizer=opt)``
-times the optimizer's ``synchronize()``; ``hvdkit.keras.StragglerReport`` reads the time
+times the optimizer's ``synchronize()``; ``hvdkit.keras.StragglerMonitorCallback`` reads the time
 ``hvdkit.keras.DistributedOptimizer`` spent in its allreduce), so wrapping the whole step is the simple
 default that still points at the slow rank. Without that, wrap only the compute part of the step
 (``with monitor.step():`` around data loading, forward and backward, not around ``optimizer.step()``),

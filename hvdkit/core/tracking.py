@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from .deprecation import warn_renamed
 from .errors import ConfigError
 from .log import get_logger
 from .mlflow_store import MlflowRun, resolve_mlflow_uri
@@ -198,17 +199,12 @@ class Tracker:
 
 
 def tracker_for(communicator):
-    """A ``Tracker`` constructor bound to an adapter's ``communicator()`` (what ``hvdkit.torch.Tracker`` is)."""
+    """Deprecated (the adapters' ``Tracker`` are classes now): a ``Tracker`` constructor bound to ``communicator()``."""
+    warn_renamed("hvdkit.core.tracking.tracker_for", "the adapters' Tracker class (hvdkit.torch.Tracker, ...)")
 
     def make_tracker(log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit",
                      run_name=None):
-        """Log parameters and job-wide metrics to TensorBoard and/or MLflow from rank 0 (see ``core.tracking.Tracker``).
-
-        Collective: no (the metrics passed in must already be averaged over ranks).
-        Env: MLFLOW_TRACKING_URI; sets MLFLOW_ALLOW_FILE_STORE for a ``file:`` URI.
-        """
         return Tracker(communicator(), log_dir, backends=backends, params=params, mlflow_uri=mlflow_uri,
                        experiment=experiment, run_name=run_name)
 
-    make_tracker.__name__ = make_tracker.__qualname__ = "Tracker"
     return make_tracker

@@ -13,7 +13,13 @@ from ..tensorflow.checkpoint import Checkpointer
 from ..tensorflow.runtime import communicator
 from ..tensorflow.variables import broadcast_variables
 
-__all__ = ["BroadcastInitialState", "MetricAverage", "LearningRateWarmup", "Checkpoint", "average_model_metrics"]
+__all__ = [
+    "BroadcastInitialStateCallback",
+    "CheckpointCallback",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+    "average_model_metrics",
+]
 
 _log = get_logger("keras")
 
@@ -25,7 +31,7 @@ def _built_optimizer(model):
     return opt
 
 
-class BroadcastInitialState(keras.callbacks.Callback):
+class BroadcastInitialStateCallback(keras.callbacks.Callback):
     """At the start of ``fit``, copy rank 0's weights and optimizer variables to every rank.
 
     Collective: every rank's ``fit`` has it.
@@ -46,7 +52,7 @@ def average_model_metrics(model):
     Keras metrics keep additive state (a Mean keeps total and count; Precision and AUC keep
     confusion counts). Summing that state over ranks and asking each metric for its result gives
     the metric over the union of every rank's samples, also when shards are uneven. The summed
-    state is left in the metrics. Use it after ``model.evaluate(...)``; ``MetricAverage`` uses it
+    state is left in the metrics. Use it after ``model.evaluate(...)``; ``MetricAverageCallback`` uses it
     during ``fit``. Collective: every rank calls it.
     """
     pairs = [(f"{i:04d}/{j:04d}", v) for i, m in enumerate(model.metrics) for j, v in enumerate(m.variables)]
@@ -57,7 +63,7 @@ def average_model_metrics(model):
     return {k: float(v) for k, v in model.get_metrics_result().items()}
 
 
-class MetricAverage(keras.callbacks.Callback):
+class MetricAverageCallback(keras.callbacks.Callback):
     """Replace every rank's metrics in ``fit``'s logs by the metrics over all ranks' samples.
 
     Exact, also with uneven shards (see ``average_model_metrics``); Horovod's
@@ -89,7 +95,7 @@ class MetricAverage(keras.callbacks.Callback):
             logs.update({f"val_{k}": v for k, v in (self._val or {}).items()})
 
 
-class LearningRateWarmup(keras.callbacks.Callback):
+class LearningRateWarmupCallback(keras.callbacks.Callback):
     """Raise the learning rate linearly from ``initial_lr`` to ``initial_lr * scale`` over ``warmup_epochs``.
 
     The usual large-batch recipe (Goyal et al.): N ranks see N times the samples per step, so the
@@ -98,7 +104,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
     ``"none"``. Updated every batch; after the warmup the rate stays at ``initial_lr * scale``.
     Pass ``initial_lr`` explicitly (the optimizer's rate changes during warmup and is restored from
     checkpoints). It needs a constant rate; for a schedule, or a warmup counted in steps, use
-    ``hvdkit.keras.ScaledSchedule``.
+    ``hvdkit.keras.ScaledLRSchedule``.
     """
 
     def __init__(self, initial_lr, warmup_epochs=5, verbose=0, rule="linear"):
@@ -113,7 +119,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         try:
             self.model.optimizer.learning_rate = lr
         except TypeError as e:
-            raise ConfigError(f"LearningRateWarmup needs a constant learning rate, not a schedule ({e})") from e
+            raise ConfigError(f"LearningRateWarmupCallback needs a constant learning rate, not a schedule ({e})") from e
 
     def target(self, epoch, batch, steps):
         """The learning rate at ``batch`` of ``epoch`` (``steps`` batches per epoch)."""
@@ -136,18 +142,21 @@ class LearningRateWarmup(keras.callbacks.Callback):
             _log.info("epoch %d: learning rate %.6g", epoch + 1, float(self.model.optimizer.learning_rate))
 
 
-class Checkpoint(keras.callbacks.Callback):
+class CheckpointCallback(keras.callbacks.Callback):
     """Rank-0 checkpoints at the end of every ``every`` epochs (atomic, the newest ``keep`` kept).
 
-        ckpt = Checkpoint("checkpoints/run1", model)      # after model.compile
-        model.fit(..., initial_epoch=ckpt.restore(), callbacks=[..., ckpt])
+        ckpt = hk.CheckpointCallback("checkpoints/run1", model)      # after model.compile
+        resumed = ckpt.restore()                                      # a Resumed, or None
+        model.fit(..., initial_epoch=ckpt.initial_epoch, callbacks=[..., ckpt])
 
     ``restore()`` loads the newest good checkpoint on every rank (weights, optimizer variables) and
-    returns the epoch to continue from (0 on a fresh start). ``fit`` resumes at epoch boundaries,
-    at any world size: with a fixed global batch (``hk.batch_plan``) the optimizer step count
+    returns what it brought back, a ``Resumed`` (``epoch``, ``step``, ``world_size``, ...), or None on
+    a fresh start, as ``Checkpointer.restore()`` of ``hvdkit.torch`` and ``hvdkit.tensorflow`` does;
+    ``initial_epoch`` is then the epoch to continue from (0 on a fresh start). ``fit`` resumes at
+    epoch boundaries, at any world size: with a fixed global batch (``hk.batch_plan``) the optimizer step count
     carries over across accumulation changes. A checkpoint written by another number of ranks is
     resumed with this run's learning rate (what the script set for this world size, e.g.
-    ``scaled_lr``; a ``ScaledSchedule`` follows the size anyway) and the RNGs re-seeded
+    ``scaled_lr``; a ``ScaledLRSchedule`` follows the size anyway) and the RNGs re-seeded
     (``keras.utils.set_random_seed``) from ``(seed, step, rank)``; both logged on rank 0.
     Collective: every rank creates it, calls ``restore`` and has it in ``fit``.
     """
@@ -169,8 +178,16 @@ class Checkpoint(keras.callbacks.Callback):
             self._ckpt = Checkpointer(self.directory, model, _built_optimizer(model), keep=self.keep)
         return self._ckpt
 
+    @property
+    def initial_epoch(self):
+        """The epoch to pass to ``fit`` as ``initial_epoch``: the restored checkpoint's, or 0."""
+        return self.resumed.epoch if self.resumed else 0
+
     def restore(self):
-        """The epoch to pass as ``initial_epoch``: the restored checkpoint's, or 0."""
+        """Load the newest good checkpoint on every rank: its ``Resumed``, or None when there is none.
+
+        Collective: every rank calls it.
+        """
         ckpt = self._checkpointer()
         lr = _constant_lr(ckpt.optimizer)
         configured = None if lr is None else float(lr.numpy())
@@ -193,7 +210,7 @@ class Checkpoint(keras.callbacks.Callback):
                     self.seed,
                     self.resumed.step,
                 )
-        return self.resumed.epoch if self.resumed else 0
+        return self.resumed
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every == 0:

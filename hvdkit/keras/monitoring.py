@@ -9,15 +9,15 @@ from ..core.straggler import StragglerMonitor, straggler_threshold
 from ..tensorflow.runtime import communicator
 from .optimizer import allreduce_seconds
 
-__all__ = ["StragglerReport"]
+__all__ = ["StragglerMonitorCallback"]
 
 _log = get_logger("keras")
 
 
-class StragglerReport(keras.callbacks.Callback):
+class StragglerMonitorCallback(keras.callbacks.Callback):
     """At every epoch end, report the rank whose train batches are slowest (``hvdkit.core.straggler``).
 
-        model.fit(..., callbacks=[hk.BroadcastInitialState(), hk.StragglerReport(threshold=1.2)])
+        model.fit(..., callbacks=[hk.BroadcastInitialStateCallback(), hk.StragglerMonitorCallback(threshold=1.2)])
 
     A batch's time runs from the end of the previous batch (the epoch's first: from its
     ``on_train_batch_begin``) to its ``on_train_batch_end``, so data loading, callbacks and the
@@ -28,7 +28,8 @@ class StragglerReport(keras.callbacks.Callback):
 
     Rank 0 logs a WARNING naming a rank above ``threshold`` (its host, its slowdown), INFO
     otherwise. The slowdown (the same on every rank) goes into the epoch's logs as ``log_key``
-    (None: not logged); each epoch's ``StragglerReport`` is kept in ``self.reports``.
+    (None: not logged); each epoch's ``hvdkit.core.StragglerReport`` is kept in ``self.reports``.
+    ``self.monitor`` is the ``hvdkit.core.StragglerMonitor`` it records into, as ``hvdkit.torch.StragglerMonitor``.
     Collective: every rank's ``fit`` has it (same ``name``).
     Env: HVDKIT_STRAGGLER_THRESHOLD (when ``threshold`` is None; default 1.2).
     """
@@ -52,7 +53,7 @@ class StragglerReport(keras.callbacks.Callback):
             self.monitor = StragglerMonitor(communicator(), self.threshold, self.name, clock=self._clock)
         if allreduce_seconds(self.model.optimizer) is None and self.monitor.comm.is_rank0:
             _log.warning(
-                "StragglerReport: the optimizer is not an hvdkit DistributedOptimizer, so allreduce waits are "
+                "StragglerMonitorCallback: the optimizer is not an hvdkit DistributedOptimizer, so allreduce waits are "
                 "counted and every rank may look as slow as the slowest"
             )
 

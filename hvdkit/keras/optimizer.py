@@ -7,13 +7,12 @@ import tensorflow as tf
 
 from ..core.errors import ConfigError
 from ..core.lr import check_warmup_steps, lr_scale
-from ..core.lr import scaled_lr as _scaled_lr
 from ..core.options import AUTO, check_compression, check_number_above, check_positive_int
 from ..tensorflow import autocompress
 from ..tensorflow.gradients import allreduce_gradients
 from ..tensorflow.runtime import communicator
 
-__all__ = ["DistributedOptimizer", "ScaledSchedule", "allreduce_seconds", "is_distributed", "scaled_lr"]
+__all__ = ["DistributedOptimizer", "ScaledLRSchedule", "allreduce_seconds", "is_distributed"]
 
 _counter = itertools.count()
 _classes = {}
@@ -53,7 +52,7 @@ class _AveragingMixin:
         if clock is None:
             grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name, self._hvdkit_groups)
             return super().apply(grads, trainable_variables)
-        # Time the allreduce (for StragglerReport): the timestamps are ordered around it by data
+        # Time the allreduce (for StragglerMonitorCallback): the timestamps are ordered around it by data
         # and control dependencies, so this also holds inside tf.function.
         start = tf.timestamp()
         with tf.control_dependencies([start]):
@@ -80,7 +79,7 @@ def is_distributed(optimizer):
 def allreduce_seconds(optimizer):
     """Seconds ``optimizer`` (a ``DistributedOptimizer``) has spent in its gradient allreduce so far.
 
-    Includes the time waiting for slower ranks; ``StragglerReport`` subtracts it from batch times.
+    Includes the time waiting for slower ranks; ``StragglerMonitorCallback`` subtracts it from batch times.
     None for any other optimizer.
     """
     clock = getattr(optimizer, "_hvdkit_wait", None) if is_distributed(optimizer) else None
@@ -133,17 +132,8 @@ def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step
     return wrapped
 
 
-def scaled_lr(base_lr, rule="linear"):
-    """The learning rate for this job: ``base_lr`` times ``size`` ("linear"), ``sqrt(size)`` ("sqrt") or 1 ("none").
-
-    ``base_lr`` is the rate tuned for one process with the per-rank batch (``hvdkit.core.lr``).
-    For a gradual start, use ``ScaledSchedule`` or the ``LearningRateWarmup`` callback instead.
-    """
-    return _scaled_lr(base_lr, communicator().size, rule)
-
-
 @keras.saving.register_keras_serializable(package="hvdkit")
-class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+class ScaledLRSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """A learning-rate schedule: ``learning_rate`` scaled for the job's ranks, reached by linear warmup.
 
     ``lr(step) = learning_rate(step) * warmup_factor(step, warmup_steps, scale)`` with
@@ -152,11 +142,12 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
     ``learning_rate`` is a number or a Keras schedule in single-process terms (its factor
     multiplies on top):
 
-        lr = hk.ScaledSchedule(keras.optimizers.schedules.CosineDecay(0.1, 10_000), "linear", warmup_steps=500)
+        lr = hk.ScaledLRSchedule(keras.optimizers.schedules.CosineDecay(0.1, 10_000), "linear", warmup_steps=500)
         model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(lr)), ...)
 
     ``step`` is the optimizer's ``iterations``, restored from checkpoints, so warmup resumes where
-    it stopped. ``size`` defaults to the job's.
+    it stopped. ``size`` defaults to the job's. The rate alone, as a number: ``hk.scaled_lr``; the
+    torch counterpart: ``hvdkit.torch.ScaledLRScheduler``.
     """
 
     def __init__(self, learning_rate, rule="linear", warmup_steps=0, size=None):

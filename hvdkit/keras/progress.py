@@ -7,18 +7,19 @@ from ..core.options import check_positive_int
 from ..core.progress import Progress
 from ..tensorflow.runtime import is_rank0, size
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBarCallback"]
 
 _log = get_logger("keras")
 
 
-class ProgressBar(keras.callbacks.Callback):
+class ProgressBarCallback(keras.callbacks.Callback):
     """Rank 0's progress through each epoch, then one line with the epoch's (averaged) metrics.
 
         model.fit(ds, epochs=10, verbose=0,
-                  callbacks=[hk.BroadcastInitialState(), hk.MetricAverage(), hk.ProgressBar(batch_size=32)])
+                  callbacks=[hk.BroadcastInitialStateCallback(), hk.MetricAverageCallback(),
+                             hk.ProgressBarCallback(batch_size=32)])
 
-    Use it with ``verbose=0`` (Keras's own bar shows one rank's numbers) and after ``MetricAverage``
+    Use it with ``verbose=0`` (Keras's own bar shows one rank's numbers) and after ``MetricAverageCallback``
     so the epoch line holds job-wide metrics. ``batch_size`` is the per-rank batch: with it the bar
     shows samples per second over all ranks; without it, steps per second. On a terminal the line
     is redrawn; in a pipe a line is printed every HVDKIT_PROGRESS_INTERVAL seconds; off when not a

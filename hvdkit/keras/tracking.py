@@ -5,23 +5,20 @@ import math
 import keras
 
 from ..core.log import get_logger
-from ..core.tracking import tracker_for
-from ..tensorflow.runtime import communicator
+from ..tensorflow.monitoring import Tracker
 
-__all__ = ["TrackMetrics", "Tracker"]
+__all__ = ["TrackMetricsCallback"]
 
 _log = get_logger("keras.tracking")
 
-Tracker = tracker_for(communicator)  # noqa: N816 - for custom loops: core.tracking.Tracker on this job
 
-
-class TrackMetrics(keras.callbacks.Callback):
+class TrackMetricsCallback(keras.callbacks.Callback):
     """Log every epoch's averaged metrics and learning rate to TensorBoard and/or MLflow from rank 0.
 
-        model.fit(..., callbacks=[hk.MetricAverage(), hk.TrackMetrics("runs/exp1", params={"lr": 0.1})])
+        model.fit(..., callbacks=[hk.MetricAverageCallback(), hk.TrackMetricsCallback("runs/exp1", params={"lr": 0.1})])
 
-    Put it after ``MetricAverage`` in the list: it logs the epoch-end logs as it finds them, and
-    ``MetricAverage`` is what makes them the metrics over all ranks' samples (before it, rank 0's
+    Put it after ``MetricAverageCallback`` in the list: it logs the epoch-end logs as it finds them, and
+    ``MetricAverageCallback`` is what makes them the metrics over all ranks' samples (before it, rank 0's
     own numbers would be logged). At the start of ``fit`` it opens a run (a ``Tracker``, see
     ``hvdkit.core.tracking``) with ``params`` plus ``world_size``, ``epochs``, ``steps_per_epoch``
     and the optimizer's class; each epoch's logs (``val_*`` included) and ``learning_rate`` go in at

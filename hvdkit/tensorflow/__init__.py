@@ -15,20 +15,35 @@ horovod_tf()  # fail here, loudly, when TensorFlow or Horovod's TensorFlow suppo
 
 from ..core.metrics import MetricTracker  # noqa: E402, F401
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
-from .data import epoch_dataset, shard  # noqa: E402
+from .data import batch_plan, epoch_dataset, shard  # noqa: E402
 from .gradients import DistributedGradientTape, allreduce_gradients  # noqa: E402
-from .runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
+from .monitoring import Tracker  # noqa: E402
+from .runtime import (  # noqa: E402
+    PreemptionGuard,
+    average_metrics,
+    communicator,
+    init,
+    is_rank0,
+    local_rank,
+    local_size,
+    rank,
+    scaled_lr,
+    size,
+    topology,
+)
 from .variables import broadcast_variables  # noqa: E402
 
-
+# Names and the concepts they share with hvdkit.torch and hvdkit.keras: docs/api/names.md.
 __all__ = [
-    "PreemptionGuard",
     "Checkpointer",
     "DistributedGradientTape",
     "MetricTracker",
+    "PreemptionGuard",
     "Resumed",
+    "Tracker",
     "allreduce_gradients",
     "average_metrics",
+    "batch_plan",
     "broadcast_variables",
     "communicator",
     "epoch_dataset",
@@ -37,6 +52,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "rank",
+    "scaled_lr",
     "shard",
     "size",
     "topology",

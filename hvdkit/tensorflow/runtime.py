@@ -4,11 +4,25 @@ import tensorflow as tf
 
 from ..core import env as _env
 from ..core import log as _log
+from ..core.preemption import DEFAULT_SIGNALS
+from ..core.preemption import PreemptionGuard as _PreemptionGuard
 from ..core.runtime import Runtime
 from ._engine import horovod_tf
 from .comm import HorovodCommunicator
 
-__all__ = ["init", "topology", "communicator", "rank", "size", "local_rank", "local_size", "is_rank0"]
+__all__ = [
+    "PreemptionGuard",
+    "average_metrics",
+    "communicator",
+    "init",
+    "is_rank0",
+    "local_rank",
+    "local_size",
+    "rank",
+    "scaled_lr",
+    "size",
+    "topology",
+]
 
 _logger = _log.get_logger("tensorflow")
 
@@ -39,4 +53,16 @@ size = _runtime.size
 local_rank = _runtime.local_rank
 local_size = _runtime.local_size
 is_rank0 = _runtime.is_rank0
-PreemptionGuard = _runtime.preemption_guard  # noqa: N816 - reads like the class it returns
+scaled_lr = _runtime.scaled_lr
+
+
+class PreemptionGuard(_PreemptionGuard):
+    """``hvdkit.core.PreemptionGuard`` on this job's communicator: after SIGTERM/SIGUSR1 on any rank,
+    every rank's ``should_stop()`` returns True at the same step.
+
+    Collective: every rank creates it and calls ``should_stop()`` the same number of times.
+    Env: HVDKIT_JOB_ID (set by ``hvdkit run``).
+    """
+
+    def __init__(self, every=1, signals=DEFAULT_SIGNALS):
+        super().__init__(communicator(), every=every, signals=signals)

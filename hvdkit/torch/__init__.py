@@ -16,23 +16,33 @@ horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is m
 from ..core.metrics import MetricTracker  # noqa: E402, F401
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, TrainLoader, TrainSampler, eval_loader, train_loader, train_sampler  # noqa: E402
-from .monitoring import StragglerMonitor  # noqa: E402
-from .optim import DistributedOptimizer, autocast, scale_lr  # noqa: E402
+from .monitoring import StragglerMonitor, Tracker  # noqa: E402
+from .optim import DistributedOptimizer, ScaledLRScheduler, autocast, scale_lr  # noqa: E402
 from .progress import progress  # noqa: E402
-from .runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, size, topology  # noqa: E402
+from .runtime import (  # noqa: E402
+    PreemptionGuard,
+    average_metrics,
+    communicator,
+    init,
+    is_rank0,
+    local_rank,
+    local_size,
+    rank,
+    scaled_lr,
+    size,
+    topology,
+)
 from .state import broadcast_state  # noqa: E402
-from ..core.tracking import tracker_for  # noqa: E402
 
-Tracker = tracker_for(communicator)  # noqa: N816 - rank-0 TensorBoard/MLflow tracking (core.tracking.Tracker)
-
-
+# Names and the concepts they share with hvdkit.tensorflow and hvdkit.keras: docs/api/names.md.
 __all__ = [
-    "PreemptionGuard",
     "Checkpointer",
     "DistributedOptimizer",
     "EvalSampler",
     "MetricTracker",
+    "PreemptionGuard",
     "Resumed",
+    "ScaledLRScheduler",
     "StragglerMonitor",
     "Tracker",
     "TrainLoader",
@@ -48,9 +58,11 @@ __all__ = [
     "local_size",
     "progress",
     "rank",
-    "scale_lr",
+    "scaled_lr",
     "size",
     "topology",
     "train_loader",
     "train_sampler",
+    # deprecated, removed in hvdkit 0.3 (the new names: docs/api/names.md)
+    "scale_lr",
 ]

@@ -5,10 +5,11 @@ import math
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from ..core.deprecation import renamed_argument
 from ..core.global_batch import plan_batches
 from ..core.log import get_logger
 from ..core.sample_order import epoch_order, position_after, rank_batches, step_bounds
-from .runtime import rank, size
+from . import runtime
 
 __all__ = ["train_sampler", "TrainSampler", "TrainLoader", "EvalSampler", "train_loader", "eval_loader"]
 
@@ -23,7 +24,9 @@ def train_sampler(dataset, shuffle=True, seed=0, drop_last=False):
     shuffle changes every epoch and is the same on every rank. It cannot resume mid-epoch at
     another world size; ``train_loader`` (``TrainSampler``) can.
     """
-    return DistributedSampler(dataset, num_replicas=size(), rank=rank(), shuffle=shuffle, seed=seed, drop_last=drop_last)
+    return DistributedSampler(
+        dataset, num_replicas=runtime.size(), rank=runtime.rank(), shuffle=shuffle, seed=seed, drop_last=drop_last
+    )
 
 
 class TrainSampler(Sampler):
@@ -40,14 +43,18 @@ class TrainSampler(Sampler):
 
     ``set_epoch(epoch, start)`` begins an epoch at global sample offset ``start`` (0, or what
     ``position(steps)`` returned when a run stopped after ``steps`` optimizer steps of that epoch),
-    at whatever world size the job has now.
+    at whatever world size the job has now. ``rank`` and ``size`` default to the job's (``rank_``
+    and ``size_`` are their deprecated names).
     """
 
     def __init__(
-        self, n, batch_size, global_batch_size=None, accumulation=1, shuffle=True, seed=0, drop_last=False, rank_=None, size_=None
+        self, n, batch_size, global_batch_size=None, accumulation=1, shuffle=True, seed=0, drop_last=False, rank=None,
+        size=None, *, rank_=None, size_=None
     ):
-        self.size = size() if size_ is None else size_
-        self.rank = rank() if rank_ is None else rank_
+        size = renamed_argument(size_, size, "TrainSampler(size_=)", "size=")
+        rank = renamed_argument(rank_, rank, "TrainSampler(rank_=)", "rank=")
+        self.size = runtime.size() if size is None else size
+        self.rank = runtime.rank() if rank is None else rank
         self.plan = plan_batches(batch_size, self.size, global_batch_size, accumulation)
         self.n = self.plan.check_dataset(int(n))
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
@@ -117,13 +124,16 @@ class EvalSampler(Sampler):
     """Every sample exactly once over all ranks, no padding: rank r gets indices r, r+size, ...
 
     Shards differ by at most one sample; average metrics with sample counts (``MetricTracker``)
-    so the result equals the metric over the whole dataset.
+    so the result equals the metric over the whole dataset. ``size`` and ``rank`` default to the
+    job's (``num_replicas`` and ``rank_`` are their deprecated names).
     """
 
-    def __init__(self, dataset, num_replicas=None, rank_=None):
+    def __init__(self, dataset, size=None, rank=None, *, num_replicas=None, rank_=None):
+        size = renamed_argument(num_replicas, size, "EvalSampler(num_replicas=)", "size=")
+        rank = renamed_argument(rank_, rank, "EvalSampler(rank_=)", "rank=")
         self.n = len(dataset)
-        self.size = size() if num_replicas is None else num_replicas
-        self.rank = rank() if rank_ is None else rank_
+        self.size = runtime.size() if size is None else size
+        self.rank = runtime.rank() if rank is None else rank
 
     def __iter__(self):
         return iter(range(self.rank, self.n, self.size))

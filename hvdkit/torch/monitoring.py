@@ -1,14 +1,21 @@
-"""Straggler reports for torch training loops (the logic is ``hvdkit.core.straggler``)."""
+"""Watching a torch job: straggler reports and experiment tracking on this job's communicator.
+
+The logic is in ``hvdkit.core.straggler`` and ``hvdkit.core.tracking``; these classes pass in the
+job's communicator and, for the monitor, hook into ``hvdkit.torch.DistributedOptimizer``.
+"""
+
+import time
 
 from ..core.errors import ConfigError
-from ..core.straggler import StragglerMonitor as _Monitor
+from ..core.straggler import StragglerMonitor as _StragglerMonitor
+from ..core.tracking import Tracker as _Tracker
 from .runtime import communicator
 
-__all__ = ["StragglerMonitor"]
+__all__ = ["StragglerMonitor", "Tracker"]
 
 
-def StragglerMonitor(threshold=None, name="train", optimizer=None):  # noqa: N802 - reads like the class it returns
-    """A ``hvdkit.core.StragglerMonitor`` on this job's communicator.
+class StragglerMonitor(_StragglerMonitor):
+    """``hvdkit.core.StragglerMonitor`` on this job's communicator: which rank's steps hold the job back.
 
         opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
         monitor = hk.StragglerMonitor(threshold=1.2, optimizer=opt)
@@ -22,13 +29,15 @@ def StragglerMonitor(threshold=None, name="train", optimizer=None):  # noqa: N80
     spends inside a monitored step, waiting for the other ranks' gradients, is left out of the
     step's time, so timing the whole step points at the slow rank. Without it, time only the
     compute part (everything but ``opt.step()``), or every rank looks as slow as the slowest.
+    ``clock`` and ``host`` are those of the core class (for tests).
     Collective: every rank creates it with the same ``name`` and calls ``epoch_end()``.
     Env: HVDKIT_STRAGGLER_THRESHOLD (when ``threshold`` is None; default 1.2).
     """
-    monitor = _Monitor(communicator(), threshold=threshold, name=name)
-    if optimizer is not None:
-        _exclude_synchronize(optimizer, monitor)
-    return monitor
+
+    def __init__(self, threshold=None, name="train", optimizer=None, clock=time.perf_counter, host=None):
+        super().__init__(communicator(), threshold=threshold, name=name, clock=clock, host=host)
+        if optimizer is not None:
+            _exclude_synchronize(optimizer, self)
 
 
 def _exclude_synchronize(optimizer, monitor):
@@ -39,3 +48,21 @@ def _exclude_synchronize(optimizer, monitor):
             "wrap it first: hk.DistributedOptimizer(opt, model=model)"
         )
     optimizer.add_synchronize_listener(monitor.add_wait)
+
+
+class Tracker(_Tracker):
+    """``hvdkit.core.tracking.Tracker`` on this job's communicator: job-wide metrics to TensorBoard/MLflow from rank 0.
+
+        with hk.Tracker("runs/exp1", backends=("tensorboard", "mlflow"), params={"lr": 0.1}) as tracker:
+            for epoch in range(epochs):
+                ...
+                tracker.log_metrics(hk.average_metrics(totals), step=epoch)  # averaged on every rank first
+
+    Collective: no (the metrics passed in must already be averaged over ranks).
+    Env: MLFLOW_TRACKING_URI; sets MLFLOW_ALLOW_FILE_STORE for a ``file:`` URI.
+    """
+
+    def __init__(self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit",
+                 run_name=None):
+        super().__init__(communicator(), log_dir, backends=backends, params=params, mlflow_uri=mlflow_uri,
+                         experiment=experiment, run_name=run_name)

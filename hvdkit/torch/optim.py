@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from ..core.deprecation import deprecated_function
 from ..core.errors import ConfigError, MissingDependencyError
 from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
 from ..core.options import check_positive_int
@@ -12,7 +13,7 @@ from . import autocompress
 from ..core.log import get_logger
 from ._engine import horovod_torch
 
-__all__ = ["DistributedOptimizer", "ScaledLR", "autocast", "scale_lr"]
+__all__ = ["DistributedOptimizer", "ScaledLRScheduler", "autocast", "scale_lr"]
 
 _OPS = ("average", "sum")
 _log = get_logger("lr")
@@ -174,11 +175,42 @@ def _clip_grads(optimizer, max_norm):
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
-class ScaledLR(torch.optim.lr_scheduler.LRScheduler):
-    """Scales every group's learning rate by the rank-count rule, with linear warmup; see ``scale_lr``."""
+class ScaledLRScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """A scheduler that scales ``optimizer``'s single-process rate for the job's ranks, with warmup.
 
-    def __init__(self, optimizer, scale, warmup_steps=0, last_epoch=-1):
-        self.scale = float(scale)
+    The rate of every param group goes from its value now (``base_lr``, tuned for one process with
+    the per-rank batch) to ``base_lr * scale`` linearly over ``warmup_steps`` optimizer steps
+    (Goyal et al.; no warmup when 0), then stays; ``scale`` is ``size`` for ``rule="linear"``,
+    ``sqrt(size)`` for ``"sqrt"``, 1 for ``"none"`` (``hvdkit.core.lr``). Call ``sched.step()``
+    after every ``optimizer.step()``, as for any torch scheduler:
+
+        opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+        sched = hk.ScaledLRScheduler(opt, rule="linear", warmup_steps=500)   # lr 0.1 -> 0.1 * size
+        decay = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)  # optional, on top
+        for x, y in loader:
+            ...; opt.step(); sched.step(); decay.step()
+
+    It is chainable: other chainable schedulers stepped on the same optimizer multiply on top
+    (``lr(t) = base_lr * warmup_factor(t) * their factor``). Closed-form schedulers such as
+    ``LambdaLR`` overwrite the rate instead; put their factor in the lambda and use this one alone.
+    Its state (``state_dict``) checkpoints like any scheduler's; restored in a job with another
+    number of ranks (elastic shrink or grow), the rule is re-applied for the new size (see
+    ``load_state_dict``). ``size`` defaults to the job's. With a fixed global batch
+    (``hk.train_loader(..., global_batch_size=)``) the batch does not change with the ranks: use
+    ``rule="none"`` or no scaling. The rate alone, as a number: ``hk.scaled_lr``; the Keras
+    counterpart: ``hvdkit.keras.ScaledLRSchedule``.
+    """
+
+    def __init__(self, optimizer, rule="linear", warmup_steps=0, size=None, last_epoch=-1):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"optimizer must be a torch.optim.Optimizer (got {type(optimizer).__name__})")
+        if size is None:
+            from .runtime import size as job_size
+
+            size = job_size()
+        # Only scale and warmup_steps are kept: state_dict() saves every attribute, and a restored
+        # size or rule would overwrite this job's.
+        self.scale = lr_scale(size, rule)
         self.warmup_steps = check_warmup_steps(warmup_steps)
         super().__init__(optimizer, last_epoch)
 
@@ -226,37 +258,7 @@ def _on_rank0():
     return not hvd.is_initialized() or hvd.rank() == 0
 
 
-def scale_lr(optimizer, rule="linear", warmup_steps=0, size=None):
-    """A scheduler that scales ``optimizer``'s single-process rate for the job's ranks, with warmup.
-
-    The rate of every param group goes from its value now (``base_lr``, tuned for one process with
-    the per-rank batch) to ``base_lr * scale`` linearly over ``warmup_steps`` optimizer steps
-    (Goyal et al.; no warmup when 0), then stays; ``scale`` is ``size`` for ``rule="linear"``,
-    ``sqrt(size)`` for ``"sqrt"``, 1 for ``"none"`` (``hvdkit.core.lr``). Call ``sched.step()``
-    after every ``optimizer.step()``, as for any torch scheduler:
-
-        opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
-        sched = hk.scale_lr(opt, rule="linear", warmup_steps=500)   # lr 0.1 -> 0.1 * size
-        decay = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)  # optional, on top
-        for x, y in loader:
-            ...; opt.step(); sched.step(); decay.step()
-
-    It is chainable: other chainable schedulers stepped on the same optimizer multiply on top
-    (``lr(t) = base_lr * warmup_factor(t) * their factor``). Closed-form schedulers such as
-    ``LambdaLR`` overwrite the rate instead; put their factor in the lambda and use this one alone.
-    Its state (``state_dict``) checkpoints like any scheduler's; restored in a job with another
-    number of ranks (elastic shrink or grow), the rule is re-applied for the new size (see
-    ``ScaledLR.load_state_dict``). ``size`` defaults to the job's. With a fixed global batch
-    (``hk.train_loader(..., global_batch_size=)``) the batch does not change with the ranks: use
-    ``rule="none"`` or no scaling.
-    """
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigError(f"optimizer must be a torch.optim.Optimizer (got {type(optimizer).__name__})")
-    if size is None:
-        from .runtime import size as job_size
-
-        size = job_size()
-    return ScaledLR(optimizer, lr_scale(size, rule), warmup_steps)
+scale_lr = deprecated_function(ScaledLRScheduler, "hvdkit.torch.scale_lr", "hvdkit.torch.ScaledLRScheduler")
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

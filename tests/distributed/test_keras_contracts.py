@@ -102,8 +102,8 @@ def test_fit_logs_hold_the_metrics_over_all_ten_samples_of_uneven_shards(ranks):
 def test_resume_restores_weights_optimizer_state_and_epoch_on_every_rank(ranks):
     for r in ranks["r"]:
         c = r["checkpoint"]
-        assert c["first_restore"] == 0  # nothing there yet: a fresh start
-        assert c["resumed_epoch"] == 3
+        assert c["first_restore"] is None and c["first_initial_epoch"] == 0  # nothing there yet: a fresh start
+        assert c["resumed_epoch"] == 3 and c["initial_epoch"] == 3
         assert c["restored"]["digest"] == c["saved"]["digest"]
         assert c["restored"]["opt"] == c["saved"]["opt"] and c["restored"]["iterations"] == 12
     assert both(ranks, "checkpoint", "restored", "digest")[0] == both(ranks, "checkpoint", "restored", "digest")[1]

@@ -106,7 +106,7 @@ def test_torch_a_nan_metric_is_the_same_clear_error_on_every_rank(torch_job):
     assert len(torch_job["tb"].Scalars("loss")) == EPOCHS  # nothing written for it
 
 
-# --- Keras: fit with MetricAverage, then TrackMetrics ---------------------------------------------
+# --- Keras: fit with MetricAverageCallback, then TrackMetricsCallback -----------------------------
 
 KERAS_TAGS = ("loss", "accuracy", "val_loss", "val_accuracy")
 

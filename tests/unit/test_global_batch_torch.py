@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 
 from hvdkit.core.sample_order import epoch_order  # noqa: E402
 from hvdkit.torch.data import TrainLoader, TrainSampler  # noqa: E402
-from hvdkit.torch.optim import scale_lr  # noqa: E402
+from hvdkit.torch.optim import ScaledLRScheduler  # noqa: E402
 
 # torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test
 # (the conftest fails a test that changes the environment).
@@ -19,7 +19,7 @@ def test_the_torch_sampler_resumes_at_a_global_offset_at_another_world_size():
     def epoch_batches(size, start, steps=None):
         out, position = [], None
         for r in range(size):
-            sampler = TrainSampler(50, 4, global_batch_size=8, rank_=r, size_=size, seed=2)
+            sampler = TrainSampler(50, 4, global_batch_size=8, rank=r, size=size, seed=2)
             loader = TrainLoader(data, batch_sampler=sampler)
             loader.sampler.set_epoch(1, start=start)  # loader.sampler is the batch sampler
             batches = [b[0].tolist() for b in loader]
@@ -40,7 +40,7 @@ def test_the_torch_sampler_resumes_at_a_global_offset_at_another_world_size():
 def test_without_a_global_batch_the_lr_rule_is_re_applied_when_a_scheduler_is_restored_at_another_size():
     def scheduled(size):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-        return opt, scale_lr(opt, rule="linear", warmup_steps=4, size=size)
+        return opt, ScaledLRScheduler(opt, rule="linear", warmup_steps=4, size=size)
 
     opt2, sched2 = scheduled(2)
     for _ in range(2):  # half way through warmup at 2 ranks: 0.1 * (1 + (2 - 1) * 2 / 4)

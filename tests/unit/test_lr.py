@@ -10,9 +10,9 @@ from hvdkit.core import ConfigError, lr_scale, scaled_lr, warmup_factor
 
 def test_rules_scale_by_size_by_its_square_root_or_not_at_all():
     assert [lr_scale(4, r) for r in ("linear", "sqrt", "none")] == [4.0, 2.0, 1.0]
-    assert scaled_lr(0.1, 2, "linear") == 0.2
-    assert scaled_lr(0.1, 2, "sqrt") == 0.1 * math.sqrt(2)
-    assert scaled_lr(0.1, 1, "linear") == 0.1
+    assert scaled_lr(0.1, "linear", size=2) == 0.2
+    assert scaled_lr(0.1, "sqrt", size=2) == 0.1 * math.sqrt(2)
+    assert scaled_lr(0.1, size=1) == 0.1
 
 
 def test_warmup_rises_linearly_from_one_to_the_scale_then_stays():
@@ -27,8 +27,9 @@ def test_warmup_rises_linearly_from_one_to_the_scale_then_stays():
     [
         (lambda: lr_scale(2, "cubic"), "rule must be one of 'linear', 'sqrt', 'none' (got 'cubic')"),
         (lambda: lr_scale(0, "linear"), "size must be an integer >= 1, the number of ranks (got 0)"),
-        (lambda: scaled_lr(-0.1, 2), "base_lr must be a finite number > 0 (got -0.1)"),
-        (lambda: scaled_lr(math.nan, 2), "base_lr must be a finite number > 0 (got nan)"),
+        (lambda: scaled_lr(-0.1, size=2), "base_lr must be a finite number > 0 (got -0.1)"),
+        (lambda: scaled_lr(math.nan, size=2), "base_lr must be a finite number > 0 (got nan)"),
+        (lambda: scaled_lr(0.1, "linear"), "scaled_lr needs size=, the number of ranks"),
         (lambda: warmup_factor(1, -3, 2.0), "warmup_steps must be an integer >= 0 (got -3)"),
         (lambda: warmup_factor(1, 2.5, 2.0), "warmup_steps must be an integer >= 0 (got 2.5)"),
         (lambda: warmup_factor(-1, 4, 2.0), "step must be a number >= 0"),

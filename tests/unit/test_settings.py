@@ -213,11 +213,11 @@ def test_the_preemption_guard_rejects_true_and_zero_as_its_interval():
 _KERAS_TRUE = """
 import json
 from hvdkit.core.errors import ConfigError
-from hvdkit.keras.callbacks import Checkpoint, LearningRateWarmup
-from hvdkit.keras.progress import ProgressBar
+from hvdkit.keras.callbacks import CheckpointCallback, LearningRateWarmupCallback
+from hvdkit.keras.progress import ProgressBarCallback
 errors = []
-for make in (lambda: LearningRateWarmup(True), lambda: LearningRateWarmup(0.1, warmup_epochs=True),
-             lambda: Checkpoint("unused", every=True), lambda: ProgressBar(batch_size=True)):
+for make in (lambda: LearningRateWarmupCallback(True), lambda: LearningRateWarmupCallback(0.1, warmup_epochs=True),
+             lambda: CheckpointCallback("unused", every=True), lambda: ProgressBarCallback(batch_size=True)):
     try:
         make()
         errors.append(None)

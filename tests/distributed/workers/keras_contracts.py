@@ -58,7 +58,7 @@ def reference_fit(init, x, y, batch):
 
 def section_fit(rank, size):
     x, y = global_data(size)
-    init = make_model(seed=rank)  # different on purpose: BroadcastInitialState must fix it
+    init = make_model(seed=rank)  # different on purpose: BroadcastInitialStateCallback must fix it
     hk.broadcast_variables(init.weights)
     out = {"init_digest": digest(init)}
     ref = reference_fit(init, x, y, batch=size * B)
@@ -66,7 +66,7 @@ def section_fit(rank, size):
         model = clone(init)
         model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), **kwargs), loss="mse")
         model.fit(rank_rows(x, rank), rank_rows(y, rank), batch_size=B, shuffle=False, verbose=0,
-                  callbacks=[hk.BroadcastInitialState()])
+                  callbacks=[hk.BroadcastInitialStateCallback()])
         out[name] = {"digest": digest(model), "max_diff_vs_reference": max_diff(model, ref)}
         if name == "fp32":
             hvdkit_fp32 = model
@@ -149,7 +149,7 @@ def section_metrics(rank, size):
     n = 7 if rank == 0 else 3  # one step per rank: the same number of steps on both
     hist = model.fit(x_all[mine], y_all[mine], batch_size=n, epochs=1, shuffle=False, verbose=0,
                      validation_data=(x_all[mine], y_all[mine]), validation_batch_size=n,
-                     callbacks=[hk.MetricAverage()])
+                     callbacks=[hk.MetricAverageCallback()])
     model.evaluate(x_all[mine], y_all[mine], batch_size=n, verbose=0)
     after_evaluate = hk.average_model_metrics(model)
     local_only = model.evaluate(x_all[mine], y_all[mine], batch_size=n, verbose=0, return_dict=True)
@@ -166,28 +166,30 @@ def section_checkpoint_and_warmup(rank, size, out_dir):
     x, y = global_data(size)
     model = make_model(seed=0)
     model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9)), loss="mse")
-    ckpt = hk.Checkpoint(ckpt_dir, model, keep=2)
-    first = ckpt.restore()
+    ckpt = hk.CheckpointCallback(ckpt_dir, model, keep=2)
+    first = ckpt.restore()  # None: nothing saved yet
+    first_initial_epoch = ckpt.initial_epoch
     lrs = []
     record = keras.callbacks.LambdaCallback(
         on_train_batch_begin=lambda b, logs: lrs.append(float(model.optimizer.learning_rate))
     )
-    warm = hk.LearningRateWarmup(initial_lr=LR, warmup_epochs=2)
+    warm = hk.LearningRateWarmupCallback(initial_lr=LR, warmup_epochs=2)
     model.fit(rank_rows(x, rank), rank_rows(y, rank), batch_size=B, epochs=3, shuffle=False, verbose=0,
-              callbacks=[hk.BroadcastInitialState(), warm, record, ckpt])
+              callbacks=[hk.BroadcastInitialStateCallback(), warm, record, ckpt])
     saved = {"digest": digest(model), "opt": [np.asarray(v).tolist() for v in model.optimizer.variables],
              "iterations": int(model.optimizer.iterations)}
     model2 = make_model(seed=50 + rank)
     model2.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9)), loss="mse")
-    ckpt2 = hk.Checkpoint(ckpt_dir, model2)
-    resumed_epoch = ckpt2.restore()
+    ckpt2 = hk.CheckpointCallback(ckpt_dir, model2)
+    resumed = ckpt2.restore()
     restored = {"digest": digest(model2), "opt": [np.asarray(v).tolist() for v in model2.optimizer.variables],
                 "iterations": int(model2.optimizer.iterations)}
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     other.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    wrong_model_error = error_of(lambda: hk.Checkpoint(ckpt_dir, other).restore(), CheckpointError)
+    wrong_model_error = error_of(lambda: hk.CheckpointCallback(ckpt_dir, other).restore(), CheckpointError)
     listing = sorted(os.listdir(ckpt_dir)) if os.path.exists(ckpt_dir) else None
-    return {"first_restore": first, "resumed_epoch": resumed_epoch, "saved": saved, "restored": restored,
+    return {"first_restore": first, "first_initial_epoch": first_initial_epoch,
+            "resumed_epoch": resumed.epoch, "initial_epoch": ckpt2.initial_epoch, "saved": saved, "restored": restored,
             "lrs": lrs, "listing": listing, "wrong_model_error": wrong_model_error}
 
 

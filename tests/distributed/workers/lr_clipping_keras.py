@@ -111,16 +111,16 @@ def fit_recording_lr(optimizer, callbacks, rank, epochs):
     record = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda b, logs: lrs.append(float(model.optimizer.learning_rate)))
     g = np.random.RandomState(rank)
     model.fit(g.randn(4 * B, 8).astype("float32"), g.randn(4 * B, 4).astype("float32"), batch_size=B, epochs=epochs,
-              shuffle=False, verbose=0, callbacks=[hk.BroadcastInitialState(), *callbacks, record])
+              shuffle=False, verbose=0, callbacks=[hk.BroadcastInitialStateCallback(), *callbacks, record])
     return lrs
 
 
 def section_lr(rank, size):
     out = {"scaled_lr": {rule: hk.scaled_lr(LR, rule) for rule in ("linear", "sqrt", "none")}}
     for rule in ("linear", "sqrt"):
-        warm = hk.LearningRateWarmup(initial_lr=LR, warmup_epochs=1, rule=rule)
+        warm = hk.LearningRateWarmupCallback(initial_lr=LR, warmup_epochs=1, rule=rule)
         out[f"warmup_callback_{rule}"] = fit_recording_lr(keras.optimizers.SGD(LR), [warm], rank, epochs=2)
-        sched = hk.ScaledSchedule(LR, rule=rule, warmup_steps=4)
+        sched = hk.ScaledLRSchedule(LR, rule=rule, warmup_steps=4)
         out[f"schedule_{rule}"] = fit_recording_lr(keras.optimizers.SGD(sched), [], rank, epochs=2)
     return out
 

@@ -101,7 +101,7 @@ def section_lr(rank, size):
     for rule in ("linear", "sqrt"):
         model = make_model(seed=0)
         opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), model=model, max_grad_norm=1e6)
-        sched = hk.scale_lr(opt, rule=rule, warmup_steps=4)
+        sched = hk.ScaledLRScheduler(opt, rule=rule, warmup_steps=4)
         lrs = []
         for s in range(7):
             lrs.append(opt.param_groups[0]["lr"])

@@ -1,6 +1,6 @@
 """Runs on every rank of a real 2-rank Keras job: ``fit`` for a balanced epoch, then one where rank 1 is slow.
 
-A callback sleeps at every batch begin (longer on rank 1 in the second epoch); StragglerReport must
+A callback sleeps at every batch begin (longer on rank 1 in the second epoch); StragglerMonitorCallback must
 name rank 1 then, and no rank in the first epoch. Writes OUT/rank<r>.json.
 Usage: python straggler_keras.py OUT
 """
@@ -44,12 +44,12 @@ def main(out_dir):
     model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
     g = np.random.RandomState(topo.rank)
     x, y = g.randn(STEPS * B, 8).astype("float32"), g.randn(STEPS * B, 4).astype("float32")
-    report = hk.StragglerReport(threshold=THRESHOLD)
+    report = hk.StragglerMonitorCallback(threshold=THRESHOLD)
     logs = []
     epoch_logs = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, l: (logs.append(list(log_lines)), log_lines.clear()))
-    # SlowRank runs before StragglerReport at batch begin: the report times from batch end to batch end.
+    # SlowRank runs before StragglerMonitorCallback at batch begin: the report times from batch end to batch end.
     hist = model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0,
-                     callbacks=[hk.BroadcastInitialState(), SlowRank(topo.rank), report, epoch_logs])
+                     callbacks=[hk.BroadcastInitialStateCallback(), SlowRank(topo.rank), report, epoch_logs])
     result = {
         "rank": topo.rank,
         "size": topo.size,

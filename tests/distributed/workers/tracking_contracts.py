@@ -52,7 +52,7 @@ def torch_job(out_dir):
 
 
 def keras_job(out_dir):
-    """``model.fit`` on 7/3 shards with MetricAverage, then TrackMetrics.
+    """``model.fit`` on 7/3 shards with MetricAverageCallback, then TrackMetricsCallback.
 
     The reference for each epoch is computed on every rank, without collectives, from all ten
     samples: training metrics with the weights at the start of the epoch (one step per epoch),
@@ -91,10 +91,10 @@ def keras_job(out_dir):
         reference[-1].update({f"val_{k}": v for k, v in metrics_of(x_all, y_all).items()})
 
     record = keras.callbacks.LambdaCallback(on_epoch_begin=begin, on_epoch_end=end)
-    track = hk.TrackMetrics(os.path.join(out_dir, "runs"), backends=("tensorboard", "mlflow"), params=PARAMS)
+    track = hk.TrackMetricsCallback(os.path.join(out_dir, "runs"), backends=("tensorboard", "mlflow"), params=PARAMS)
     hist = model.fit(x, y, batch_size=len(idx), epochs=EPOCHS, shuffle=False, verbose=0,
                      validation_data=(x, y), validation_batch_size=len(idx),
-                     callbacks=[hk.BroadcastInitialState(), record, hk.MetricAverage(), track])
+                     callbacks=[hk.BroadcastInitialStateCallback(), record, hk.MetricAverageCallback(), track])
     history = {k: [float(v) for v in vs] for k, vs in hist.history.items()}
     return topo, track.tracker, {"reference": reference, "local": local, "history": history}
 

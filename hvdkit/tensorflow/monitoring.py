@@ -1,0 +1,25 @@
+"""Watching a TensorFlow job: experiment tracking on this job's communicator (``hvdkit.core.tracking``)."""
+
+from ..core.tracking import Tracker as _Tracker
+from .runtime import communicator
+
+__all__ = ["Tracker"]
+
+
+class Tracker(_Tracker):
+    """``hvdkit.core.tracking.Tracker`` on this job's communicator: job-wide metrics to TensorBoard/MLflow from rank 0.
+
+        with htf.Tracker("runs/exp1", backends=("tensorboard", "mlflow"), params={"lr": 0.1}) as tracker:
+            for epoch in range(epochs):
+                ...
+                tracker.log_metrics(htf.average_metrics(totals), step=epoch)  # averaged on every rank first
+
+    Keras ``fit`` users: ``hvdkit.keras.TrackMetricsCallback`` opens one per ``fit``.
+    Collective: no (the metrics passed in must already be averaged over ranks).
+    Env: MLFLOW_TRACKING_URI; sets MLFLOW_ALLOW_FILE_STORE for a ``file:`` URI.
+    """
+
+    def __init__(self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit",
+                 run_name=None):
+        super().__init__(communicator(), log_dir, backends=backends, params=params, mlflow_uri=mlflow_uri,
+                         experiment=experiment, run_name=run_name)
