@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -37,6 +38,25 @@ def pid_running(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def wait_until_gone(pids, bound):
+    """``(seconds, still running)``: how long until none of ``pids`` runs (polled every 50 ms, at most ``bound`` s)."""
+    t0 = time.monotonic()
+    while any(pid_running(pid) for pid in pids) and time.monotonic() - t0 < bound:
+        time.sleep(0.05)
+    return time.monotonic() - t0, sorted(pid for pid in pids if pid_running(pid))
+
+
+def end_job(pids, proc):
+    """What a test started, ended whatever happened: each of ``pids`` still running (by pid) and
+    ``proc``'s process group, if it still runs."""
+    for pid in pids:
+        if pid_running(pid):
+            os.kill(pid, signal.SIGKILL)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _end_group(proc, term_grace):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers import BIN, HVDKIT, PYTHON, ROOT, pid_running, record_figures
+from helpers import BIN, HVDKIT, PYTHON, ROOT, end_job, pid_running, record_figures, wait_until_gone
 
 pytestmark = pytest.mark.dist
 SCRIPT = str(ROOT / "tests" / "e2e" / "scripts" / "record_job_pids.py")
@@ -61,21 +61,12 @@ def test_every_process_of_the_job_ends_within_seconds_of_the_launchers_death(tmp
         job = {pid for r in records for pid in r["pids"]} - {proc.pid}
         assert len(job) >= 5 and all(pid_running(pid) for pid in job)  # 2 ranks, 2 wrappers, mpirun/horovodrun
         kill_launcher(proc, how)
-        t0 = time.monotonic()
-        while any(pid_running(pid) for pid in job) and time.monotonic() - t0 < BOUND:
-            time.sleep(0.05)
-        gone_after = time.monotonic() - t0
-        left = sorted(pid for pid in job if pid_running(pid))
+        gone_after, left = wait_until_gone(job, BOUND)
         assert left == [], f"still running {BOUND} s after the launcher's death: {left}"
         code = proc.wait(timeout=BOUND)  # after SIGHUP: how the first rank ended (SIGTERM, or mpirun's SIGUSR1)
         assert code == -signal.SIGKILL if how != "sighup" else code > 128
     finally:
-        for pid in job:  # only if the test failed: end what it started, by pid
-            if pid_running(pid):
-                os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_job(job, proc)  # only if the test failed: end what it started, by pid
     record_figures(f"launcher death: {how} ({controller})", seconds_until_every_process_gone=round(gone_after, 2))
     folders = [path for r in records for path in r["folders"].values()]
     assert [p for p in folders if os.path.exists(p)] == []

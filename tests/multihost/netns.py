@@ -8,16 +8,26 @@ the tests. Everything lives in names and addresses the hosts create and is remov
 also after a failure.
 """
 
+import os
+import shutil
 from pathlib import Path
+
+import pytest
 
 from hvdkit.bench.netns import NIC, TwoHosts as _Hosts
 
-__all__ = ["NIC", "TwoHosts"]
+__all__ = ["NEEDS_HOSTS", "NIC", "TwoHosts", "open_hosts"]
 
 HERE = Path(__file__).resolve().parent
 IN_HOST = HERE / "in_host.sh"
 PRIVATE_TMP = HERE / "private_tmp.sh"  # a host's own /tmp; the checkout (ROOT) stays visible in it
 ROOT = HERE.parents[1]
+# What a test module that makes hosts needs (its pytestmark): root, iproute2 and sshd
+NEEDS_HOSTS = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and mounts need root"),
+    pytest.mark.skipif(not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")),
+                       reason="needs iproute2 and openssh-server (make setup installs them)"),
+]
 
 
 class TwoHosts(_Hosts):
@@ -40,3 +50,14 @@ class TwoHosts(_Hosts):
         tmp = ["--private-tmp", str(ROOT)] if self.private_tmp else []
         return ["ip", "netns", "exec", self.ns[i], "unshare", "-m", "-u",
                 str(IN_HOST), self.names[i], str(self.ssh_dir), *tmp, "--", *argv]
+
+
+def open_hosts(**options):
+    """Yields open TwoHosts(**options) (a module fixture's body); closes them at the end and checks
+    that nothing they made survives."""
+    two = TwoHosts(**options)
+    try:
+        yield two.open()
+    finally:
+        two.close()
+    assert two.leftovers() == []

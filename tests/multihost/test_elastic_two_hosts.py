@@ -13,7 +13,6 @@ Needs root (namespaces, mounts).
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -23,12 +22,11 @@ from pathlib import Path
 import pytest
 
 from helpers import HVDKIT, PYTHON, ROOT, hvdkit_run, record_figures
-from netns import NIC, TwoHosts
+from netns import NEEDS_HOSTS, NIC, open_hosts
 
 pytestmark = [
     pytest.mark.dist,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and mounts need root"),
-    pytest.mark.skipif(not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")), reason="needs iproute2 and openssh-server (make setup installs them)"),
+    *NEEDS_HOSTS,
 ]
 EXAMPLE = str(ROOT / "examples" / "torch_digits.py")
 EPOCHS = 3
@@ -45,12 +43,7 @@ LAUNCHER = f"{HVDKIT} run -np"
 
 @pytest.fixture(scope="module")
 def hosts():
-    two = TwoHosts(prefix="hvde")  # names of its own: the namespaces' tag is only this process id mod 10000
-    try:
-        yield two.open()
-    finally:
-        two.close()
-    assert two.leftovers() == []
+    yield from open_hosts(prefix="hvde")  # names of its own: the namespaces' tag is only this process id mod 10000
 
 
 def kill_host(hosts, i):
@@ -203,29 +196,28 @@ def discovery_script(workdir, listed):
     return str(script)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    work = tmp_path_factory.mktemp("uninterrupted")
-    proc = hvdkit_run("-np", "2", *SAME_THREADS, "--", *TRAIN, "--checkpoint-dir", str(work / "c"), "--sample-log", str(work / "s"),
-                      timeout=400)  # fmt: skip
+def run_uninterrupted(work, train, timeout):
+    """The same training on 2 ranks of one host, no change: what an elastic run must match."""
+    proc = hvdkit_run("-np", "2", *SAME_THREADS, "--", *train, "--checkpoint-dir", str(work / "c"), "--sample-log", str(work / "s"),
+                      timeout=timeout)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return work
 
 
-@pytest.fixture(scope="module")
-def elastic(hosts, tmp_path_factory):
-    """The shrink-and-grow job: b dies in epoch 2 and comes back as soon as the job is relaunched on a alone."""
-    work = tmp_path_factory.mktemp("elastic")
+def shrink_and_grow(hosts, work, train, script_path):
+    """`hvdkit run -np 2 --min-np 1 --max-np 2` of ``train`` on hosts a and b: b dies in epoch 2 and
+    comes back as soon as the job is relaunched on a alone; a's rank (``script_path``) is held from
+    its first step alone until the launcher asks it to stop. What happened, with timings."""
     a, b = hosts.names
     script = discovery_script(work, f"{a}:1\n{b}:1\n")  # b stays listed: ssh decides that it is gone
     # A alone trains fast (no allreduce over the link): poll often so that the grow comes mid-run
     args = ["-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", script, "--discovery-interval", "0.3",
-            "--network-interface", NIC, *SAME_THREADS, "--", *TRAIN, "--checkpoint-dir", str(work / "c"),
+            "--network-interface", NIC, *SAME_THREADS, "--", *train, "--checkpoint-dir", str(work / "c"),
             "--sample-log", str(work / "s")]  # fmt: skip
     job = Job(hosts, work, args)
+    started = time.monotonic()
     try:
-        rank1 = work / "s.rank1"
-        job.wait_for(lambda: any(r["epoch"] >= 1 for r in _lines(rank1)[-1:]), "rank 1 training in epoch 2")
+        job.wait_for(lambda: any(r["epoch"] >= 1 for r in _lines(work / "s.rank1")[-1:]), "rank 1 training in epoch 2")
         killed_at = time.monotonic()
         set_link(hosts, 1, False)  # first: nothing b's dying processes send (FIN, RST) reaches a, as in a crash
         assert kill_host(hosts, 1)
@@ -234,23 +226,40 @@ def elastic(hosts, tmp_path_factory):
         set_link(hosts, 1, True)  # b is back at once: the launcher asks to grow only once a alone trains
         job.wait_for(lambda: any(r["size"] == 1 for r in _lines(work / "s.rank0")), "training on a alone", poll=0.01)
         shrunk_at = time.monotonic()
-        with Paused(hosts, 0, EXAMPLE):  # a alone must not finish before the launcher asks it to stop
+        with Paused(hosts, 0, script_path):  # a alone must not finish before the launcher asks it to stop
             job.wait_for(lambda: GROW_ASKED in job.text(), "the request to grow", timeout=120)
         code = job.finish()
     finally:
         set_link(hosts, 1, True)
         job.kill()
-    return {"work": work, "code": code, "log": job.text(), "job": job, "kill_to_training_alone": shrunk_at - killed_at,
-            "kill_to_relaunch": relaunched_at - killed_at}  # fmt: skip
+    return {"work": work, "code": code, "log": job.text(), "job": job, "seconds": time.monotonic() - started,
+            "kill_to_training_alone": shrunk_at - killed_at, "kill_to_relaunch": relaunched_at - killed_at}  # fmt: skip
 
 
-def test_the_job_shrinks_to_host_a_when_b_dies_and_grows_back_when_b_returns(elastic):
+def check_shrunk_and_grew(elastic, epochs):
+    """The job went 2 -> 1 -> 2 for the right reasons and its last attempt finished every epoch at size 2;
+    the last attempt's result line."""
     log = elastic["log"]
     assert elastic["code"] == 0, log[-4000:]
     assert "elastic summary: 3 attempt(s), world size 2 -> 1 -> 2" in log, log[-4000:]
     assert "shrink 2 -> 1 (failed)" in log and "grow 1 -> 2 (stopped to grow)" in log
     result = [json.loads(line.split("] ", 1)[1]) for line in log.splitlines() if line.startswith("[rank 0] {")]
-    assert result[-1]["world_size"] == 2 and not result[-1]["preempted"] and result[-1]["epochs"] == EPOCHS
+    assert result[-1]["world_size"] == 2 and not result[-1]["preempted"] and result[-1]["epochs"] == epochs
+    return result[-1]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return run_uninterrupted(tmp_path_factory.mktemp("uninterrupted"), TRAIN, 400)
+
+
+@pytest.fixture(scope="module")
+def elastic(hosts, tmp_path_factory):
+    return shrink_and_grow(hosts, tmp_path_factory.mktemp("elastic"), TRAIN, EXAMPLE)
+
+
+def test_the_job_shrinks_to_host_a_when_b_dies_and_grows_back_when_b_returns(elastic):
+    check_shrunk_and_grew(elastic, EPOCHS)
 
 
 def _effective_steps(folder):
@@ -275,15 +284,22 @@ def _epochs(steps):
     return out
 
 
-def test_every_sample_is_used_exactly_once_per_epoch_across_the_changes(elastic, uninterrupted):
+def check_every_sample_once(elastic, uninterrupted, epochs):
+    """Across the changes every step ran (its last run counts), every sample was used exactly once per
+    epoch, and the same samples per epoch as the uninterrupted run; ``(steps, recomputed)``."""
     steps, recomputed = _effective_steps(elastic["work"])
     reference, _ = _effective_steps(uninterrupted)
     assert sorted(steps) == sorted(reference) == list(range(1, len(reference) + 1))
-    epochs, expected = _epochs(steps), _epochs(reference)
-    assert sorted(epochs) == list(range(EPOCHS))
-    for epoch, used in epochs.items():
+    used_per_epoch, expected = _epochs(steps), _epochs(reference)
+    assert sorted(used_per_epoch) == list(range(epochs))
+    for epoch, used in used_per_epoch.items():
         assert max(used.values()) == 1, f"epoch {epoch}: samples used twice"
         assert used == expected[epoch], f"epoch {epoch}: other samples than the uninterrupted run"
+    return steps, recomputed
+
+
+def test_every_sample_is_used_exactly_once_per_epoch_across_the_changes(elastic, uninterrupted):
+    steps, recomputed = check_every_sample_once(elastic, uninterrupted, EPOCHS)
     sizes = [records[0]["size"] for _, records in sorted(steps.items())]
     assert 1 in sizes and sizes[0] == sizes[-1] == 2
     figures = {c["kind"]: c for c in _changes(elastic["log"])}

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, HVDKIT, PYTHON, ROOT, pid_running, record_figures, run_bounded
+from helpers import BIN, HVDKIT, PYTHON, ROOT, end_job, pid_running, record_figures, run_bounded, wait_until_gone
+from netns import NEEDS_HOSTS, open_hosts
 
 pytestmark = [
     pytest.mark.dist,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and mounts need root"),
-    pytest.mark.skipif(not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")), reason="needs iproute2 and openssh-server (make setup installs them)"),
+    *NEEDS_HOSTS,
 ]
 BEHAVE = str(ROOT / "tests" / "e2e" / "scripts" / "rank_behaviour.py")
 RECORD_PIDS = str(ROOT / "tests" / "e2e" / "scripts" / "record_job_pids.py")
@@ -30,14 +30,7 @@ CONTROLLERS = {"mpi": [], "gloo": ["--gloo"]}
 
 @pytest.fixture(scope="module")
 def hosts():
-    from netns import TwoHosts
-
-    two = TwoHosts(private_tmp=True)
-    try:
-        yield two.open()
-    finally:
-        two.close()
-    assert two.leftovers() == []
+    yield from open_hosts(private_tmp=True)
 
 
 @pytest.fixture
@@ -94,17 +87,10 @@ def test_ranks_on_the_remote_host_end_when_the_launcher_is_killed(hosts, shared_
         job = (set(local["pids"]) - {proc.pid}) | set(remote["pids"][:2])
         assert all(pid_running(pid) for pid in job)
         os.kill(proc.pid, signal.SIGKILL)  # `hvdkit run` itself (in_host.sh and unshare exec it)
-        t0 = time.monotonic()
-        while any(pid_running(pid) for pid in job) and time.monotonic() - t0 < 60:
-            time.sleep(0.05)
-        gone_after = time.monotonic() - t0
-        assert sorted(pid for pid in job if pid_running(pid)) == [], (shared_dir / "launcher.log").read_text()[-3000:]
+        gone_after, left = wait_until_gone(job, 60)
+        assert left == [], (shared_dir / "launcher.log").read_text()[-3000:]
     finally:
-        for pid in job:
-            if pid_running(pid):
-                os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        end_job(job, proc)
         proc.wait()
     record_figures(f"launcher death, two hosts ({controller})", seconds_until_every_rank_gone=round(gone_after, 2))
 

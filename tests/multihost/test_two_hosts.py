@@ -7,18 +7,16 @@ sum in another order (on AVX-512 CPUs they do), which moves the result in the la
 Needs root (namespaces, mounts).
 """
 
-import os
-import shutil
 import time
 
 import pytest
 
 from helpers import HVDKIT, PYTHON, ROOT, hvdkit_run, result_line, run_bounded
+from netns import NEEDS_HOSTS, open_hosts
 
 pytestmark = [
     pytest.mark.dist,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and mounts need root"),
-    pytest.mark.skipif(not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")), reason="needs iproute2 and openssh-server (make setup installs them)"),
+    *NEEDS_HOSTS,
 ]
 EXAMPLE = str(ROOT / "examples" / "torch_digits.py")
 SAME_THREADS = ("-x", "HVDKIT_NUM_THREADS=1")  # like with like: one thread per rank on one host and on two
@@ -39,14 +37,7 @@ def check_threads(proc):
 
 @pytest.fixture(scope="module")
 def hosts():
-    from netns import TwoHosts
-
-    two = TwoHosts()
-    try:
-        yield two.open()
-    finally:
-        two.close()
-    assert two.leftovers() == []  # nothing the test made survives it
+    yield from open_hosts()  # checks that nothing the test made survives it
 
 
 @pytest.fixture(scope="module")
