@@ -11,7 +11,8 @@ before timing. Every sample starts after ``os.sync()`` and after hvdkit's backgr
 pruned checkpoints has finished (both untimed): what is timed is how long the training loop waits.
 
 ``--restore`` (every rank of a job): rank 0 writes one checkpoint of a model and its SGD momentum,
-then, interleaved: ``torch_load`` (rank 0 alone: ``torch.load`` of the file and ``load_state_dict``
+and the same state as one ``torch.save`` file, then, interleaved: ``torch_load`` (rank 0 alone:
+``torch.load`` of that file and ``load_state_dict``
 into the model and optimizer: what one process resuming pays), ``hvdkit`` (``Checkpointer.restore``
 on every rank: verify, read on rank 0, tensors broadcast in chunks) and, with ``--pickled`` for
 states under 2 GiB, ``pickled`` (what restore did before: ``torch.load`` on rank 0, the whole
@@ -135,7 +136,11 @@ def run_restore(megabytes, reps, root, with_pickled=False):
     tensors = _tensors(model, opt)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     ckpt = hk.Checkpointer(os.path.join(root, "hvdkit"), model, opt, keep=1, comm=comm)
-    path = os.path.join(ckpt.save(step=1, epoch=0), "state.pt")
+    ckpt.save(step=1, epoch=0)
+    path = os.path.join(root, "plain.pt")  # the same state as one torch.save file: what torch_load reads
+    if comm.is_rank0:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    comm.barrier()
     want = _digest(tensors)
 
     def load_into_model(state):
