@@ -175,7 +175,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def _checkpointer(self):
         model = self._bound_model or self.model
         if self._ckpt is None or self._ckpt.model is not model:
-            self._ckpt = Checkpointer(self.directory, model, _built_optimizer(model), keep=self.keep)
+            self._ckpt = Checkpointer(self.directory, model, _built_optimizer(model), keep=self.keep, seed=self.seed)
         return self._ckpt
 
     @property

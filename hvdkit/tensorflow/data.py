@@ -24,7 +24,7 @@ def shard(dataset, even=True, rank=None, size=None):
       exactly ``n // size`` elements and runs the same number of steps (a rank with one batch more
       would wait forever in its extra allreduce). Needs a known size (``dataset.cardinality()``).
     - ``even=False`` (evaluation): every element is used once; the first ``n % size`` ranks get one
-      element more. Average metrics with sample counts (``MetricAverage``) for exact results.
+      element more. Average metrics with sample counts (``MetricAverageCallback``) for exact results.
 
     Shard before shuffling and batching.
     """
