@@ -13,17 +13,21 @@ from .horovod_settings import engine_settings
 from .lr import check_rule
 from .lr import scaled_lr as _scaled_lr
 from .metrics import average_metrics as _average_metrics
+from .preemption import DEFAULT_SIGNALS, PreemptionGuard
 from .topology import Topology
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "RuntimePreemptionGuard"]
 
 
 class Runtime:
     """One adapter's view of the job: ``init``, ``topology``, ``rank``, ``size``, ``communicator``, ``scaled_lr``.
 
     ``on_start(topology, hvd, threads)`` runs once, after Horovod has started (thread settings,
-    the start-up log line).
+    the start-up log line). An adapter exports ``functions()`` under the names of ``FUNCTIONS``.
     """
+
+    FUNCTIONS = ("init", "topology", "communicator", "average_metrics", "rank", "size", "local_rank", "local_size",
+                 "is_rank0", "scaled_lr")  # fmt: skip
 
     def __init__(self, engine, make_comm, on_start):
         self._engine = engine
@@ -101,3 +105,21 @@ class Runtime:
     def is_rank0(self):
         """True on rank 0, the rank that logs, writes checkpoints and shows progress."""
         return self.rank() == 0
+
+    def functions(self):
+        """This runtime's methods named in ``FUNCTIONS``, in that order (what an adapter exports)."""
+        return tuple(getattr(self, name) for name in self.FUNCTIONS)
+
+
+class RuntimePreemptionGuard(PreemptionGuard):
+    """``PreemptionGuard`` on the communicator of an adapter's Runtime (the subclass sets ``runtime``):
+    after SIGTERM/SIGUSR1 on any rank, every rank's ``should_stop()`` returns True at the same step.
+
+    Collective: every rank creates it and calls ``should_stop()`` the same number of times.
+    Env: HVDKIT_JOB_ID (set by ``hvdkit run``).
+    """
+
+    runtime = None  # the adapter's Runtime
+
+    def __init__(self, every=1, signals=DEFAULT_SIGNALS):
+        super().__init__(self.runtime.communicator(), every=every, signals=signals)

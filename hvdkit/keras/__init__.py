@@ -13,25 +13,9 @@ Why not ``horovod.tensorflow.keras``: under Keras 3 its DistributedOptimizer hoo
 ``fit`` never calls, so ranks train apart without any error, and its callbacks crash.
 """
 
-from ..tensorflow import (  # one runtime for TensorFlow and Keras
-    PreemptionGuard,
-    Resumed,
-    Tracker,
-    average_metrics,
-    batch_plan,
-    broadcast_variables,
-    communicator,
-    epoch_dataset,
-    init,
-    is_rank0,
-    local_rank,
-    local_size,
-    rank,
-    scaled_lr,
-    shard,
-    size,
-    topology,
-)
+from ..tensorflow import Resumed, Tracker, batch_plan, broadcast_variables, epoch_dataset, shard
+from ..tensorflow.runtime import __all__ as _RUNTIME  # one runtime for TensorFlow and Keras
+from ..tensorflow.runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, scaled_lr, size, topology
 from .callbacks import (
     BroadcastInitialStateCallback,
     CheckpointCallback,
@@ -39,58 +23,32 @@ from .callbacks import (
     MetricAverageCallback,
     average_model_metrics,
 )
-from .deprecated import (
-    BroadcastInitialState,
-    Checkpoint,
-    LearningRateWarmup,
-    MetricAverage,
-    ProgressBar,
-    ScaledSchedule,
-    StragglerReport,
-    TrackMetrics,
-)
+from .deprecated import __all__ as _DEPRECATED
+from .deprecated import BroadcastInitialState, Checkpoint, LearningRateWarmup, MetricAverage, ProgressBar, ScaledSchedule, StragglerReport, TrackMetrics  # noqa: E501
 from .monitoring import StragglerMonitorCallback
 from .optimizer import DistributedOptimizer, ScaledLRSchedule, is_distributed
 from .progress import ProgressBarCallback
 from .tracking import TrackMetricsCallback
 
 # Names and the concepts they share with hvdkit.torch and hvdkit.tensorflow: docs/api/names.md.
-__all__ = [
+__all__ = [  # and the TensorFlow runtime's: init, rank, size, PreemptionGuard, ...
+    *_RUNTIME,
     "BroadcastInitialStateCallback",
     "CheckpointCallback",
     "DistributedOptimizer",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
-    "PreemptionGuard",
     "ProgressBarCallback",
     "Resumed",
     "ScaledLRSchedule",
     "StragglerMonitorCallback",
     "TrackMetricsCallback",
     "Tracker",
-    "average_metrics",
     "average_model_metrics",
     "batch_plan",
     "broadcast_variables",
-    "communicator",
     "epoch_dataset",
-    "init",
     "is_distributed",
-    "is_rank0",
-    "local_rank",
-    "local_size",
-    "rank",
-    "scaled_lr",
     "shard",
-    "size",
-    "topology",
-    # deprecated, removed in hvdkit 0.3 (the new names: docs/api/names.md)
-    "BroadcastInitialState",
-    "Checkpoint",
-    "LearningRateWarmup",
-    "MetricAverage",
-    "ProgressBar",
-    "ScaledSchedule",
-    "StragglerReport",
-    "TrackMetrics",
+    *_DEPRECATED,  # removed in hvdkit 0.3 (the new names: docs/api/names.md)
 ]

@@ -18,42 +18,21 @@ from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import batch_plan, epoch_dataset, shard  # noqa: E402
 from .gradients import DistributedGradientTape, allreduce_gradients  # noqa: E402
 from .monitoring import Tracker  # noqa: E402
-from .runtime import (  # noqa: E402
-    PreemptionGuard,
-    average_metrics,
-    communicator,
-    init,
-    is_rank0,
-    local_rank,
-    local_size,
-    rank,
-    scaled_lr,
-    size,
-    topology,
-)
+from .runtime import __all__ as _RUNTIME  # noqa: E402
+from .runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, scaled_lr, size, topology  # noqa: E402
 from .variables import broadcast_variables  # noqa: E402
 
 # Names and the concepts they share with hvdkit.torch and hvdkit.keras: docs/api/names.md.
-__all__ = [
+__all__ = [  # and the runtime's: init, rank, size, PreemptionGuard, ... (hvdkit.tensorflow.runtime)
+    *_RUNTIME,
     "Checkpointer",
     "DistributedGradientTape",
     "MetricTracker",
-    "PreemptionGuard",
     "Resumed",
     "Tracker",
     "allreduce_gradients",
-    "average_metrics",
     "batch_plan",
     "broadcast_variables",
-    "communicator",
     "epoch_dataset",
-    "init",
-    "is_rank0",
-    "local_rank",
-    "local_size",
-    "rank",
-    "scaled_lr",
     "shard",
-    "size",
-    "topology",
 ]

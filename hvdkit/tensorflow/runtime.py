@@ -4,9 +4,7 @@ import tensorflow as tf
 
 from ..core import env as _env
 from ..core import log as _log
-from ..core.preemption import DEFAULT_SIGNALS
-from ..core.preemption import PreemptionGuard as _PreemptionGuard
-from ..core.runtime import Runtime
+from ..core.runtime import Runtime, RuntimePreemptionGuard
 from ._engine import horovod_tf
 from .comm import HorovodCommunicator
 
@@ -44,25 +42,12 @@ def _on_start(topo, hvd, threads):
 
 
 _runtime = Runtime(horovod_tf, HorovodCommunicator, _on_start)
-init = _runtime.init
-topology = _runtime.topology
-communicator = _runtime.communicator
-average_metrics = _runtime.average_metrics
-rank = _runtime.rank
-size = _runtime.size
-local_rank = _runtime.local_rank
-local_size = _runtime.local_size
-is_rank0 = _runtime.is_rank0
-scaled_lr = _runtime.scaled_lr
+init, topology, communicator, average_metrics, rank, size, local_rank, local_size, is_rank0, scaled_lr = _runtime.functions()
 
 
-class PreemptionGuard(_PreemptionGuard):
+class PreemptionGuard(RuntimePreemptionGuard):
     """``hvdkit.core.PreemptionGuard`` on this job's communicator: after SIGTERM/SIGUSR1 on any rank,
-    every rank's ``should_stop()`` returns True at the same step.
+    every rank's ``should_stop()`` returns True at the same step. Collective: every rank creates it
+    and calls ``should_stop()`` the same number of times. Env: HVDKIT_JOB_ID (set by ``hvdkit run``)."""
 
-    Collective: every rank creates it and calls ``should_stop()`` the same number of times.
-    Env: HVDKIT_JOB_ID (set by ``hvdkit run``).
-    """
-
-    def __init__(self, every=1, signals=DEFAULT_SIGNALS):
-        super().__init__(communicator(), every=every, signals=signals)
+    runtime = _runtime

@@ -19,28 +19,17 @@ from .data import EvalSampler, TrainLoader, TrainSampler, eval_loader, train_loa
 from .monitoring import StragglerMonitor, Tracker  # noqa: E402
 from .optim import DistributedOptimizer, ScaledLRScheduler, autocast, scale_lr  # noqa: E402
 from .progress import progress  # noqa: E402
-from .runtime import (  # noqa: E402
-    PreemptionGuard,
-    average_metrics,
-    communicator,
-    init,
-    is_rank0,
-    local_rank,
-    local_size,
-    rank,
-    scaled_lr,
-    size,
-    topology,
-)
+from .runtime import __all__ as _RUNTIME  # noqa: E402
+from .runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, scaled_lr, size, topology  # noqa: E402
 from .state import broadcast_state  # noqa: E402
 
 # Names and the concepts they share with hvdkit.tensorflow and hvdkit.keras: docs/api/names.md.
-__all__ = [
+__all__ = [  # and the runtime's: init, rank, size, PreemptionGuard, ... (hvdkit.torch.runtime)
+    *_RUNTIME,
     "Checkpointer",
     "DistributedOptimizer",
     "EvalSampler",
     "MetricTracker",
-    "PreemptionGuard",
     "Resumed",
     "ScaledLRScheduler",
     "StragglerMonitor",
@@ -48,19 +37,9 @@ __all__ = [
     "TrainLoader",
     "TrainSampler",
     "autocast",
-    "average_metrics",
     "broadcast_state",
-    "communicator",
     "eval_loader",
-    "init",
-    "is_rank0",
-    "local_rank",
-    "local_size",
     "progress",
-    "rank",
-    "scaled_lr",
-    "size",
-    "topology",
     "train_loader",
     "train_sampler",
     # deprecated, removed in hvdkit 0.3 (the new names: docs/api/names.md)
