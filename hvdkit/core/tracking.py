@@ -25,7 +25,7 @@ from .mlflow_store import MlflowRun, resolve_mlflow_uri
 from .tensorboard_events import TensorBoardWriter
 from .tfrecord import crc32c, masked_crc32c
 
-__all__ = ["BACKENDS", "Tracker", "TensorBoardWriter", "MlflowRun", "crc32c", "masked_crc32c",
+__all__ = ["BACKENDS", "Tracker", "RuntimeTracker", "TensorBoardWriter", "MlflowRun", "crc32c", "masked_crc32c",
            "resolve_mlflow_uri", "tracker_for"]
 
 BACKENDS = ("tensorboard", "mlflow")
@@ -196,6 +196,18 @@ class Tracker:
     def __exit__(self, exc_type, exc, tb):
         self.close(failed=exc_type is not None)
         return False
+
+
+class RuntimeTracker(Tracker):
+    """A Tracker on the communicator of an adapter's Runtime (the subclass sets ``runtime``): what
+    ``hvdkit.torch.Tracker`` and ``hvdkit.tensorflow.Tracker`` are. Collective: no."""
+
+    runtime = None  # the adapter's hvdkit.core.runtime.Runtime
+
+    def __init__(self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit",
+                 run_name=None):
+        super().__init__(self.runtime.communicator(), log_dir, backends=backends, params=params, mlflow_uri=mlflow_uri,
+                         experiment=experiment, run_name=run_name)
 
 
 def tracker_for(communicator):

@@ -8,8 +8,8 @@ import time
 
 from ..core.errors import ConfigError
 from ..core.straggler import StragglerMonitor as _StragglerMonitor
-from ..core.tracking import Tracker as _Tracker
-from .runtime import communicator
+from ..core.tracking import RuntimeTracker
+from .runtime import _runtime, communicator
 
 __all__ = ["StragglerMonitor", "Tracker"]
 
@@ -50,7 +50,7 @@ def _exclude_synchronize(optimizer, monitor):
     optimizer.add_synchronize_listener(monitor.add_wait)
 
 
-class Tracker(_Tracker):
+class Tracker(RuntimeTracker):
     """``hvdkit.core.tracking.Tracker`` on this job's communicator: job-wide metrics to TensorBoard/MLflow from rank 0.
 
         with hk.Tracker("runs/exp1", backends=("tensorboard", "mlflow"), params={"lr": 0.1}) as tracker:
@@ -62,7 +62,4 @@ class Tracker(_Tracker):
     Env: MLFLOW_TRACKING_URI; sets MLFLOW_ALLOW_FILE_STORE for a ``file:`` URI.
     """
 
-    def __init__(self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit",
-                 run_name=None):
-        super().__init__(communicator(), log_dir, backends=backends, params=params, mlflow_uri=mlflow_uri,
-                         experiment=experiment, run_name=run_name)
+    runtime = _runtime
