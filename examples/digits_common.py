@@ -5,9 +5,12 @@ same 80/20 split from the seed, then takes its shard.
 """
 
 import argparse
+import sys
 
 import numpy as np
 from sklearn.datasets import load_digits
+
+from hvdkit.core import HvdkitError
 
 COMPRESSIONS = ("none", "fp16", "auto")
 
@@ -101,3 +104,15 @@ def log_epoch(log, epoch, epochs, metrics, seconds=None):
         metrics["val_accuracy"],
         took,
     )
+
+
+def run(train, doc, name, argv=None):
+    """An example's ``main``: its flags (described by the first line of ``doc``), then ``train(args)``;
+    an HvdkitError (bad input, a failed collective) becomes one line on stderr and exit code 2."""
+    args = parse_args(doc.splitlines()[0], f"checkpoints/{name}", argv)
+    try:
+        train(args)
+    except HvdkitError as e:
+        print(f"{name}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0

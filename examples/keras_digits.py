@@ -15,10 +15,10 @@ import sys
 
 import keras
 import tensorflow as tf
-from digits_common import SampleLog, load_split, log_epoch, parse_args, result_line
+from digits_common import SampleLog, load_split, log_epoch, result_line, run
 
 import hvdkit.keras as hk
-from hvdkit.core import HvdkitError, get_logger
+from hvdkit.core import get_logger
 
 log = get_logger("examples.keras_digits")
 
@@ -149,13 +149,7 @@ def train(args):
 
 
 def main(argv=None):
-    args = parse_args(__doc__.splitlines()[0], "checkpoints/keras_digits", argv)
-    try:
-        train(args)
-    except HvdkitError as e:
-        print(f"keras_digits: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return run(train, __doc__, "keras_digits", argv)
 
 
 if __name__ == "__main__":

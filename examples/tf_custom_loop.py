@@ -12,10 +12,10 @@ import time
 
 import keras
 import tensorflow as tf
-from digits_common import load_split, log_epoch, parse_args, result_line
+from digits_common import load_split, log_epoch, result_line, run
 
 import hvdkit.tensorflow as htf
-from hvdkit.core import HvdkitError, MetricTracker, Progress, get_logger
+from hvdkit.core import MetricTracker, Progress, get_logger
 
 log = get_logger("examples.tf_custom_loop")
 
@@ -91,13 +91,7 @@ def train(args):
 
 
 def main(argv=None):
-    args = parse_args(__doc__.splitlines()[0], "checkpoints/tf_custom_loop", argv)
-    try:
-        train(args)
-    except HvdkitError as e:
-        print(f"tf_custom_loop: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return run(train, __doc__, "tf_custom_loop", argv)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from digits_common import SampleLog, load_split, log_epoch, parse_args, result_line
+from digits_common import SampleLog, load_split, log_epoch, result_line, run
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
-from hvdkit.core import HvdkitError, MetricTracker, get_logger
+from hvdkit.core import MetricTracker, get_logger
 
 log = get_logger("examples.torch_digits")
 
@@ -131,13 +131,7 @@ def job_totals(tracker):
 
 
 def main(argv=None):
-    args = parse_args(__doc__.splitlines()[0], "checkpoints/torch_digits", argv)
-    try:
-        train(args)
-    except HvdkitError as e:
-        print(f"torch_digits: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return run(train, __doc__, "torch_digits", argv)
 
 
 if __name__ == "__main__":

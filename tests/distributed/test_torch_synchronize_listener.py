@@ -36,7 +36,9 @@ def test_every_synchronize_reaches_the_listener_once_including_the_manual_one(ra
 
 def test_rank0_wait_for_the_sleeping_rank_is_reported_and_left_out_of_its_step_time(ranks):
     r0, r1 = ranks
-    assert r0["listener_seconds"] > 0.8 * STEPS * SLEEP  # rank 0 really waited in synchronize()
+    # rank 0 really waited in synchronize(): most of rank 1's sleeps (less what rank 0 itself spent on
+    # its step, which a loaded machine stretches: 0.43 s of 0.6 s was seen at load ~10)
+    assert r0["listener_seconds"] > 0.5 * STEPS * SLEEP
     for monitor in range(2):  # both monitors: rank 1's sleep is its own time, rank 0's wait is not
         assert r0["steps_timed"][monitor] == r1["steps_timed"][monitor] == STEPS
         assert r0["median_step_s"][monitor] < r1["median_step_s"][monitor]

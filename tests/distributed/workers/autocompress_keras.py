@@ -19,7 +19,7 @@ import horovod.tensorflow as hvd
 import hvdkit.keras as hk
 import hvdkit.tensorflow as htf
 from hvdkit.tensorflow.autocompress import measure_and_choose
-from model_params import max_weight_diff, weights_digest
+from model_params import keras_clone, keras_mlp, max_weight_diff, weights_digest
 from recording import LogRecorder, error_of, logged_run, with_env
 
 STEPS, B, LR = 3, 4, 0.1
@@ -28,14 +28,11 @@ VAR = "HVDKIT_COMPRESSION"
 
 
 def make_model(seed=0):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(64, activation="tanh"), keras.layers.Dense(4)])
+    return keras_mlp(seed, hidden=(64,))
 
 
 def clone(model):
-    twin = make_model(0)
-    twin.set_weights(model.get_weights())
-    return twin
+    return keras_clone(model, hidden=(64,))
 
 
 def global_data(size):

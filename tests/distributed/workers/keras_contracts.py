@@ -16,7 +16,7 @@ import tensorflow as tf
 import hvdkit.keras as hk
 from model_params import max_weight_diff as max_diff
 from model_params import weights_digest as digest
-from model_params import weights_of
+from model_params import keras_clone, keras_mlp, weights_of
 import hvdkit.tensorflow as htf
 from recording import error_of
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError
@@ -27,14 +27,11 @@ LR = 0.1
 
 
 def make_model(seed):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(4)])
+    return keras_mlp(seed)
 
 
 def clone(model):
-    twin = make_model(0)
-    twin.set_weights(model.get_weights())
-    return twin
+    return keras_clone(model)
 
 
 def global_data(size, steps=STEPS, per_rank=B):

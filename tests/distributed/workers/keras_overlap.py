@@ -15,21 +15,18 @@ import numpy as np
 
 import hvdkit.keras as hk
 from hvdkit.tensorflow.gradients import _split
-from model_params import max_weight_diff, weights_digest
+from model_params import keras_clone, keras_mlp, max_weight_diff, weights_digest
 
 STEPS, B, LR = 3, 4, 0.1
 GROUPS = (1, 2, 3, 0)
 
 
 def make_model(seed=0):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
-                             keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(4)])
+    return keras_mlp(seed, hidden=(32, 16))
 
 
 def clone(model, optimizer):
-    twin = make_model(0)
-    twin.set_weights(model.get_weights())
+    twin = keras_clone(model, hidden=(32, 16))
     twin.compile(optimizer=optimizer, loss="mse")
     return twin
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import hvdkit.keras as hk
 from model_params import max_weight_diff as max_diff
+from model_params import keras_clone, keras_mlp
 from model_params import weights_digest as digest
 import hvdkit.tensorflow as htf
 
@@ -24,14 +25,11 @@ MAX_NORM = 0.05  # well below the gradients' norms here, so every step is clippe
 
 
 def make_model(seed=0):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(4)])
+    return keras_mlp(seed)
 
 
 def clone(model):
-    twin = make_model(0)
-    twin.set_weights(model.get_weights())
-    return twin
+    return keras_clone(model)
 
 
 def global_data(size):

@@ -33,3 +33,19 @@ def weights_digest(model):
 def max_weight_diff(a, b):
     """Max |difference| between two Keras models' weights."""
     return float(np.max(np.abs(weights_of(a) - weights_of(b))))
+
+
+def keras_mlp(seed=0, hidden=(16,), inputs=8, outputs=4):
+    """A small Keras MLP (tanh hidden layers of ``hidden`` widths) whose weights come from ``seed``."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    layers = [keras.layers.Dense(width, activation="tanh") for width in hidden]
+    return keras.Sequential([keras.Input((inputs,)), *layers, keras.layers.Dense(outputs)])
+
+
+def keras_clone(model, **shape):
+    """A new ``keras_mlp(**shape)`` holding ``model``'s weights."""
+    twin = keras_mlp(0, **shape)
+    twin.set_weights(model.get_weights())
+    return twin
