@@ -116,3 +116,17 @@ def run(train, doc, name, argv=None):
         print(f"{name}: error: {e}", file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def keras_model():
+    """The Keras model of the Keras and TensorFlow examples: 64 pixels -> 128 -> 64 -> 10 logits."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )

@@ -15,23 +15,12 @@ import sys
 
 import keras
 import tensorflow as tf
-from digits_common import SampleLog, load_split, log_epoch, result_line, run
+from digits_common import SampleLog, keras_model, load_split, log_epoch, result_line, run
 
 import hvdkit.keras as hk
 from hvdkit.core import get_logger
 
 log = get_logger("examples.keras_digits")
-
-
-def build_model():
-    return keras.Sequential(
-        [
-            keras.Input((64,)),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
 
 
 class StopAtEpochEnd(keras.callbacks.Callback):
@@ -94,7 +83,7 @@ def train(args):
     # The global batch (if given) stays the same at any world size: the accumulation adapts.
     plan = hk.batch_plan(args.batch_size, args.global_batch_size)
 
-    model = build_model()
+    model = keras_model()
     optimizer = hk.DistributedOptimizer(
         keras.optimizers.SGD(args.lr, momentum=0.9), compression=args.compression, backward_passes_per_step=plan.accumulation
     )

@@ -12,23 +12,12 @@ import time
 
 import keras
 import tensorflow as tf
-from digits_common import load_split, log_epoch, result_line, run
+from digits_common import keras_model, load_split, log_epoch, result_line, run
 
 import hvdkit.tensorflow as htf
 from hvdkit.core import MetricTracker, Progress, get_logger
 
 log = get_logger("examples.tf_custom_loop")
-
-
-def build_model():
-    return keras.Sequential(
-        [
-            keras.Input((64,)),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
 
 
 def evaluate(model, dataset, loss_fn):
@@ -48,7 +37,7 @@ def train(args):
     x_train, y_train, x_val, y_val = load_split(args.seed)
     val_ds = htf.shard(tf.data.Dataset.from_tensor_slices((x_val, y_val)), even=False).batch(256)
 
-    model = build_model()
+    model = keras_model()
     optimizer = keras.optimizers.SGD(args.lr, momentum=0.9)
     optimizer.build(model.trainable_variables)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")

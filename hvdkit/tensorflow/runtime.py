@@ -8,19 +8,7 @@ from ..core.runtime import Runtime, RuntimePreemptionGuard
 from ._engine import horovod_tf
 from .comm import HorovodCommunicator
 
-__all__ = [
-    "PreemptionGuard",
-    "average_metrics",
-    "communicator",
-    "init",
-    "is_rank0",
-    "local_rank",
-    "local_size",
-    "rank",
-    "scaled_lr",
-    "size",
-    "topology",
-]
+__all__ = ["PreemptionGuard", *Runtime.FUNCTIONS]  # init, rank, size, communicator, scaled_lr, ...
 
 _logger = _log.get_logger("tensorflow")
 
