@@ -34,7 +34,9 @@ def script(tmp_path_factory):
 
 def run(script, gloo=False, **env):
     argv = [HVDKIT, "run", "-np", "2", *(["--gloo"] if gloo else []), "--", PYTHON, str(script)]
-    return run_bounded(argv, 300, env=env)
+    # TensorFlow logs its start-up INFO lines: whatever this process inherited (importing hvdkit.tensorflow,
+    # as the unit tests' collection does, sets TF_CPP_MIN_LOG_LEVEL=2), so the filter has chatter to drop
+    return run_bounded(argv, 300, env={"TF_CPP_MIN_LOG_LEVEL": "0", **env})
 
 
 @pytest.mark.parametrize("gloo", [False, True], ids=["mpirun", "horovodrun-gloo"])
