@@ -118,6 +118,18 @@ def run_contract_worker(launcher, worker, out, np_=2, timeout=300):
     return results
 
 
+def run_example(np_, argv, timeout=600):
+    """``PYTHON argv`` on ``np_`` real ranks under mpirun; fails the test with its output unless every rank ends 0."""
+    proc = run_ranks("mpirun", np_, argv, timeout=timeout)
+    assert proc.returncode == 0, f"{np_} rank(s) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def last_json_line(stdout):
+    """The last line of ``stdout`` that is a JSON object (an example's result line under plain mpirun)."""
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
 def hvdkit_run(*args, timeout=300):
     return run_bounded([HVDKIT, "run", *args], timeout)
 

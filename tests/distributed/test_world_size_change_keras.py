@@ -7,13 +7,12 @@ Keras's own ``gradient_accumulation_steps``) and no compression it must end wher
 must carry over although Keras counts batches, not steps, when it accumulates.
 """
 
-import json
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from helpers import ROOT, read_sample_logs, record_figures, run_ranks
+from helpers import ROOT, last_json_line, read_sample_logs, record_figures, run_example
 from hvdkit.core.checkpointer import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
@@ -26,13 +25,11 @@ LEGS = ((2, 1), (1, 2), (2, 3))  # (ranks, epochs to reach)
 
 def run(np_, epochs, ckpt, samples):
     argv = [KERAS, *COMMON, "--epochs", str(epochs), "--checkpoint-dir", str(ckpt), "--sample-log", str(samples)]
-    proc = run_ranks("mpirun", np_, argv, timeout=600)
-    assert proc.returncode == 0, f"{np_} rank(s) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc
+    return run_example(np_, argv)
 
 
 def final_line(proc):
-    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    return last_json_line(proc.stdout)
 
 
 def newest_params(ckpt):

@@ -8,14 +8,13 @@ used exactly once per epoch. Before the global-offset sampler, the example skipp
 at the new size: stopping after 10 steps at 2 ranks and resuming at 1 re-trained 320 samples.
 """
 
-import json
 import os
 from collections import Counter
 
 import pytest
 import torch
 
-from helpers import ROOT, read_sample_logs, record_figures, run_ranks
+from helpers import ROOT, last_json_line, read_sample_logs, record_figures, run_example, run_ranks
 from hvdkit.core.checkpointer import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
@@ -28,13 +27,11 @@ LEGS = ((2, ["--stop-at-step", "10"]), (1, ["--stop-at-step", "30"]), (2, []))  
 
 def run(np_, ckpt, samples, *extra):
     argv = [TORCH, *COMMON, "--checkpoint-dir", str(ckpt), "--sample-log", str(samples), *extra]
-    proc = run_ranks("mpirun", np_, argv, timeout=600)
-    assert proc.returncode == 0, f"{np_} rank(s) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc
+    return run_example(np_, argv)
 
 
 def final_line(proc):
-    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    return last_json_line(proc.stdout)
 
 
 def newest_params(ckpt):

@@ -7,8 +7,6 @@ while it is traced).
 Usage: python autocompress_keras.py OUT
 """
 
-import json
-import os
 import sys
 
 import keras
@@ -20,7 +18,7 @@ import hvdkit.keras as hk
 import hvdkit.tensorflow as htf
 from hvdkit.tensorflow.autocompress import measure_and_choose
 from model_params import keras_clone, keras_mlp, max_weight_diff, weights_digest
-from recording import LogRecorder, error_of, logged_run, with_env
+from recording import LogRecorder, error_of, logged_run, with_env, write_rank_result
 
 STEPS, B, LR = 3, 4, 0.1
 VAR = "HVDKIT_COMPRESSION"
@@ -110,8 +108,7 @@ def main(out_dir):
         "tape": error_of(lambda: htf.DistributedGradientTape(tf.GradientTape(), compression="bf16"), ValueError),
         "variable": with_env(VAR, "half", lambda: error_of(lambda: fit(init, x, y, topo.rank, "auto"), ValueError)),
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(out, f)
+    write_rank_result(out_dir, topo.rank, out)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ Usage: python autocompress_torch.py OUT
 
 import copy
 import hashlib
-import json
-import os
 import sys
 
 import torch
@@ -17,7 +15,7 @@ import horovod.torch as hvd
 import hvdkit.torch as hk
 from hvdkit.torch.autocompress import measure_and_choose
 from model_params import max_param_diff, params_of
-from recording import LogRecorder, error_of, logged_run, with_env
+from recording import LogRecorder, error_of, logged_run, with_env, write_rank_result
 
 STEPS, B, LR = 3, 4, 0.1
 VAR = "HVDKIT_COMPRESSION"
@@ -82,8 +80,7 @@ def main(out_dir):
         "argument": error_of(lambda: hk.DistributedOptimizer(plain, compression="int8"), ValueError),
         "variable": with_env(VAR, "bf16", lambda: error_of(lambda: hk.DistributedOptimizer(plain, compression="auto"), ValueError)),
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(out, f)
+    write_rank_result(out_dir, topo.rank, out)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ Rank 0's ``extra`` is the bad one, rank 1 passes None: rank 0's finding must rea
 Usage: python checkpoint_extra_torch.py OUT
 """
 
-import json
 import os
 import pathlib
 import sys
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 
 import hvdkit.torch as hk
-from recording import error_of
+from recording import error_of, write_rank_result
 from hvdkit.core import ConfigError
 
 BAD = {
@@ -51,8 +50,7 @@ def main(out_dir):
             torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v for k, v in GOOD.items()
         ),
     }
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, rank, result)
 
 
 if __name__ == "__main__":

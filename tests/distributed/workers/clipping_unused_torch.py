@@ -10,14 +10,13 @@ Usage: python clipping_unused_torch.py OUT
 
 import copy
 import hashlib
-import json
-import os
 import sys
 
 import torch
 
 import hvdkit.torch as hk
 from model_params import max_param_diff, params_of
+from recording import write_rank_result
 
 STEPS = 5
 B = 4  # per-rank batch
@@ -110,8 +109,7 @@ def main(out_dir):
         "branch_grad_none_before_step": branch_grad_none,
         "methods_set_on_the_instance": patched,
     }
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, rank, result)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ deterministic; references are 1-process runs computed on each rank without any c
 Usage: python keras_contracts.py OUT
 """
 
-import json
 import os
 import sys
 
@@ -18,7 +17,7 @@ from model_params import max_weight_diff as max_diff
 from model_params import weights_digest as digest
 from model_params import keras_clone, keras_mlp, weights_of
 import hvdkit.tensorflow as htf
-from recording import error_of
+from recording import error_of, write_rank_result
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError
 
 STEPS = 4
@@ -228,8 +227,7 @@ def main(out_dir):
         "bad_input": section_bad_input(rank),
         "save_load": section_save_load(out_dir, rank),
     }
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, rank, result)
 
 
 if __name__ == "__main__":

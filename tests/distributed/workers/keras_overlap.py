@@ -6,8 +6,6 @@ difference from one process trained on both ranks' batches together. Writes OUT/
 Usage: python keras_overlap.py OUT
 """
 
-import json
-import os
 import sys
 
 import keras
@@ -16,6 +14,7 @@ import numpy as np
 import hvdkit.keras as hk
 from hvdkit.tensorflow.gradients import _split
 from model_params import keras_clone, keras_mlp, max_weight_diff, weights_digest
+from recording import write_rank_result
 
 STEPS, B, LR = 3, 4, 0.1
 GROUPS = (1, 2, 3, 0)
@@ -49,8 +48,7 @@ def main(out_dir):
         model.fit(np.concatenate([s[mine] for s in x]), np.concatenate([s[mine] for s in y]), batch_size=B,
                   shuffle=False, verbose=0)
         out["groups"][str(groups)] = {"digest": weights_digest(model), "max_diff_vs_reference": max_weight_diff(model, ref)}
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(out, f)
+    write_rank_result(out_dir, topo.rank, out)
 
 
 if __name__ == "__main__":

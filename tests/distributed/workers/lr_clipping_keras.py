@@ -4,8 +4,6 @@ Writes OUT/rank<r>.json. References are 1-process runs computed on each rank wit
 Usage: python lr_clipping_keras.py OUT
 """
 
-import json
-import os
 import sys
 
 import keras
@@ -17,6 +15,7 @@ from model_params import max_weight_diff as max_diff
 from model_params import keras_clone, keras_mlp
 from model_params import weights_digest as digest
 import hvdkit.tensorflow as htf
+from recording import write_rank_result
 
 STEPS = 4
 B = 4  # per-rank batch
@@ -131,8 +130,7 @@ def main(out_dir):
         "clipping": section_clipping(topo.rank, topo.size),
         "lr": section_lr(topo.rank, topo.size),
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, topo.rank, result)
 
 
 if __name__ == "__main__":

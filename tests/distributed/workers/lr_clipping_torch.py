@@ -6,9 +6,7 @@ Usage: python lr_clipping_torch.py OUT
 
 import copy
 import hashlib
-import json
 import math
-import os
 import sys
 
 import torch
@@ -16,6 +14,7 @@ import torch
 import hvdkit.torch as hk
 from model_params import max_param_diff as max_diff
 from model_params import params_of
+from recording import write_rank_result
 
 STEPS = 5
 B = 4  # per-rank batch
@@ -122,8 +121,7 @@ def main(out_dir):
         "clipping": section_clipping(topo.rank, topo.size),
         "lr": section_lr(topo.rank, topo.size),
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, topo.rank, result)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,15 @@
-"""What the contract workers share: recording the message of an expected error, the log lines an
-hvdkit logger wrote, and running with a variable set for one call."""
+"""What the contract workers share: writing each rank's result, recording the message of an expected
+error, the log lines an hvdkit logger wrote, and running with a variable set for one call."""
 
+import json
 import logging
 import os
+
+
+def write_rank_result(out_dir, rank, result):
+    """Write this rank's ``result`` to ``out_dir/rank<rank>.json``, where the test reads every rank's."""
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def error_of(call, exc_type):

@@ -5,7 +5,6 @@ whose model differs from rank 0's must fail every rank of ``broadcast_state``.
 The pytest side is tests/distributed/test_restore_errors.py. Usage: python restore_errors.py OUT
 """
 
-import json
 import os
 import shutil
 import sys
@@ -14,7 +13,7 @@ import time
 import torch
 
 import hvdkit.torch as hk
-from recording import error_of
+from recording import error_of, write_rank_result
 from hvdkit.core import CheckpointError, CollectiveError
 
 
@@ -53,8 +52,7 @@ def main(out_dir):
         "loop": section_unlistable_folder(out_dir, "loop"),
         "mismatched_model": section_mismatched_model(topo.rank),
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, topo.rank, result)
 
 
 if __name__ == "__main__":

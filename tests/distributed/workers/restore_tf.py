@@ -7,7 +7,6 @@ Usage: python restore_tf.py OUT
 """
 
 import hashlib
-import json
 import os
 import sys
 
@@ -16,7 +15,7 @@ import numpy as np
 
 import hvdkit.tensorflow as htf
 import hvdkit.tensorflow.comm as tf_comm
-from recording import error_of
+from recording import error_of, write_rank_result
 from hvdkit.core import CheckpointError
 
 tf_comm.CHUNK_BYTES = 1000
@@ -56,8 +55,7 @@ def main(out_dir):
         "iterations": int(fresh.optimizer.iterations),
         "mismatch_error": error_of(lambda: htf.Checkpointer(ckpt_dir, other, other.optimizer).restore(), CheckpointError),
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, topo.rank, result)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,6 @@ name rank 1 then, and no rank in the first epoch. Writes OUT/rank<r>.json.
 Usage: python straggler_keras.py OUT
 """
 
-import json
-import os
 import sys
 import time
 
@@ -16,6 +14,7 @@ import numpy as np
 import hvdkit.keras as hk
 from hvdkit.keras.optimizer import allreduce_seconds
 from straggler_log import THRESHOLD, capture_straggler_log, compute_seconds
+from recording import write_rank_result
 
 STEPS = 12
 B = 4
@@ -58,8 +57,7 @@ def main(out_dir):
         "allreduce_seconds": allreduce_seconds(model.optimizer),
         "log": logs,
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, topo.rank, result)
 
 
 if __name__ == "__main__":

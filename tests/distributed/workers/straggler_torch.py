@@ -5,8 +5,6 @@ that does not subtract the allreduce wait reported (for comparison).
 Usage: python straggler_torch.py OUT
 """
 
-import json
-import os
 import sys
 import time
 
@@ -14,6 +12,7 @@ import torch
 
 import hvdkit.torch as hk
 from straggler_log import THRESHOLD, capture_straggler_log, compute_seconds
+from recording import write_rank_result
 
 STEPS = 12
 B = 4
@@ -44,8 +43,7 @@ def main(out_dir):
         naive_reports.append(naive.epoch_end(epoch).as_dict())
         log_lines.clear()
     result = {"rank": topo.rank, "size": topo.size, "reports": reports, "naive": naive_reports, "log": logs}
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, topo.rank, result)
 
 
 if __name__ == "__main__":

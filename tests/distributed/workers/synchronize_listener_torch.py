@@ -7,8 +7,6 @@ Writes OUT/rank<r>.json. Usage: python synchronize_listener_torch.py OUT
 """
 
 import hashlib
-import json
-import os
 import sys
 import time
 
@@ -16,6 +14,7 @@ import torch
 
 import hvdkit.torch as hk
 from hvdkit.core import ConfigError
+from recording import write_rank_result
 
 STEPS = 4
 SLEEP = 0.15
@@ -71,8 +70,7 @@ def main(out_dir):
         "last_grad_norm": float(opt.last_grad_norm),
         "refused": refused,
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, topo.rank, result)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ Usage: python torch_contracts.py OUT
 
 import copy
 import hashlib
-import json
 import os
 import sys
 
@@ -16,7 +15,7 @@ import torch
 import hvdkit.torch as hk
 from model_params import max_param_diff as max_diff
 from model_params import params_of
-from recording import error_of
+from recording import error_of, write_rank_result
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError, MetricTracker
 
 STEPS = 5
@@ -196,8 +195,7 @@ def main(out_dir):
         "bad_input": section_bad_input(out_dir),
         "zero_grad": section_zero_grad(rank),
     }
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_rank_result(out_dir, rank, result)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,10 @@ Data: 10 samples, rank 0 holds 0..6 and rank 1 holds 7..9 (uneven on purpose).
 Usage: python tracking_contracts.py torch|keras OUT
 """
 
-import json
 import os
 import sys
 
-from recording import error_of
+from recording import error_of, write_rank_result
 
 EPOCHS = 3
 PARAMS = {"lr": 0.05, "batch_size": 4, "model": "tiny"}
@@ -111,8 +110,7 @@ def main(framework, out_dir):
         "params": {k: str(v) for k, v in tracker.params.items()},
         **extra,
     }
-    with open(os.path.join(out_dir, f"rank{topo.rank}.json"), "w") as f:
-        json.dump(record, f, indent=1)
+    write_rank_result(out_dir, topo.rank, record)
 
 
 if __name__ == "__main__":
