@@ -120,6 +120,13 @@ class RankReports:
         self.last_start = None  # time.monotonic() of the newest start report
         self.first_failure = None  # time.monotonic() of the first report of a rank that failed
 
+    def resume_point(self):
+        """The step the ranks resumed at: the one reported with ``"resumed": true``, else the first
+        step reported less one (a loop that reports after every step), else None."""
+        if self.resumed_step is not None:
+            return self.resumed_step
+        return None if self.first_step is None else self.first_step - 1
+
     def take(self, text):
         """The record if ``text`` is one of this job's reports (then not shown to the user), else None."""
         m = _REPORT.match(text)
@@ -351,7 +358,7 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
         stop_reason=stop.reason if stop is not None and stop.is_set() and not received else None,
         ranks_started_at=reports.last_start,
         failure_noticed_at=reports.first_failure,
-        resumed_step=reports.resumed_step if reports.resumed_step is not None else None if reports.first_step is None else reports.first_step - 1,
+        resumed_step=reports.resume_point(),
         last_step=reports.last_step,
     )
 
