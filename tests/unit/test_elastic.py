@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fake_clock import FakeClock
 from hvdkit.cli import main
 from hvdkit.core import env
 from hvdkit.core.comm import LocalCommunicator
@@ -124,17 +125,6 @@ def test_lost_hosts_and_growth_follow_what_discovery_lists():
 
 # --- the loop with a fake discovery, clock and launch -------------------------------------------
 
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, seconds):
-        self.t += seconds
-
-
 class FakeDiscovery:
     """Lists ``answers`` in turn (the last one forever); a string is a failing discovery."""
 
@@ -154,13 +144,13 @@ def view_of(*answers, unreachable=None):
 
 
 def test_waiting_below_min_np_returns_once_hosts_come():
-    clock, said = Clock(), []
+    clock, said = FakeClock(), []
     world, _ = wait_for_world(view_of((), (), (A, B)), settings(lo=2), clock=clock, sleep=clock.sleep, log=said.append)
-    assert world == (A, B) and clock.t == 2.0 and len(said) == 1 and "fewer than --min-np 2" in said[0]
+    assert world == (A, B) and clock.now == 2.0 and len(said) == 1 and "fewer than --min-np 2" in said[0]
 
 
 def test_below_min_np_past_the_timeout_fails_naming_the_missing_host_and_why():
-    clock = Clock()
+    clock = FakeClock()
     view = view_of((A, B), unreachable={"b": "ssh: connect to host b port 22: No route to host"})
     with pytest.raises(LaunchError) as e:
         wait_for_world(view, settings(lo=2, timeout=10), previous=(A, B), clock=clock, sleep=clock.sleep, log=lambda _: None)
@@ -196,15 +186,15 @@ def test_the_watcher_asks_to_grow_when_a_reachable_host_comes_and_not_before():
 
 
 def test_the_watcher_asks_at_the_first_poll_the_ranks_train_with_the_ssh_check_made_while_they_started():
-    clock, checks = Clock(), []
-    view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: checks.append(clock.t) or {})
+    clock, checks = FakeClock(), []
+    view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: checks.append(clock.now) or {})
     stop, record = StopRequest(), type("R", (), {"noticed": None})()
 
     class Ended:  # the ranks report their guard after the third poll
         polls = 0
 
         def wait(self, timeout):
-            clock.t += timeout
+            clock.advance(timeout)
             self.polls += 1
             stop.training = self.polls > 3
             return self.polls > 10
@@ -235,13 +225,13 @@ class TickingEnded:
         self.clock, self.polls = clock, polls
 
     def wait(self, timeout):
-        self.clock.t += timeout
+        self.clock.advance(timeout)
         self.polls -= 1
         return self.polls < 0
 
 
 def test_a_running_host_that_stops_answering_twice_ends_the_attempt_at_once():
-    clock, said = Clock(), []
+    clock, said = FakeClock(), []
     answers = iter([{}, {"b": "no route"}, {"b": "no route"}])
     view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: next(answers) if hosts == [A, B] else {})
     stop, record = StopRequest(), type("R", (), {"noticed": None})()
@@ -252,7 +242,7 @@ def test_a_running_host_that_stops_answering_twice_ends_the_attempt_at_once():
 
 
 def test_one_failed_liveness_check_is_not_enough():
-    clock = Clock()
+    clock = FakeClock()
     answers = iter([{"b": "timeout"}, {}, {"b": "timeout"}, {}])
     view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: next(answers, {}) if hosts == [A, B] else {})
     stop = StopRequest()
@@ -266,7 +256,7 @@ def _result(code=0, stop=None, started=None, noticed=None, resumed=None, last=No
 
 
 def test_a_shrink_then_a_grow_relaunch_at_the_sizes_discovery_allows_and_are_summarised():
-    clock = Clock()
+    clock = FakeClock()
     # attempt 1 on a,b fails (b died); b unreachable: attempt 2 on a; b back: grow; attempt 3 finishes
     reach = {}
     view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: {h.name: reach[h.name] for h in hosts if h.name in reach})
@@ -279,7 +269,7 @@ def test_a_shrink_then_a_grow_relaunch_at_the_sizes_discovery_allows_and_are_sum
 
     def launch(world, attempt, changes, stop):
         launched.append((world, attempt, changes))
-        clock.t += 3
+        clock.advance(3)
         return script[attempt]()
 
     history, final = run_elastic(settings(n=2, lo=1, hi=2), view, launch, max_restarts=3, clock=clock, sleep=clock.sleep, log=lambda _: None)
@@ -297,7 +287,7 @@ def test_a_shrink_then_a_grow_relaunch_at_the_sizes_discovery_allows_and_are_sum
 
 
 def test_failures_beyond_max_restarts_end_the_job_and_growth_does_not_count():
-    clock = Clock()
+    clock = FakeClock()
     launched = []
 
     def launch(world, attempt, changes, stop):
@@ -309,7 +299,7 @@ def test_failures_beyond_max_restarts_end_the_job_and_growth_does_not_count():
 
 
 def test_a_rank_ended_by_the_stop_signal_of_a_grow_is_no_failure_but_one_killed_otherwise_is():
-    clock = Clock()
+    clock = FakeClock()
     results = [JobResult(143, 0, None, 15, message="rank 0 was killed by SIGTERM", stop_reason="b:1 came"),
                JobResult(137, 0, None, 9, message="rank 0 was killed by SIGKILL", stop_reason="b:1 came"),
                _result(0)]  # fmt: skip
@@ -323,7 +313,7 @@ def test_a_rank_ended_by_the_stop_signal_of_a_grow_is_no_failure_but_one_killed_
 
 
 def test_an_elastic_job_that_never_gets_min_np_slots_gives_up_with_its_history():
-    clock = Clock()
+    clock = FakeClock()
     with pytest.raises(ElasticGaveUp, match="fewer than --min-np 2"):
         run_elastic(settings(lo=2, timeout=3), view_of((A,)), None, 1, clock=clock, sleep=clock.sleep, log=lambda _: None)
 

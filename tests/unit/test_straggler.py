@@ -6,21 +6,9 @@ import re
 
 import pytest
 
+from fake_clock import FakeClock
 from hvdkit.core import ConfigError, LocalCommunicator, StragglerMonitor
 from hvdkit.core.straggler import RankTiming, build_report, straggler_threshold
-
-
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
 
 
 class TwoRanks(LocalCommunicator):
@@ -62,7 +50,7 @@ def timed_steps(monitor, clock, durations, waits=()):
 
 
 def test_step_time_is_wall_time_minus_the_reported_waits():
-    clock = FakeClock()
+    clock = FakeClock(start=100.0)
     m = StragglerMonitor(LocalCommunicator(), clock=clock, host="h0")
     timed_steps(m, clock, [0.010, 0.030, 0.020], waits=[0.5, 0.0, 0.25])
     m.step_begin()
@@ -76,7 +64,7 @@ def test_step_time_is_wall_time_minus_the_reported_waits():
 
 
 def test_a_wait_outside_a_step_is_ignored():
-    clock = FakeClock()
+    clock = FakeClock(start=100.0)
     m = StragglerMonitor(LocalCommunicator(), clock=clock)
     m.add_wait(5.0)
     timed_steps(m, clock, [0.02])
@@ -84,7 +72,7 @@ def test_a_wait_outside_a_step_is_ignored():
 
 
 def test_one_process_reports_its_median_and_no_straggler():
-    clock = FakeClock()
+    clock = FakeClock(start=100.0)
     m = StragglerMonitor(LocalCommunicator(), threshold=1.5, clock=clock, host="solo")
     timed_steps(m, clock, [0.01, 0.03, 0.02])
     report = m.epoch_end(epoch=1)
@@ -94,7 +82,7 @@ def test_one_process_reports_its_median_and_no_straggler():
 
 
 def test_rank0_warns_naming_the_slow_rank_its_host_and_slowdown(records):
-    clock = FakeClock()
+    clock = FakeClock(start=100.0)
     other = {"rank": 1, "host": "node-b", "steps": 3, "median_s": 0.07, "mean_s": 0.07}
     comm = TwoRanks(other)
     m = StragglerMonitor(comm, threshold=1.5, name="train", clock=clock, host="node-a")
@@ -110,7 +98,7 @@ def test_rank0_warns_naming_the_slow_rank_its_host_and_slowdown(records):
 
 
 def test_a_balanced_job_logs_info_and_names_no_straggler(records):
-    clock = FakeClock()
+    clock = FakeClock(start=100.0)
     other = {"rank": 1, "host": "b", "steps": 3, "median_s": 0.021, "mean_s": 0.021}
     m = StragglerMonitor(TwoRanks(other), threshold=1.2, clock=clock, host="a")
     timed_steps(m, clock, [0.02, 0.02, 0.02])
