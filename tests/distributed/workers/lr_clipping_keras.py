@@ -11,16 +11,14 @@ import numpy as np
 import tensorflow as tf
 
 import hvdkit.keras as hk
+from lr_clipping_setup import B, LR, MAX_NORM
 from model_params import max_weight_diff as max_diff
 from model_params import keras_clone, keras_mlp
 from model_params import weights_digest as digest
 import hvdkit.tensorflow as htf
-from recording import write_rank_result
+from recording import write_sections
 
 STEPS = 4
-B = 4  # per-rank batch
-LR = 0.1
-MAX_NORM = 0.05  # well below the gradients' norms here, so every step is clipped
 
 
 def make_model(seed=0):
@@ -124,13 +122,7 @@ def section_lr(rank, size):
 
 def main(out_dir):
     topo = hk.init()
-    result = {
-        "rank": topo.rank,
-        "size": topo.size,
-        "clipping": section_clipping(topo.rank, topo.size),
-        "lr": section_lr(topo.rank, topo.size),
-    }
-    write_rank_result(out_dir, topo.rank, result)
+    write_sections(out_dir, topo, clipping=section_clipping(topo.rank, topo.size), lr=section_lr(topo.rank, topo.size))
 
 
 if __name__ == "__main__":

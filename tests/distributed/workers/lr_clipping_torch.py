@@ -5,25 +5,18 @@ Usage: python lr_clipping_torch.py OUT
 """
 
 import copy
-import hashlib
 import math
 import sys
 
 import torch
 
 import hvdkit.torch as hk
+from lr_clipping_setup import B, LR, MAX_NORM
 from model_params import max_param_diff as max_diff
-from model_params import params_of
-from recording import write_rank_result
+from model_params import params_digest as digest
+from recording import write_sections
 
 STEPS = 5
-B = 4  # per-rank batch
-LR = 0.1
-MAX_NORM = 0.05  # well below the gradients' norms here, so every step is clipped
-
-
-def digest(model):
-    return hashlib.sha256(params_of(model).double().numpy().tobytes()).hexdigest()
 
 
 def make_model(seed=0):
@@ -115,13 +108,7 @@ def section_lr(rank, size):
 
 def main(out_dir):
     topo = hk.init()
-    result = {
-        "rank": topo.rank,
-        "size": topo.size,
-        "clipping": section_clipping(topo.rank, topo.size),
-        "lr": section_lr(topo.rank, topo.size),
-    }
-    write_rank_result(out_dir, topo.rank, result)
+    write_sections(out_dir, topo, clipping=section_clipping(topo.rank, topo.size), lr=section_lr(topo.rank, topo.size))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ def max_param_diff(a, b):
     return float((params_of(a).double() - params_of(b).double()).abs().max())
 
 
+def params_digest(model):
+    """SHA-256 of a torch module's parameters and buffers (as float64): equal digests mean equal values."""
+    return hashlib.sha256(params_of(model).double().numpy().tobytes()).hexdigest()
+
+
 def weights_of(model):
     """A Keras model's weights, flattened into one float64 array."""
     return np.concatenate([np.ravel(w).astype(np.float64) for w in model.get_weights()])

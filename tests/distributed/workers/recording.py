@@ -1,5 +1,6 @@
-"""What the contract workers share: writing each rank's result, recording the message of an expected
-error, the log lines an hvdkit logger wrote, and running with a variable set for one call."""
+"""What the contract workers share: writing each rank's result (or its named sections), recording
+the message of an expected error, the log lines an hvdkit logger wrote, and running with a variable
+set for one call."""
 
 import json
 import logging
@@ -10,6 +11,11 @@ def write_rank_result(out_dir, rank, result):
     """Write this rank's ``result`` to ``out_dir/rank<rank>.json``, where the test reads every rank's."""
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f, indent=1)
+
+
+def write_sections(out_dir, topo, **sections):
+    """Write ``{"rank", "size", **sections}`` as this rank's result (``topo``: what ``init()`` returned)."""
+    write_rank_result(out_dir, topo.rank, {"rank": topo.rank, "size": topo.size, **sections})
 
 
 def error_of(call, exc_type):
@@ -56,3 +62,4 @@ def logged_run(recorder, run, broadcast_object):
     result = run()
     here = recorder.since(before)
     return result, {"logged_on_rank0": broadcast_object(here), "logged_here": here}
+
