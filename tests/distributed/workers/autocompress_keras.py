@@ -8,6 +8,7 @@ Usage: python autocompress_keras.py OUT
 """
 
 import sys
+from functools import partial
 
 import keras
 import numpy as np
@@ -18,7 +19,7 @@ import hvdkit.keras as hk
 import hvdkit.tensorflow as htf
 from hvdkit.tensorflow.autocompress import measure_and_choose
 from model_params import keras_clone, keras_mlp, max_weight_diff, weights_digest
-from recording import LogRecorder, error_of, logged_run, with_env, write_rank_result
+from recording import error_of, logged_runs, with_env, write_rank_result
 
 STEPS, B, LR = 3, 4, 0.1
 VAR = "HVDKIT_COMPRESSION"
@@ -87,22 +88,14 @@ RUNS = [  # (label, train function, compression argument, HVDKIT_COMPRESSION)
 
 def main(out_dir):
     topo = hk.init(threads=1)
-    recorder = LogRecorder("hvdkit.autocompress")
-
-    def rank0_view(messages):
-        return hvd.broadcast_object(messages, root_rank=0, name="test.autocompress.logged")
-
     init = make_model()
     x, y = global_data(topo.size)
     ref = reference(init, x, y)
-    out = {"rank": topo.rank, "measured": measure_and_choose(init.trainable_variables).as_dict(), "runs": {}}
-    for label, train, arg, env in RUNS:
-        model, logged = logged_run(recorder, lambda: with_env(VAR, env, lambda: train(init, x, y, topo.rank, arg)), rank0_view)  # noqa: B023 - called at once
-        out["runs"][label] = {
-            **logged,
-            "digest": weights_digest(model),
-            "max_diff_vs_reference": max_weight_diff(model, ref),
-        }
+    out = {"rank": topo.rank, "measured": measure_and_choose(init.trainable_variables).as_dict()}
+    runs = [(label, partial(with_env, VAR, env, partial(train, init, x, y, topo.rank, arg))) for label, train, arg, env in RUNS]
+    rank0_view = partial(hvd.broadcast_object, root_rank=0, name="test.autocompress.logged")
+    out["runs"] = logged_runs("hvdkit.autocompress", runs, rank0_view,
+                              lambda model: {"digest": weights_digest(model), "max_diff_vs_reference": max_weight_diff(model, ref)})
     out["errors"] = {
         "optimizer": error_of(lambda: hk.DistributedOptimizer(keras.optimizers.SGD(LR), compression="int8"), ValueError),
         "tape": error_of(lambda: htf.DistributedGradientTape(tf.GradientTape(), compression="bf16"), ValueError),

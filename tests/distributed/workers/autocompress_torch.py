@@ -6,16 +6,16 @@ Usage: python autocompress_torch.py OUT
 """
 
 import copy
-import hashlib
 import sys
+from functools import partial
 
 import torch
 
 import horovod.torch as hvd
 import hvdkit.torch as hk
 from hvdkit.torch.autocompress import measure_and_choose
-from model_params import max_param_diff, params_of
-from recording import LogRecorder, error_of, logged_run, with_env, write_rank_result
+from model_params import max_param_diff, params_digest
+from recording import error_of, logged_runs, with_env, write_rank_result
 
 STEPS, B, LR = 3, 4, 0.1
 VAR = "HVDKIT_COMPRESSION"
@@ -56,25 +56,18 @@ def reference(init, x, y):
 
 def main(out_dir):
     topo = hk.init(threads=1)
-    recorder = LogRecorder("hvdkit.autocompress")
-
-    def rank0_view(messages):
-        return hvd.broadcast_object(messages, root_rank=0, name="test.autocompress.logged")
-
     init = make_model()
     x, y = batches(topo.size)
     ref = reference(init, x, y)
-    out = {"rank": topo.rank, "measured": measure_and_choose(init).as_dict(), "runs": {}}
+    out = {"rank": topo.rank, "measured": measure_and_choose(init).as_dict()}
     rank1_only = "fp16" if topo.rank == 1 else None  # a variable set on one host only: rank 0's view wins
-    for label, arg, env in [("auto", "auto", None), ("auto_env_fp16", "auto", "fp16"), ("auto_env_none", "auto", "none"),
-                            ("explicit_none_env_fp16", "none", "fp16"), ("explicit_fp16", "fp16", None),
-                            ("auto_env_fp16_on_rank1_only", "auto", rank1_only)]:
-        model, logged = logged_run(recorder, lambda: with_env(VAR, env, lambda: train(init, x, y, topo.rank, arg)), rank0_view)  # noqa: B023 - called at once
-        out["runs"][label] = {
-            **logged,
-            "digest": hashlib.sha256(params_of(model).double().numpy().tobytes()).hexdigest(),
-            "max_diff_vs_reference": max_param_diff(model, ref),
-        }
+    runs = [(label, partial(with_env, VAR, env, partial(train, init, x, y, topo.rank, arg)))
+            for label, arg, env in [("auto", "auto", None), ("auto_env_fp16", "auto", "fp16"), ("auto_env_none", "auto", "none"),
+                                    ("explicit_none_env_fp16", "none", "fp16"), ("explicit_fp16", "fp16", None),
+                                    ("auto_env_fp16_on_rank1_only", "auto", rank1_only)]]
+    rank0_view = partial(hvd.broadcast_object, root_rank=0, name="test.autocompress.logged")
+    out["runs"] = logged_runs("hvdkit.autocompress", runs, rank0_view,
+                              lambda model: {"digest": params_digest(model), "max_diff_vs_reference": max_param_diff(model, ref)})
     plain = torch.optim.SGD(init.parameters(), lr=LR)
     out["errors"] = {
         "argument": error_of(lambda: hk.DistributedOptimizer(plain, compression="int8"), ValueError),

@@ -63,3 +63,15 @@ def logged_run(recorder, run, broadcast_object):
     here = recorder.since(before)
     return result, {"logged_on_rank0": broadcast_object(here), "logged_here": here}
 
+
+def logged_runs(logger_name, runs, broadcast_object, describe):
+    """``{label: {"logged_on_rank0", "logged_here", **describe(result)}}`` for each ``(label, run)`` in
+    ``runs``: what ``run()`` logged to ``logger_name`` (see ``logged_run``) and ``describe`` of what it returned.
+
+    Collective: every rank, the same runs in the same order (each broadcasts rank 0's log lines)."""
+    recorder = LogRecorder(logger_name)
+    out = {}
+    for label, run in runs:
+        result, logged = logged_run(recorder, run, broadcast_object)
+        out[label] = {**logged, **describe(result)}
+    return out
