@@ -17,7 +17,7 @@ from model_params import max_weight_diff as max_diff
 from model_params import weights_digest as digest
 from model_params import keras_clone, keras_mlp, weights_of
 import hvdkit.tensorflow as htf
-from recording import error_of, write_rank_result
+from recording import error_of, write_sections
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError
 
 STEPS = 4
@@ -216,18 +216,17 @@ def section_save_load(out_dir, rank):
 def main(out_dir):
     topo = hk.init()
     rank, size = topo.rank, topo.size
-    result = {
-        "rank": rank,
-        "size": size,
-        "fit": section_fit(rank, size),
-        "accumulation": section_accumulation(rank, size),
-        "custom_loop": section_custom_loop(rank, size),
-        "metrics": section_metrics(rank, size),
-        "checkpoint": section_checkpoint_and_warmup(rank, size, out_dir),
-        "bad_input": section_bad_input(rank),
-        "save_load": section_save_load(out_dir, rank),
-    }
-    write_rank_result(out_dir, rank, result)
+    write_sections(
+        out_dir,
+        topo,
+        fit=section_fit(rank, size),
+        accumulation=section_accumulation(rank, size),
+        custom_loop=section_custom_loop(rank, size),
+        metrics=section_metrics(rank, size),
+        checkpoint=section_checkpoint_and_warmup(rank, size, out_dir),
+        bad_input=section_bad_input(rank),
+        save_load=section_save_load(out_dir, rank),
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 import hvdkit.torch as hk
 from model_params import max_param_diff as max_diff
 from model_params import params_of
-from recording import error_of, write_rank_result
+from recording import error_of, write_sections
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError, MetricTracker
 
 STEPS = 5
@@ -185,17 +185,16 @@ def section_zero_grad(rank):
 def main(out_dir):
     topo = hk.init()
     rank, size = topo.rank, topo.size
-    result = {
-        "rank": rank,
-        "size": size,
-        "training": section_training(rank, size),
-        "metrics": section_metrics(rank, size),
-        "broadcast": section_broadcast_extra(rank),
-        "checkpoint": section_checkpoint(rank, size, out_dir),
-        "bad_input": section_bad_input(out_dir),
-        "zero_grad": section_zero_grad(rank),
-    }
-    write_rank_result(out_dir, rank, result)
+    write_sections(
+        out_dir,
+        topo,
+        training=section_training(rank, size),
+        metrics=section_metrics(rank, size),
+        broadcast=section_broadcast_extra(rank),
+        checkpoint=section_checkpoint(rank, size, out_dir),
+        bad_input=section_bad_input(out_dir),
+        zero_grad=section_zero_grad(rank),
+    )
 
 
 if __name__ == "__main__":
