@@ -49,14 +49,19 @@ def scalars(job, tag):
     return [(e.step, e.value) for e in job["tb"].Scalars(tag)]
 
 
-def mlflow_run(job):
+def check_mlflow_run(job, params, metrics):
+    """Rank 0's MLflow run finished and holds ``params`` (name -> text) and, for each name in
+    ``metrics``, one value per epoch equal to ``metrics[name]``; all its params and metric histories."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{job['out'] / 'runs' / 'mlflow.db'}")
-    run_id = job["r"][0]["run_id"]
-    history = {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k))
-               for k in client.get_run(run_id).data.metrics}
-    return client.get_run(run_id), history
+    run = client.get_run(job["r"][0]["run_id"])
+    history = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in run.data.metrics}
+    assert run.info.status == "FINISHED"
+    assert {k: run.data.params.get(k) for k in params} == params
+    for name, values in metrics.items():
+        assert history[name] == list(enumerate(values)), name
+    return run.data.params, history
 
 
 def only_rank0_wrote(job):
@@ -91,13 +96,9 @@ def test_torch_only_rank0_writes_files_in_the_shared_directory(torch_job):
 
 
 def test_torch_mlflow_run_holds_world_size_params_and_metrics(torch_job):
-    run, history = mlflow_run(torch_job)
-    assert run.info.status == "FINISHED"
-    p = run.data.params
-    assert (p["world_size"], p["lr"], p["batch_size"], p["model"]) == ("2", "0.05", "4", "tiny")
+    expected = {name: [pytest.approx(expected_torch(e)[name], rel=1e-12) for e in range(EPOCHS)] for name in ("loss", "accuracy")}
+    p, _ = check_mlflow_run(torch_job, {"world_size": "2", "lr": "0.05", "batch_size": "4", "model": "tiny"}, expected)
     assert p["torch_version"].startswith("2.") and "horovod_version" in p
-    for name in ("loss", "accuracy"):
-        assert history[name] == [(e, pytest.approx(expected_torch(e)[name], rel=1e-12)) for e in range(EPOCHS)]
 
 
 def test_torch_a_nan_metric_is_the_same_clear_error_on_every_rank(torch_job):
@@ -132,12 +133,9 @@ def test_keras_only_rank0_writes_files_in_the_shared_directory(keras_job):
 
 
 def test_keras_mlflow_run_holds_world_size_fit_params_and_metrics(keras_job):
-    run, history = mlflow_run(keras_job)
-    assert run.info.status == "FINISHED"
-    p = run.data.params
-    assert (p["world_size"], p["epochs"], p["steps_per_epoch"], p["optimizer"], p["lr"]) == ("2", "3", "1", "SGD", "0.05")
-    assert p["tensorflow_version"].startswith("2.") and p["keras_version"].startswith("3.")
     reference = keras_job["r"][0]["reference"]
-    for tag in KERAS_TAGS:
-        assert history[tag] == [(e, pytest.approx(reference[e][tag], rel=1e-5, abs=1e-6)) for e in range(EPOCHS)]
+    expected = {tag: [pytest.approx(reference[e][tag], rel=1e-5, abs=1e-6) for e in range(EPOCHS)] for tag in KERAS_TAGS}
+    fit_params = {"world_size": "2", "epochs": "3", "steps_per_epoch": "1", "optimizer": "SGD", "lr": "0.05"}
+    p, history = check_mlflow_run(keras_job, fit_params, expected)
+    assert p["tensorflow_version"].startswith("2.") and p["keras_version"].startswith("3.")
     assert [s for s, _ in history["learning_rate"]] == list(range(EPOCHS))
