@@ -7,6 +7,8 @@ for single-process use and tests.
 import abc
 import copy
 
+import numpy as np
+
 __all__ = ["Communicator", "LocalCommunicator", "HorovodCommunicatorBase"]
 
 CHUNK_BYTES = 64 * 2**20  # the most bytes one tensor broadcast sends (and holds in flight) at once
@@ -82,12 +84,18 @@ class LocalCommunicator(Communicator):
 class HorovodCommunicatorBase(Communicator):
     """Collectives over a Horovod framework module (MPI or Gloo, whichever the job started with).
 
-    ``horovod.torch`` and ``horovod.tensorflow`` share the object collectives; a subclass only
-    says how to sum numbers with its framework's tensors (``allreduce_sum``).
+    ``horovod.torch`` and ``horovod.tensorflow`` share the object collectives and the sum of numbers;
+    a subclass hands in its Horovod module and ``float64(values)``, which makes its framework's
+    float64 tensor of a list of floats, and adds ``broadcast_tensors``.
     """
 
-    def __init__(self, hvd):
+    def __init__(self, hvd, float64):
         self._hvd = hvd
+        self._float64 = float64
+
+    def allreduce_sum(self, values, name):
+        summed = self._hvd.allreduce(self._float64([float(v) for v in values]), op=self._hvd.Sum, name=name)
+        return np.asarray(summed).tolist()
 
     @property
     def rank(self):

@@ -22,17 +22,19 @@ __all__ = ["Runtime", "RuntimePreemptionGuard"]
 class Runtime:
     """One adapter's view of the job: ``init``, ``topology``, ``rank``, ``size``, ``communicator``, ``scaled_lr``.
 
-    ``on_start(topology, hvd, threads)`` runs once, after Horovod has started (thread settings,
-    the start-up log line). An adapter exports ``functions()`` under the names of ``FUNCTIONS``.
+    ``on_start(topology, hvd, threads)`` runs once, after Horovod has started (thread settings) and
+    returns what rank 0's start-up line says after "N rank(s) over MPI|Gloo; ", logged as
+    ``hvdkit.<name>``. An adapter exports ``functions()`` under the names of ``FUNCTIONS``.
     """
 
     FUNCTIONS = ("init", "topology", "communicator", "average_metrics", "rank", "size", "local_rank", "local_size",
                  "is_rank0", "scaled_lr")  # fmt: skip
 
-    def __init__(self, engine, make_comm, on_start):
+    def __init__(self, engine, make_comm, on_start, name):
         self._engine = engine
         self._make_comm = make_comm
         self._on_start = on_start
+        self._logger = _log.get_logger(name)
         self._comm = None
 
     def init(self, threads=None):
@@ -55,7 +57,9 @@ class Runtime:
         _log.set_topology(topo)
         _log.configure()
         if first:
-            self._on_start(topo, hvd, threads)
+            detail = self._on_start(topo, hvd, threads)
+            if topo.is_rank0:
+                self._logger.info("%d rank(s) over %s; %s", topo.size, "MPI" if hvd.mpi_enabled() else "Gloo", detail)
             self._comm = self._make_comm()
         return topo
 

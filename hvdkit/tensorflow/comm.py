@@ -12,11 +12,7 @@ class HorovodCommunicator(HorovodCommunicatorBase):
     """Collectives over ``horovod.tensorflow``."""
 
     def __init__(self):
-        super().__init__(horovod_tf())
-
-    def allreduce_sum(self, values, name):
-        tensor = tf.constant([float(v) for v in values], dtype=tf.float64)
-        return self._hvd.allreduce(tensor, op=self._hvd.Sum, name=name).numpy().tolist()
+        super().__init__(horovod_tf(), lambda values: tf.constant(values, dtype=tf.float64))
 
     def broadcast_tensors(self, tensors, name, root=0):
         """Overwrite each of ``tensors`` (writable C-contiguous numpy arrays) with ``root``'s, bitwise.

@@ -3,14 +3,11 @@
 import tensorflow as tf
 
 from ..core import env as _env
-from ..core import log as _log
 from ..core.runtime import Runtime, RuntimePreemptionGuard
 from ._engine import horovod_tf
 from .comm import HorovodCommunicator
 
 __all__ = ["PreemptionGuard", *Runtime.FUNCTIONS]  # init, rank, size, communicator, scaled_lr, ...
-
-_logger = _log.get_logger("tensorflow")
 
 
 def _on_start(topo, hvd, threads):
@@ -24,18 +21,14 @@ def _on_start(topo, hvd, threads):
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, n)))
     except RuntimeError:  # TensorFlow already started: its own thread settings stay
         pass
-    if topo.is_rank0:
-        controller = "MPI" if hvd.mpi_enabled() else "Gloo"
-        _logger.info("%d rank(s) over %s; TensorFlow %s", topo.size, controller, tf.__version__)
+    return f"TensorFlow {tf.__version__}"
 
 
-_runtime = Runtime(horovod_tf, HorovodCommunicator, _on_start)
+_runtime = Runtime(horovod_tf, HorovodCommunicator, _on_start, "tensorflow")
 init, topology, communicator, average_metrics, rank, size, local_rank, local_size, is_rank0, scaled_lr = _runtime.functions()
 
 
 class PreemptionGuard(RuntimePreemptionGuard):
-    """``hvdkit.core.PreemptionGuard`` on this job's communicator: after SIGTERM/SIGUSR1 on any rank,
-    every rank's ``should_stop()`` returns True at the same step. Collective: every rank creates it
-    and calls ``should_stop()`` the same number of times. Env: HVDKIT_JOB_ID (set by ``hvdkit run``)."""
+    """``hvdkit.core.PreemptionGuard`` on the TensorFlow job's communicator (``RuntimePreemptionGuard`` says how it behaves)."""
 
     runtime = _runtime

@@ -12,11 +12,7 @@ class HorovodCommunicator(HorovodCommunicatorBase):
     """Collectives over ``horovod.torch``."""
 
     def __init__(self):
-        super().__init__(horovod_torch())
-
-    def allreduce_sum(self, values, name):
-        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
-        return self._hvd.allreduce(tensor, op=self._hvd.Sum, name=name).tolist()
+        super().__init__(horovod_torch(), lambda values: torch.tensor(values, dtype=torch.float64))
 
     def broadcast_tensors(self, tensors, name, root=0):
         """Overwrite each of ``tensors`` in place with ``root``'s, bitwise (see ``Communicator``).
