@@ -53,25 +53,28 @@ _log = get_logger("checkpoint")
 
 
 @dataclass(frozen=True)
-class CheckpointInfo:
-    """A complete, verified checkpoint."""
+class Position:
+    """Where a checkpoint stands: steps and epochs completed, and the world size of the job that wrote it."""
 
-    path: str
     step: int
     epoch: int
     world_size: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo(Position):
+    """A complete, verified checkpoint (its folder and manifest)."""
+
+    path: str
     manifest: dict
 
 
 @dataclass(frozen=True)
-class Resumed:
+class Resumed(Position):
     """What a framework adapter's ``restore()`` brought back (``epoch``: epochs completed)."""
 
-    step: int
-    epoch: int
     extra: object
     path: str
-    world_size: int
 
 
 def _version():
@@ -173,7 +176,7 @@ class CheckpointStore:
             except CheckpointError as e:
                 _log.warning("skipping checkpoint: %s; falling back to an older one", e)
                 continue
-            return CheckpointInfo(path, int(m["step"]), int(m["epoch"]), int(m["world_size"]), m)
+            return CheckpointInfo(int(m["step"]), int(m["epoch"]), int(m["world_size"]), path, m)
         return None
 
     # ---------------------------------------------------------------- save
@@ -350,7 +353,7 @@ class CheckpointStore:
                 continue
             if skipped:
                 _log.warning("resuming from %s after skipping %d newer checkpoint(s)", path, len(skipped))
-            return state, CheckpointInfo(path, int(m["step"]), int(m["epoch"]), int(m["world_size"]), m)
+            return state, CheckpointInfo(int(m["step"]), int(m["epoch"]), int(m["world_size"]), path, m)
         if skipped:
             raise CheckpointError(f"no checkpoint under {self.root!r} could be loaded; skipped: {', '.join(skipped)}")
         return None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint import MANIFEST, CheckpointStore, Resumed
+from .checkpoint import MANIFEST, CheckpointStore, Position, Resumed
 from .checkpoint_arrays import ARRAYS, ArrayFile, write_arrays
 from .checkpoint_folder import listing, verify
 from .checkpoint_tree import capture_rng, decode, encode, reseed_rng, restore_rng
@@ -34,12 +34,9 @@ _log = get_logger("checkpoint")
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Snapshot(Position):
     """A checkpoint as read back: ``state`` holds ``model``, ``optimizer``, ``scheduler`` (arrays for tensors)."""
 
-    step: int
-    epoch: int
-    world_size: int
     extra: object
     state: dict
     rng: object  # one entry per rank of the job that wrote it; None when it saved none
@@ -221,7 +218,7 @@ class CheckpointerBase:
         self._after_restore(header["meta"])
         if self.comm.is_rank0:
             _log.info("resumed from %s (step %d, epoch %d)", info.path, info.step, info.epoch)
-        return Resumed(info.step, info.epoch, header["extra"], info.path, info.world_size)
+        return Resumed(info.step, info.epoch, info.world_size, header["extra"], info.path)
 
     def _read(self, folder):
         """Rank 0: the ``Snapshot`` of the verified checkpoint ``folder``."""

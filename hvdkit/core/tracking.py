@@ -51,13 +51,19 @@ def _check_step(step):
     return value
 
 
-def _check_metrics(metrics, step):
-    if not isinstance(metrics, Mapping):
-        raise ConfigError(f"metrics must be a mapping of names to numbers (got {type(metrics).__name__})")
-    out = {}
-    for name, value in metrics.items():
+def _named_items(mapping, what, values, noun):
+    """``mapping``'s items, each name checked: ConfigError unless a mapping with non-empty string names."""
+    if not isinstance(mapping, Mapping):
+        raise ConfigError(f"{what} must be a mapping of names to {values} (got {type(mapping).__name__})")
+    for name, value in mapping.items():
         if not isinstance(name, str) or not name:
-            raise ConfigError(f"metric names must be non-empty strings (got {name!r})")
+            raise ConfigError(f"{noun} names must be non-empty strings (got {name!r})")
+        yield name, value
+
+
+def _check_metrics(metrics, step):
+    out = {}
+    for name, value in _named_items(metrics, "metrics", "numbers", "metric"):
         try:
             if isinstance(value, (str, bytes)):
                 raise TypeError
@@ -129,12 +135,8 @@ class Tracker:
 
     def _new_params(self, params):
         """The entries of ``params`` not logged yet; ConfigError for a bad name or a changed value."""
-        if not isinstance(params, Mapping):
-            raise ConfigError(f"params must be a mapping of names to values (got {type(params).__name__})")
         new = {}
-        for k, v in params.items():
-            if not isinstance(k, str) or not k:
-                raise ConfigError(f"parameter names must be non-empty strings (got {k!r})")
+        for k, v in _named_items(params, "params", "values", "parameter"):
             if k in self.params and str(self.params[k]) != str(v):
                 raise ConfigError(
                     f"parameter {k!r} was logged as {self.params[k]!r}, now {v!r}; parameters cannot "
