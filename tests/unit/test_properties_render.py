@@ -96,38 +96,47 @@ def test_the_slurm_script_runs_exactly_the_job_with_every_sbatch_line(spec):
     assert (code, argv) == (0, ["run", "-np", str(spec.num_proc), "--", *spec.command]), err
 
 
+def _leaves(tree, path=()):
+    """``{path: value}`` of every leaf of nested dicts and lists (a list's items by their index)."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else None
+    if items is None:
+        return {path: tree}
+    return {leaf: value for key, child in items for leaf, value in _leaves(child, (*path, key)).items()}
+
+
+def test_leaves_names_every_leaf_by_its_path():
+    assert _leaves({"a": [1, {"b": None}], "c": {}}) == {("a", 0): 1, ("a", 1, "b"): None}
+
+
 @FAST
 @given(jobs())
 @example(NEWLINE_JOB)
 def test_the_mpijob_loads_as_exactly_the_job(spec):
     job = yaml.safe_load(render.render("mpijob", spec))
-    assert job == {
-        "apiVersion": "kubeflow.org/v2beta1",
-        "kind": "MPIJob",
-        "metadata": {"name": spec.name},
-        "spec": {
-            "slotsPerWorker": spec.slots_per_node,
-            "runPolicy": {"cleanPodPolicy": "Running"},
-            "sshAuthMountPath": render.SSH_SECRET,
-            "mpiImplementation": "OpenMPI",
-            "mpiReplicaSpecs": {
-                "Launcher": {
-                    "replicas": 1,
-                    "template": {"spec": {"containers": [
-                        {"name": "launcher", "image": spec.image,
-                         "args": ["hvdkit", "run", "-np", str(spec.num_proc), "--", *spec.command]},
-                    ]}},
-                },
-                "Worker": {
-                    "replicas": spec.nodes,
-                    "template": {"spec": {"containers": [
-                        {"name": "worker", "image": spec.image,
-                         "args": ["/usr/sbin/sshd", "-De", "-f", "/home/hvdkit/.sshd_config"],
-                         "resources": {"limits": {"cpu": str(spec.cpu), "memory": spec.memory}}},
-                    ]}},
-                },
-            },
-        },
+    launcher = ("spec", "mpiReplicaSpecs", "Launcher")
+    worker = ("spec", "mpiReplicaSpecs", "Worker")
+    in_launcher = (*launcher, "template", "spec", "containers", 0)
+    in_worker = (*worker, "template", "spec", "containers", 0)
+    launch = ["hvdkit", "run", "-np", str(spec.num_proc), "--", *spec.command]
+    sshd = ["/usr/sbin/sshd", "-De", "-f", "/home/hvdkit/.sshd_config"]
+    assert _leaves(job) == {
+        ("apiVersion",): "kubeflow.org/v2beta1",
+        ("kind",): "MPIJob",
+        ("metadata", "name"): spec.name,
+        ("spec", "slotsPerWorker"): spec.slots_per_node,
+        ("spec", "runPolicy", "cleanPodPolicy"): "Running",
+        ("spec", "sshAuthMountPath"): render.SSH_SECRET,
+        ("spec", "mpiImplementation"): "OpenMPI",
+        (*launcher, "replicas"): 1,
+        (*in_launcher, "name"): "launcher",
+        (*in_launcher, "image"): spec.image,
+        **{(*in_launcher, "args", i): arg for i, arg in enumerate(launch)},
+        (*worker, "replicas"): spec.nodes,
+        (*in_worker, "name"): "worker",
+        (*in_worker, "image"): spec.image,
+        **{(*in_worker, "args", i): arg for i, arg in enumerate(sshd)},
+        (*in_worker, "resources", "limits", "cpu"): str(spec.cpu),
+        (*in_worker, "resources", "limits", "memory"): spec.memory,
     }
 
 
