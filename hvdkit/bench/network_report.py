@@ -83,7 +83,7 @@ def goals(results):
                  s["engine_settings"]["ratio"] >= 1.15))
     if "engine_settings_per_single" in s:
         r = s["engine_settings_per_single"]["ratio"]
-        rows.append((f"... each step over its own job's single-process step", r, ">= 1.15", r >= 1.15))
+        rows.append(("... each step over its own job's single-process step", r, ">= 1.15", r >= 1.15))
     if "with_auto" in s:
         rows.append((f"... with compression='auto' at {link}", s["with_auto"]["ratio"], ">= 1.15", s["with_auto"]["ratio"] >= 1.15))
     for row in compression_rows(results):

@@ -1,6 +1,5 @@
 """Turning the suite's results into goals, a table, plots and the Markdown of docs/benchmarks.md."""
 
-import math
 import os
 
 __all__ = ["goals", "table", "plots", "markdown", "update_docs", "compression_advice"]

@@ -9,7 +9,7 @@ runs the loop; everything here is pure and takes the clock's readings as numbers
 
 from dataclasses import dataclass, field
 
-from ..core.errors import ConfigError, LaunchError
+from ..core.errors import ConfigError
 from .hosts import Host, format_hosts, total_slots
 
 __all__ = [
