@@ -17,6 +17,15 @@ LAUNCHERS = ("mpirun", "horovodrun-gloo")
 HVDKIT = str(BIN / "hvdkit")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fixed_compression():
+    """The examples default to compression="auto", timed anew in every run: pin fp16 so runs compared exactly
+    choose alike. Autouse in a test module that imports it (module scope: set before its module fixtures run)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HVDKIT_COMPRESSION", "fp16")
+        yield
+
+
 def launcher_argv(launcher, np_):
     """The launcher command line for ``np_`` local ranks: raw mpirun/horovodrun, or ``hvdkit run``."""
     if launcher == "mpirun":

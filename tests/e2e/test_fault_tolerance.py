@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from helpers import BIN, HVDKIT, PYTHON, ROOT, hvdkit_run, record_figures, result_line
+from helpers import fixed_compression  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
 from hvdkit.core.checkpointer import read_newest
 
 pytestmark = pytest.mark.dist
@@ -22,14 +23,6 @@ KERAS = "examples/keras_digits.py"
 KILL_ONCE = "tests/e2e/scripts/kill_once.py"
 SKIP = "tests/e2e/scripts/skip_collective.py"
 STEPS_PER_EPOCH = 23  # 1,437 training samples, 2 ranks, batch 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fixed_compression():
-    """The examples default to compression="auto", timed anew in every run: pin fp16 so runs compared exactly choose alike."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HVDKIT_COMPRESSION", "fp16")
-        yield
 
 
 def newest(ckpt_dir):

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from helpers import HVDKIT, PYTHON, ROOT, hvdkit_run, result_line, run_bounded
+from helpers import fixed_compression  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
 from netns import NEEDS_HOSTS, open_hosts
 
 pytestmark = [
@@ -21,14 +22,6 @@ pytestmark = [
 EXAMPLE = str(ROOT / "examples" / "torch_digits.py")
 SAME_THREADS = ("-x", "HVDKIT_NUM_THREADS=1")  # like with like: one thread per rank on one host and on two
 THREADS_LINE = "1 thread(s) per rank"  # what rank 0 logs at start-up
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fixed_compression():
-    """The examples default to compression="auto", timed anew in every run: pin fp16 so runs compared exactly choose alike."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HVDKIT_COMPRESSION", "fp16")
-        yield
 
 
 def check_threads(proc):
