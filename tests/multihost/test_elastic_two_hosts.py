@@ -248,14 +248,23 @@ def check_shrunk_and_grew(elastic, epochs):
     return result[-1]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    return run_uninterrupted(tmp_path_factory.mktemp("uninterrupted"), TRAIN, 400)
+def job_fixtures(train, script_path, tag, uninterrupted_timeout):
+    """The two module-scoped fixtures of an elastic test, to assign to the names ``uninterrupted, elastic``:
+    ``train`` run uninterrupted on 2 ranks of one host (the folder it wrote), and run by
+    ``shrink_and_grow`` across the test module's ``hosts`` (what happened)."""
+
+    @pytest.fixture(scope="module")
+    def uninterrupted(tmp_path_factory):
+        return run_uninterrupted(tmp_path_factory.mktemp(f"uninterrupted-{tag}"), train, uninterrupted_timeout)
+
+    @pytest.fixture(scope="module")
+    def elastic(hosts, tmp_path_factory):
+        return shrink_and_grow(hosts, tmp_path_factory.mktemp(f"elastic-{tag}"), train, script_path)
+
+    return uninterrupted, elastic
 
 
-@pytest.fixture(scope="module")
-def elastic(hosts, tmp_path_factory):
-    return shrink_and_grow(hosts, tmp_path_factory.mktemp("elastic"), TRAIN, EXAMPLE)
+uninterrupted, elastic = job_fixtures(TRAIN, EXAMPLE, "torch", uninterrupted_timeout=400)
 
 
 def test_the_job_shrinks_to_host_a_when_b_dies_and_grows_back_when_b_returns(elastic):
@@ -306,12 +315,10 @@ def test_every_sample_is_used_exactly_once_per_epoch_across_the_changes(elastic,
     # what the summary says was redone: the steps the ranks reported before the failure less where
     # the relaunch resumed (rank 1 may have logged a step rank 0 had not reported)
     assert figures["grow"]["recomputed"] == 0 and 0 <= figures["shrink"]["recomputed"] <= recomputed, (figures, recomputed)
-    record_figures(
+    record_change_figures(
         "elastic: host b dies mid-epoch, comes back (torch, 2 hosts, min 1 max 2)",
-        shrink_seconds_noticed_to_running=figures["shrink"]["seconds"],
-        grow_seconds_noticed_to_running=figures["grow"]["seconds"],
-        grow_seconds_for_the_old_ranks_to_stop=figures["grow"]["stopping"],
-        steps_recomputed_total=recomputed,
+        figures,
+        recomputed,
         kill_to_relaunch_seconds=round(elastic["kill_to_relaunch"], 2),
         kill_to_training_alone_seconds=round(elastic["kill_to_training_alone"], 2),
     )
@@ -328,6 +335,19 @@ def _changes(log):
             redo = None if m.group(4) == "unknown" else int(m.group(4))
             out.append({"kind": m.group(1), "seconds": float(m.group(2)), "stopping": m.group(3) and float(m.group(3)), "recomputed": redo})
     return out
+
+
+def record_change_figures(test, figures, recomputed, **more):
+    """``record_figures`` of a shrink-and-grow job: each change's seconds from the summary
+    (``figures``: ``_changes`` by kind), the steps recomputed in all, and ``more``."""
+    record_figures(
+        test,
+        shrink_seconds_noticed_to_running=figures["shrink"]["seconds"],
+        grow_seconds_noticed_to_running=figures["grow"]["seconds"],
+        grow_seconds_for_the_old_ranks_to_stop=figures["grow"]["stopping"],
+        steps_recomputed_total=recomputed,
+        **more,
+    )
 
 
 def test_the_final_parameters_match_an_uninterrupted_two_rank_run(elastic, uninterrupted):

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import PYTHON, ROOT, record_figures
 from netns import NEEDS_HOSTS, open_hosts
-from test_elastic_two_hosts import _changes, check_every_sample_once, check_shrunk_and_grew, run_uninterrupted, shrink_and_grow
+from test_elastic_two_hosts import _changes, check_every_sample_once, check_shrunk_and_grew, job_fixtures, record_change_figures
 
 pytestmark = [
     pytest.mark.dist,
@@ -41,16 +41,9 @@ def final_weights(folder):
     return {f"model/{i}": a for i, a in enumerate(read_newest(folder).state["model"])}
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    return run_uninterrupted(tmp_path_factory.mktemp("uninterrupted-keras"), TRAIN, 500)
-
-
-@pytest.fixture(scope="module")
-def elastic(hosts, tmp_path_factory):
-    # the example reports its steps from fit's start (PreemptionGuard.progress): the launcher asks
-    # as soon as a alone trains, and a stops at the end of that epoch
-    return shrink_and_grow(hosts, tmp_path_factory.mktemp("elastic-keras"), TRAIN, EXAMPLE)
+# in `elastic` the example reports its steps from fit's start (PreemptionGuard.progress): the launcher
+# asks as soon as a alone trains, and a stops at the end of that epoch
+uninterrupted, elastic = job_fixtures(TRAIN, EXAMPLE, "keras", uninterrupted_timeout=500)
 
 
 def test_the_keras_job_shrinks_to_host_a_when_b_dies_and_grows_back_when_b_returns(elastic):
@@ -71,12 +64,10 @@ def test_every_sample_is_used_exactly_once_per_epoch_across_the_keras_changes(el
     # the summary counts the steps of the epoch b died in (reported at each batch end) as redone;
     # the grow stops at an epoch end, where the checkpoint is: nothing redone
     assert figures["grow"]["recomputed"] == 0 and 0 < figures["shrink"]["recomputed"] <= recomputed, (figures, recomputed)
-    record_figures(
+    record_change_figures(
         "elastic: host b dies mid-epoch, comes back (keras fit, 2 hosts, min 1 max 2)",
-        shrink_seconds_noticed_to_running=figures["shrink"]["seconds"],
-        grow_seconds_noticed_to_running=figures["grow"]["seconds"],
-        grow_seconds_for_the_old_ranks_to_stop=figures["grow"]["stopping"],
-        steps_recomputed_total=recomputed,
+        figures,
+        recomputed,
         world_size_per_epoch=[sizes[e] for e in range(EPOCHS)],
         job_seconds=round(elastic["seconds"], 1),
     )
