@@ -56,6 +56,9 @@ LATENCY = (
     ("fusion 4 MB", _with(fusion_threshold=4 * MB)),
 )
 QUICK_LATENCY = LATENCY[:2]
+# Jobs per setting (interleaved A B C .. A B C): a job's step median moves 10-40 % between jobs even on
+# a quiet machine, so one job per setting cannot tell a 1 % loss of step throughput from noise.
+LATENCY_REPS = 3
 # The settings timed per place (the one-host MPI job times them all).
 SUBSETS = {"one_host_mpi": ("horovod defaults", "hvdkit defaults", "cycle 0.1 ms", "cycle 0 (no sleep)", "cache off",
                             "fusion 4 MB"),
@@ -150,7 +153,7 @@ class Network:
         for place in ("one_host_mpi", "one_host_gloo", link):
             subset = SUBSETS.get("link" if place == link else place)
             settings = [(label, env) for label, env in LATENCY if subset is None or label in subset]
-            runs = self.settings_jobs(settings, 1, place, ("--only", "hvdkit", "--reps", "5"))
+            runs = self.settings_jobs(settings, LATENCY_REPS, place, ("--only", "hvdkit", "--reps", "5"))
             out[place] = {label: _latency_row(rs) for label, rs in runs.items()}
         return out
 
