@@ -7,8 +7,6 @@ for single-process use and tests.
 import abc
 import copy
 
-import numpy as np
-
 __all__ = ["Communicator", "LocalCommunicator", "HorovodCommunicatorBase"]
 
 CHUNK_BYTES = 64 * 2**20  # the most bytes one tensor broadcast sends (and holds in flight) at once
@@ -94,6 +92,8 @@ class HorovodCommunicatorBase(Communicator):
         self._float64 = float64
 
     def allreduce_sum(self, values, name):
+        import numpy as np  # here, not at the top: ``hvdkit run`` imports the core and starts faster without numpy
+
         summed = self._hvd.allreduce(self._float64([float(v) for v in values]), op=self._hvd.Sum, name=name)
         return np.asarray(summed).tolist()
 
