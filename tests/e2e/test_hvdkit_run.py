@@ -6,18 +6,11 @@ import shutil
 import pytest
 
 from helpers import HVDKIT, PYTHON, hvdkit_run, result_line, run_bounded
+from helpers import fixed_compression  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
 
 pytestmark = pytest.mark.dist
 EXAMPLE = "examples/torch_digits.py"
 BEHAVE = "tests/e2e/scripts/rank_behaviour.py"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fixed_compression():
-    """The examples default to compression="auto", timed anew in every run: pin fp16 so runs compared exactly choose alike."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HVDKIT_COMPRESSION", "fp16")
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers import PYTHON, ROOT, run_ranks
+from helpers import ROOT, run_ranks
 
 pytestmark = pytest.mark.dist
 SCRIPT = str(ROOT / "tests" / "e2e" / "scripts" / "large_state.py")

@@ -9,13 +9,12 @@ Usage: python clipping_unused_torch.py OUT
 """
 
 import copy
-import hashlib
 import sys
 
 import torch
 
 import hvdkit.torch as hk
-from model_params import max_param_diff, params_of
+from model_params import max_param_diff, params_digest
 from recording import write_rank_result
 
 STEPS = 5
@@ -49,10 +48,6 @@ def global_batches(size):
 
 def uses_branch(rank, size):
     return rank == size - 1
-
-
-def digest(model):
-    return hashlib.sha256(params_of(model).double().numpy().tobytes()).hexdigest()
 
 
 def reference(init, x, y, size):
@@ -101,7 +96,7 @@ def main(out_dir):
     result = {
         "rank": rank,
         "size": size,
-        "digest": digest(model),
+        "digest": params_digest(model),
         "max_diff_vs_reference": max_param_diff(model, ref),
         "branch_moved": float((model.branch.weight - init.branch.weight).abs().max()),
         "norms": norms,

@@ -16,7 +16,7 @@ from model_params import max_weight_diff as max_diff
 from model_params import keras_clone, keras_mlp
 from model_params import weights_digest as digest
 import hvdkit.tensorflow as htf
-from recording import write_sections
+from recording import run_sections
 
 STEPS = 4
 
@@ -120,10 +120,5 @@ def section_lr(rank, size):
     return out
 
 
-def main(out_dir):
-    topo = hk.init()
-    write_sections(out_dir, topo, clipping=section_clipping(topo.rank, topo.size), lr=section_lr(topo.rank, topo.size))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_sections(hk.init, sys.argv[1], clipping=section_clipping, lr=section_lr)

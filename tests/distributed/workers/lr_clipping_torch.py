@@ -14,7 +14,7 @@ import hvdkit.torch as hk
 from lr_clipping_setup import B, LR, MAX_NORM
 from model_params import max_param_diff as max_diff
 from model_params import params_digest as digest
-from recording import write_sections
+from recording import run_sections
 
 STEPS = 5
 
@@ -106,10 +106,5 @@ def section_lr(rank, size):
     return out
 
 
-def main(out_dir):
-    topo = hk.init()
-    write_sections(out_dir, topo, clipping=section_clipping(topo.rank, topo.size), lr=section_lr(topo.rank, topo.size))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_sections(hk.init, sys.argv[1], clipping=section_clipping, lr=section_lr)

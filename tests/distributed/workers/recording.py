@@ -18,6 +18,13 @@ def write_sections(out_dir, topo, **sections):
     write_rank_result(out_dir, topo.rank, {"rank": topo.rank, "size": topo.size, **sections})
 
 
+def run_sections(init, out_dir, **sections):
+    """Start the job (``init()``), run each ``section(rank, size)`` in the order given, write them as this
+    rank's result. Collective: every rank runs the same sections in the same order."""
+    topo = init()
+    write_sections(out_dir, topo, **{name: section(topo.rank, topo.size) for name, section in sections.items()})
+
+
 def error_of(call, exc_type):
     """The message of the ``exc_type`` that ``call()`` raises, or None when it raises nothing."""
     try:
