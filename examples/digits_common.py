@@ -74,8 +74,11 @@ class SampleLog:
             f.write(json.dumps(line) + "\n")
 
 
-def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss, preempted=False):
-    """The one JSON line every example prints on rank 0 at the end."""
+def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss, preempted=False, compression=None):
+    """The one JSON line every example prints on rank 0 at the end.
+
+    ``compression``: what the optimizer used (its ``compression``: what ``"auto"`` chose), else ``--compression``.
+    """
     import json
 
     return json.dumps(
@@ -87,7 +90,7 @@ def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss, pr
             "steps": steps,
             "val_accuracy": None if val_accuracy is None else round(float(val_accuracy), 6),
             "val_loss": None if val_loss is None else round(float(val_loss), 6),
-            "compression": args.compression,
+            "compression": compression or args.compression,
         }
     )
 

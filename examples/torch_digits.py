@@ -109,7 +109,7 @@ def train(args):
                 if topo.is_rank0:
                     offset = train_loader.position(steps_done)
                     log.info("stopped at epoch %d after %d samples (step %d): checkpoint saved", epoch + 1, offset, step)
-                    print(result_line(topo.size, args, start_epoch, step, None, None, preempted=True), flush=True)
+                    print(result_line(topo.size, args, start_epoch, step, None, None, preempted=True, compression=optimizer.compression), flush=True)
                 return
         scheduler.step()
         metrics = {**hk.average_metrics(tracker), **evaluate(model, val_loader)}
@@ -119,7 +119,7 @@ def train(args):
 
     final = evaluate(model, val_loader)
     if topo.is_rank0:
-        print(result_line(topo.size, args, start_epoch, step, final["val_accuracy"], final["val_loss"]), flush=True)
+        print(result_line(topo.size, args, start_epoch, step, final["val_accuracy"], final["val_loss"], compression=optimizer.compression), flush=True)
 
 
 def job_totals(tracker):

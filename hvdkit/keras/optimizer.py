@@ -44,6 +44,11 @@ class _AveragingMixin:
     _hvdkit_wait = None
     _hvdkit_groups = 1  # allreduce_gradients(groups=...): 1 grouped op; hvdkit.bench.keras_overlap measures others
 
+    @property
+    def compression(self):
+        """What the gradients are averaged in: ``"none"`` or ``"fp16"`` (``"auto"`` until the first ``apply`` decides)."""
+        return self._hvdkit_compression
+
     def apply(self, grads, trainable_variables=None):
         if self._hvdkit_compression == AUTO:  # decided once, at the first apply (while tracing: eagerly)
             grads = list(grads)
@@ -91,7 +96,8 @@ def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step
 
     - ``compression``: ``"none"`` (exact fp32), ``"fp16"`` (half the bytes on the wire) or
       ``"auto"``: at the first ``apply`` time both on the variables' shapes and keep fp16 only if
-      > 10 % faster (``hvdkit.tensorflow.autocompress``; HVDKIT_COMPRESSION overrides).
+      > 10 % faster (``hvdkit.tensorflow.autocompress``; HVDKIT_COMPRESSION overrides). The
+      result's ``compression`` property says what it chose (``"auto"`` until the first ``apply``).
     - ``backward_passes_per_step``: apply the mean gradient of that many batches; implemented with
       Keras 3's own ``gradient_accumulation_steps``. Gradients are averaged over ranks at every
       batch (Keras accumulates inside ``apply``), so this saves memory and optimizer steps, not

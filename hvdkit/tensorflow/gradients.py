@@ -85,6 +85,11 @@ class DistributedGradientTape:
         self._compression = check_compression(compression, allow_auto=True)
         self._name = name
 
+    @property
+    def compression(self):
+        """``"none"`` or ``"fp16"``: what ``gradient()`` averages in (``"auto"`` until the first call decides)."""
+        return self._compression
+
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(grads, expand_composites=False)

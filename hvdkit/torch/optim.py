@@ -30,6 +30,7 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     - ``compression``: ``"none"`` (exact fp32), ``"fp16"`` (half the bytes on the wire; the
       average is taken in fp16 and cast back) or ``"auto"`` (time both on these gradients' shapes
       now, keep fp16 only if > 10 % faster; HVDKIT_COMPRESSION overrides; ``hvdkit.torch.autocompress``).
+      The result's ``compression`` attribute says what it uses: ``"none"`` or ``"fp16"``.
     - ``backward_passes_per_step``: gradients of that many ``backward()`` calls are summed locally
       and averaged over ranks once, before ``step()``. As in Horovod the local sum is not divided:
       scale the loss by ``1 / backward_passes_per_step`` to train on the mean.
@@ -81,6 +82,7 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     )
     if max_grad_norm is not None:
         wrapped.max_grad_norm = float(max_grad_norm)
+    wrapped.compression = compression  # what "auto" chose, for logs and result lines
     return wrapped
 
 

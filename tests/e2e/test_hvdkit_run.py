@@ -27,6 +27,7 @@ def test_demo_reaches_95_percent_validation_accuracy_on_two_ranks(demo):
     assert r["world_size"] == 2 and r["epochs"] == 12 and r["resumed_from_epoch"] == 0
     assert r["val_accuracy"] >= 0.95
     assert 0 < r["val_loss"] < 0.3
+    assert r["compression"] == "fp16"  # what "auto" resolved to (HVDKIT_COMPRESSION pins it in this module)
 
 
 def test_demo_output_is_tagged_by_rank_and_progress_is_logged_on_rank0_only(demo):

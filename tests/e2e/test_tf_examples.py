@@ -1,6 +1,7 @@
 """End to end: the TensorFlow/Keras examples as users start them, through `hvdkit run`."""
 
 import os
+import re
 
 import pytest
 
@@ -22,6 +23,12 @@ def test_keras_fit_example_reaches_95_percent_on_two_ranks(keras_run):
     assert (r["world_size"], r["epochs"], r["resumed_from_epoch"], r["steps"]) == (2, 12, 0, 12 * 23)
     assert r["val_accuracy"] >= 0.95
     assert "[rank 0/2] hvdkit.examples.keras_digits: epoch 12/12" in keras_run["stderr"]
+
+
+def test_keras_fit_example_reports_the_compression_auto_chose(keras_run):
+    chosen = re.findall(r"compression='auto' -> '(\w+)'", keras_run["stderr"])
+    assert len(chosen) == 1 and chosen[0] in ("none", "fp16"), chosen  # decided once, logged on rank 0
+    assert keras_run["result"]["compression"] == chosen[0]
 
 
 def test_keras_fit_example_resumes_from_its_last_checkpoint(keras_run):
