@@ -7,7 +7,7 @@ import keras
 from ..core.log import get_logger
 from ..core.straggler import StragglerMonitor, straggler_threshold
 from ..tensorflow.runtime import communicator
-from .optimizer import allreduce_seconds
+from .allreduce_clock import allreduce_seconds
 
 __all__ = ["StragglerMonitorCallback"]
 

@@ -11,22 +11,12 @@ from ..core.options import AUTO, check_compression, check_number_above, check_po
 from ..tensorflow import autocompress
 from ..tensorflow.gradients import allreduce_gradients
 from ..tensorflow.runtime import communicator
+from .allreduce_clock import AllreduceClock, allreduce_seconds
 
 __all__ = ["DistributedOptimizer", "ScaledLRSchedule", "allreduce_seconds", "is_distributed"]
 
 _counter = itertools.count()
 _classes = {}
-
-
-class _WaitClock:
-    """Seconds spent in the gradient allreduce, waiting for the other ranks included (float64).
-
-    A plain holder, so that Keras does not track the variable as optimizer state: it is neither
-    checkpointed nor broadcast.
-    """
-
-    def __init__(self):
-        self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvdkit_allreduce_seconds")
 
 
 class _AveragingMixin:
@@ -49,22 +39,15 @@ class _AveragingMixin:
         """What the gradients are averaged in: ``"none"`` or ``"fp16"`` (``"auto"`` until the first ``apply`` decides)."""
         return self._hvdkit_compression
 
+    def _hvdkit_average(self, grads):
+        return allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name, self._hvdkit_groups)
+
     def apply(self, grads, trainable_variables=None):
         if self._hvdkit_compression == AUTO:  # decided once, at the first apply (while tracing: eagerly)
             grads = list(grads)
             self._hvdkit_compression = autocompress.resolve(AUTO, grads)
-        clock = self._hvdkit_wait
-        if clock is None:
-            grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name, self._hvdkit_groups)
-            return super().apply(grads, trainable_variables)
-        # Time the allreduce (for StragglerMonitorCallback): the timestamps are ordered around it by data
-        # and control dependencies, so this also holds inside tf.function.
-        start = tf.timestamp()
-        with tf.control_dependencies([start]):
-            grads = [tf.identity(g) if isinstance(g, tf.Tensor) else g for g in grads]
-        grads = allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name, self._hvdkit_groups)
-        with tf.control_dependencies([g for g in grads if isinstance(g, tf.Tensor)]):
-            clock.seconds.assign_add(tf.timestamp() - start)
+        clock = self._hvdkit_wait  # StragglerMonitorCallback reads it (hvdkit.keras.allreduce_clock)
+        grads = self._hvdkit_average(grads) if clock is None else clock.time(self._hvdkit_average, grads)
         return super().apply(grads, trainable_variables)
 
 
@@ -79,16 +62,6 @@ def _distributed_class(base):
 def is_distributed(optimizer):
     """True when ``optimizer`` came from ``DistributedOptimizer``."""
     return isinstance(optimizer, _AveragingMixin)
-
-
-def allreduce_seconds(optimizer):
-    """Seconds ``optimizer`` (a ``DistributedOptimizer``) has spent in its gradient allreduce so far.
-
-    Includes the time waiting for slower ranks; ``StragglerMonitorCallback`` subtracts it from batch times.
-    None for any other optimizer.
-    """
-    clock = getattr(optimizer, "_hvdkit_wait", None) if is_distributed(optimizer) else None
-    return None if clock is None else float(clock.seconds.numpy())
 
 
 def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step=1):  # noqa: N802 - mirrors Horovod
@@ -134,7 +107,7 @@ def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step
     wrapped._hvdkit_compression = compression
     # Wrapping happens in program order, so the n-th optimizer has the same name on every rank.
     wrapped._hvdkit_name = f"hvdkit.optimizer.{next(_counter)}.grads"
-    wrapped._hvdkit_wait = _WaitClock()
+    wrapped._hvdkit_wait = AllreduceClock()
     return wrapped
 
 
