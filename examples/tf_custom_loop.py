@@ -15,6 +15,7 @@ import tensorflow as tf
 from digits_common import keras_model, load_split, log_epoch, result_line, run
 
 import hvdkit.tensorflow as htf
+from hvdkit.tensorflow import autocompress
 from hvdkit.core import MetricTracker, Progress, get_logger
 
 log = get_logger("examples.tf_custom_loop")
@@ -41,6 +42,9 @@ def train(args):
     optimizer = keras.optimizers.SGD(args.lr, momentum=0.9)
     optimizer.build(model.trainable_variables)
     per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    # "auto" decided once, here, from the variables' shapes: a tape made inside the tf.function below
+    # would measure again at every trace (the last, smaller batch traces a second time).
+    compression = autocompress.resolve(args.compression, model.trainable_variables)
     ckpt = htf.Checkpointer(args.checkpoint_dir, model, optimizer, keep=args.keep)
     resumed = ckpt.restore()
     if resumed is None:
@@ -51,7 +55,7 @@ def train(args):
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(per_sample(y, model(x, training=True)))
-        tape = htf.DistributedGradientTape(tape, compression=args.compression)
+        tape = htf.DistributedGradientTape(tape, compression=compression)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -76,7 +80,7 @@ def train(args):
     final = evaluate(model, val_ds, per_sample)
     if topo.is_rank0:
         steps = int(optimizer.iterations)
-        print(result_line(topo.size, args, start_epoch, steps, final["val_accuracy"], final["val_loss"]), flush=True)
+        print(result_line(topo.size, args, start_epoch, steps, final["val_accuracy"], final["val_loss"], compression=compression), flush=True)
 
 
 def main(argv=None):

@@ -46,6 +46,8 @@ def test_tf_custom_loop_example_reaches_95_percent_on_two_ranks(tmp_path):
     r = result_line(proc.stdout)
     assert (r["world_size"], r["steps"]) == (2, 276)
     assert r["val_accuracy"] >= 0.95
+    chosen = re.findall(r"compression='auto' -> '(\w+)'", proc.stderr)
+    assert len(chosen) == 1 and r["compression"] == chosen[0], chosen  # measured once, reported as chosen
 
 
 def test_keras_example_over_gloo_reaches_the_same_bar(tmp_path):
