@@ -6,8 +6,9 @@ one cycle however small it is, and a shorter cycle costs CPU: the thread wakes a
 with the other ranks every cycle, also when nothing is pending. Measured (docs/benchmarks.md,
 "Latency settings"): over MPI a 0.2 ms cycle brings a 4 KB allreduce from 1.07 to 0.26 ms with no
 measurable cost to the training step on 16 cores (with one core per rank, up to ~5 % in the quiet
-2-core run, inside its spread; ``HOROVOD_CYCLE_TIME=1`` takes Horovod's); over Gloo each round costs more (0.36 ms at best, and 0.2
-cores per rank while idle at 0.2 ms), so Gloo gets 0.5 ms (0.56 ms, 0.1 core). The response cache
+2-core run, inside its spread; ``HOROVOD_CYCLE_TIME=1`` takes Horovod's); over Gloo each round
+costs more (0.36 ms at best, and 0.2 cores per rank while idle at 0.2 ms), so Gloo gets 0.5 ms
+(0.56 ms, 0.1 core). The response cache
 and the fusion threshold keep Horovod's values. A variable the user set wins.
 """
 

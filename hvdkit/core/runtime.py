@@ -22,7 +22,7 @@ __all__ = ["Runtime", "RuntimePreemptionGuard"]
 class Runtime:
     """One adapter's view of the job: ``init``, ``topology``, ``rank``, ``size``, ``communicator``, ``scaled_lr``.
 
-    ``on_start(topology, hvd, threads)`` runs once, after Horovod has started (thread settings) and
+    ``on_start(topology, threads)`` runs once, after Horovod has started (thread settings) and
     returns what rank 0's start-up line says after "N rank(s) over MPI|Gloo; ", logged as
     ``hvdkit.<name>``. An adapter exports ``functions()`` under the names of ``FUNCTIONS``.
     """
@@ -57,7 +57,7 @@ class Runtime:
         _log.set_topology(topo)
         _log.configure()
         if first:
-            detail = self._on_start(topo, hvd, threads)
+            detail = self._on_start(topo, threads)
             if topo.is_rank0:
                 self._logger.info("%d rank(s) over %s; %s", topo.size, "MPI" if hvd.mpi_enabled() else "Gloo", detail)
             self._comm = self._make_comm()

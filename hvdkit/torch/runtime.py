@@ -10,7 +10,7 @@ from .comm import HorovodCommunicator
 __all__ = ["PreemptionGuard", *Runtime.FUNCTIONS]  # init, rank, size, communicator, scaled_lr, ...
 
 
-def _on_start(topo, hvd, threads):
+def _on_start(topo, threads):
     """Intra-op threads per rank = cores / local size, so ranks sharing a host do not oversubscribe it.
 
     Env: HVDKIT_NUM_THREADS, else OMP_NUM_THREADS, override the default (``hvdkit.core.env.num_threads``).

@@ -112,10 +112,10 @@ import json, torch, tensorflow as tf
 from hvdkit.core.topology import Topology
 from hvdkit.tensorflow import runtime as tf_runtime
 from hvdkit.torch import runtime as torch_runtime
-topo = Topology(1, 2, 1, 2)  # not rank 0: no start-up log line, so no Horovod needed
+topo = Topology(1, 2, 1, 2)  # on_start only sets threads (Runtime logs the start-up line): no Horovod needed
 torch.set_num_threads(1)
-torch_runtime._on_start(topo, None, None)
-tf_runtime._on_start(topo, None, None)
+torch_runtime._on_start(topo, None)
+tf_runtime._on_start(topo, None)
 print(json.dumps([torch.get_num_threads(), tf.config.threading.get_intra_op_parallelism_threads()]))
 """
 
