@@ -77,6 +77,19 @@ def test_adasum_averages_under_mpi_and_is_refused_clearly_under_gloo(ranks):
         assert [r["adasum"].get("error") for r in records] == ["HorovodInternalError: No Adasum operation enabled"] * 2
 
 
+def test_a_failed_step_leaves_no_collective_in_flight(ranks):
+    """The step's error reaches every rank; its other allreduces are finished, not left queued under
+    their names (the next step's collided with them: "a tensor with the same name as another tensor
+    that is currently being processed") nor in the optimizer (zero_grad() refused ever after)."""
+    adasum = None if ranks[0] == "mpirun" else "HorovodInternalError: No Adasum operation enabled"
+    for rec in both(ranks, "failed_step"):
+        assert rec["skewed"]["step"].startswith("HorovodInternalError: Mismatched ALLREDUCE tensor shapes: One rank sent")
+        assert rec["adasum"]["step"] == adasum
+        for case in ("skewed", "adasum"):
+            assert (rec[case]["zero_grad"], rec[case]["next_step"]) == (None, None), case
+        assert rec["trained_again"]["max_diff_vs_reference"] < TOL and rec["trained_again"]["moved"] > 1e-2
+
+
 def test_zero_grad_accepts_set_to_none(ranks):
     for rec in both(ranks, "zero_grad"):
         assert rec["set_to_none_False"] == [0.0] * 4

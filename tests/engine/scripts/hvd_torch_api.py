@@ -130,6 +130,48 @@ def section_adasum():
     return {"digest": digest(model), "moved": max_diff(model, init)}
 
 
+def error_of(fn):
+    """The error ``fn()`` raised, as 'Type: message', or None."""
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def slow_model(skewed=False):
+    """The test model whose backward pauses 50 ms between its layers, so that a step's last
+    allreduces are still queued when its first one fails; ``skewed`` adds a parameter shaped
+    differently on every rank (its allreduce fails on all of them)."""
+    model = make_model(seed=0)
+    if skewed:
+        model.register_parameter("skewed", torch.nn.Parameter(torch.ones(hvd.rank() + 1)))
+    model[1].register_full_backward_hook(lambda *_: time.sleep(0.05))
+    return model
+
+
+def fail_then_step(model, **hvd_kwargs):
+    """A step of ``model`` (which may fail), zero_grad() on its optimizer, then at once a step of
+    a fresh model under the same parameter names: each one's error, or None."""
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                   **hvd_kwargs)
+    loss = model(torch.ones(2, 6)).sum()
+    (loss + model.skewed.sum() if hasattr(model, "skewed") else loss).backward()
+    out = {"step": error_of(opt.step), "zero_grad": error_of(opt.zero_grad)}
+    again = make_model(seed=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(again.parameters(), lr=0.1), named_parameters=again.named_parameters())
+    out["next_step"] = error_of(lambda: (again(torch.ones(2, 6)).sum().backward(), opt.step()))
+    return out
+
+
+def section_failed_step():
+    """What a user does after a step whose collective failed on every rank: zero_grad(), and a step
+    under the same parameter names at once. Two failures: a gradient shaped differently per rank
+    (any launcher), and Adasum, which only MPI has (under Gloo it fails as in make test's red run)."""
+    return {"skewed": fail_then_step(slow_model(skewed=True)), "adasum": fail_then_step(slow_model(), op=hvd.Adasum),
+            "trained_again": trained()}
+
+
 def section_zero_grad():
     model = make_model(seed=0)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
@@ -276,6 +318,7 @@ def main(out_dir):
     record(out_dir, "training.sparse_embedding", lambda: section_sparse(sparse_as_dense=False))
     record(out_dir, "training.sparse_embedding_as_dense", lambda: section_sparse(sparse_as_dense=True))
     record(out_dir, "adasum", section_adasum)
+    record(out_dir, "failed_step", section_failed_step)
     record(out_dir, "zero_grad", section_zero_grad)
     record(out_dir, "broadcast_optimizer_state", section_broadcast_optimizer_state)
     record(out_dir, "collectives", section_collectives)
