@@ -26,7 +26,9 @@ __all__ = ["LOCK_FILE", "FolderLock", "acquire", "release"]
 LOCK_FILE = ".hvdkit.lock"
 _log = get_logger("checkpoint")
 _HELD = {}  # (st_dev, st_ino) of a folder -> its FolderLock, held by this process
-_GUARD = threading.Lock()
+# Re-entrant: a store gives its lock back from a weakref finalizer, which the garbage collector may
+# run inside acquire() or release() on this very thread, while the guard is held (a plain Lock hung).
+_GUARD = threading.RLock()
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
