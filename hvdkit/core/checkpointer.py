@@ -213,12 +213,23 @@ class CheckpointerBase:
         _, header, info = loaded
         self._share()
         if self.scheduler is not None and header["scheduler"] is not None:
-            self.scheduler.load_state_dict(header["scheduler"])
+            self._load_scheduler(header["scheduler"], info.path)
         self._restore_rng(header["rng"], info.step)
         self._after_restore(header["meta"])
         if self.comm.is_rank0:
             _log.info("resumed from %s (step %d, epoch %d)", info.path, info.step, info.epoch)
         return Resumed(info.step, info.epoch, info.world_size, header["extra"], info.path)
+
+    def _load_scheduler(self, state, path):
+        """Every rank, once, after the optimizer arrived (a rescaling scheduler reads its rates)."""
+        try:
+            self.scheduler.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"the scheduler state in checkpoint {path} does not fit {type(self.scheduler).__name__} "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); pass the scheduler this run saved, "
+                "or point --checkpoint-dir at an empty directory"
+            ) from e
 
     def _read(self, folder):
         """Rank 0: the ``Snapshot`` of the verified checkpoint ``folder``."""

@@ -93,8 +93,6 @@ class Checkpointer(CheckpointerBase):
             self.model.load_state_dict(model)
             if self.optimizer is not None and state["optimizer"] is not None:
                 self.optimizer.load_state_dict(state["optimizer"])
-            if self.scheduler is not None and state.get("scheduler") is not None:
-                self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise CheckpointError(
                 f"checkpoint {snapshot.path} does not fit this model/optimizer ({str(e).splitlines()[0]}); "

@@ -177,6 +177,9 @@ def _clip_grads(optimizer, max_norm):
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
+CARRIED_SCALE = "hvdkit_lr_scale"  # in each param group: the rule's scale its "lr" carries
+
+
 class ScaledLRScheduler(torch.optim.lr_scheduler.LRScheduler):
     """A scheduler that scales ``optimizer``'s single-process rate for the job's ranks, with warmup.
 
@@ -215,6 +218,8 @@ class ScaledLRScheduler(torch.optim.lr_scheduler.LRScheduler):
         self.scale = lr_scale(size, rule)
         self.warmup_steps = check_warmup_steps(warmup_steps)
         super().__init__(optimizer, last_epoch)
+        for group in optimizer.param_groups:
+            group[CARRIED_SCALE] = self.scale
 
     def factor(self, step):
         """The multiplier of the optimizer's initial rate at ``step`` (``hvdkit.core.lr.warmup_factor``)."""
@@ -225,24 +230,27 @@ class ScaledLRScheduler(torch.optim.lr_scheduler.LRScheduler):
 
         The optimizer's rates (restored before this) carry the saved run's factor; they are
         multiplied by ``factor(t)`` at this job's scale over ``factor(t)`` at the saved scale, so
-        warmup position and any chained schedule carry over. Logged on rank 0.
+        warmup position and any chained schedule carry over. Logged on rank 0. Each param group
+        records the scale its rate carries (``CARRIED_SCALE``, saved with the optimizer), so loading
+        the same state twice rescales once.
         """
         scale = self.scale
         super().load_state_dict(state_dict)
         saved, self.scale = self.scale, scale
-        if saved == scale:
-            return
         t = max(self.last_epoch, 0)
-        ratio = warmup_factor(t, self.warmup_steps, scale) / warmup_factor(t, self.warmup_steps, saved)
+        ratios = []
         for group in self.optimizer.param_groups:
-            group["lr"] *= ratio
+            carried = group.get(CARRIED_SCALE, saved)  # optimizer states of hvdkit <= 0.2 lack it
+            ratios.append(warmup_factor(t, self.warmup_steps, scale) / warmup_factor(t, self.warmup_steps, carried))
+            group["lr"] *= ratios[-1]
+            group[CARRIED_SCALE] = scale
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
-        if _on_rank0():
+        if _on_rank0() and any(r != 1.0 for r in ratios):
             _log.info(
-                "learning-rate rule re-applied for this world size: scale %g (saved run) -> %g, rates x %g, now %s",
+                "learning-rate rule re-applied for this world size: scale %g (saved run) -> %g, rates x %s, now %s",
                 saved,
                 scale,
-                ratio,
+                ", ".join(f"{r:g}" for r in ratios),
                 ", ".join(f"{lr:.6g}" for lr in self._last_lr),
             )
 
