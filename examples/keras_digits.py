@@ -11,6 +11,7 @@ Same flags and final JSON line as examples/torch_digits.py.
 """
 
 import collections
+import math
 import sys
 
 import keras
@@ -84,8 +85,12 @@ def train(args):
     plan = hk.batch_plan(args.batch_size, args.global_batch_size)
 
     model = keras_model()
+    lr = args.lr
+    if args.lr_decay is not None:  # a schedule sees optimizer steps at any accumulation, so at any world size
+        steps_per_epoch = math.ceil(len(x_train) / plan.global_batch_size)
+        lr = keras.optimizers.schedules.ExponentialDecay(args.lr, decay_steps=steps_per_epoch, decay_rate=args.lr_decay)
     optimizer = hk.DistributedOptimizer(
-        keras.optimizers.SGD(args.lr, momentum=0.9), compression=args.compression, backward_passes_per_step=plan.accumulation
+        keras.optimizers.SGD(lr, momentum=0.9), compression=args.compression, backward_passes_per_step=plan.accumulation
     )
     model.compile(
         optimizer=optimizer,

@@ -42,6 +42,15 @@ class _AveragingMixin:
     def _hvdkit_average(self, grads):
         return allreduce_gradients(grads, self._hvdkit_compression, self._hvdkit_name, self._hvdkit_groups)
 
+    def _get_current_learning_rate(self):
+        # Keras 3.15 evaluates a schedule at its raw batch counter (one count per ``apply``) when it
+        # accumulates gradients: k times too fast at accumulation k, and a jump whenever k changes
+        # with the world size (a fixed global batch). ``iterations`` counts optimizer steps.
+        schedule = self._learning_rate
+        if self.gradient_accumulation_steps and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            return schedule(self.iterations)
+        return super()._get_current_learning_rate()
+
     def apply(self, grads, trainable_variables=None):
         if self._hvdkit_compression == AUTO:  # decided once, at the first apply (while tracing: eagerly)
             grads = list(grads)
@@ -74,7 +83,8 @@ def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step
     - ``backward_passes_per_step``: apply the mean gradient of that many batches; implemented with
       Keras 3's own ``gradient_accumulation_steps``. Gradients are averaged over ranks at every
       batch (Keras accumulates inside ``apply``), so this saves memory and optimizer steps, not
-      communication.
+      communication. A learning-rate schedule sees optimizer steps (``iterations``), as without
+      accumulation (plain Keras 3.15 gives it the batch count).
 
     Use it in ``model.compile(optimizer=...)`` or call ``apply``/``apply_gradients`` in a custom
     loop. Pass the plain optimizer: its state (if any) is not copied.

@@ -97,3 +97,11 @@ def test_keras_scaled_lr_warmup_callback_and_schedule_give_the_expected_rates_on
             # 4 batches per epoch: the callback warms up over epoch 1, the schedule over 4 steps
             assert lr[f"warmup_callback_{rule}"] == pytest.approx(warmup(scale, 8), rel=1e-6)
             assert lr[f"schedule_{rule}"] == pytest.approx(warmup(scale, 8), rel=1e-6)
+
+
+def test_keras_schedules_see_optimizer_steps_when_gradients_accumulate(keras_ranks):
+    """8 batches at accumulation 2 are 4 optimizer steps: the warmup and a halving per step run at
+    steps 0-3 (Keras 3.15 alone evaluated them at batches 1, 3, 5, 7)."""
+    expected = [w * 0.5**s for s, w in enumerate(warmup(2.0, 4))]
+    for r in keras_ranks:
+        assert r["lr"]["schedule_accumulation_2"] == pytest.approx(expected, rel=1e-6)

@@ -4,7 +4,10 @@
 With the global batch fixed at 64 (32 per rank x 2 ranks, or x 1 rank x 2 accumulation steps,
 Keras's own ``gradient_accumulation_steps``) and no compression it must end where an uninterrupted
 2-rank run ends, every training sample used exactly once per epoch, and the optimizer's step count
-must carry over although Keras counts batches, not steps, when it accumulates.
+must carry over although Keras counts batches, not steps, when it accumulates. Both with a constant
+rate and with a schedule (``--lr-decay``: ExponentialDecay over optimizer steps): Keras 3.15 alone
+evaluated the schedule at the batch count, twice as fast in the 1-rank leg (accumulation 2), and the
+run ended elsewhere.
 """
 
 from collections import Counter
@@ -23,8 +26,8 @@ COMMON = ["--compression", "none", "--global-batch-size", "64"]
 LEGS = ((2, 1), (1, 2), (2, 3))  # (ranks, epochs to reach)
 
 
-def run(np_, epochs, ckpt, samples):
-    argv = [KERAS, *COMMON, "--epochs", str(epochs), "--checkpoint-dir", str(ckpt), "--sample-log", str(samples)]
+def run(np_, epochs, ckpt, samples, *extra):
+    argv = [KERAS, *COMMON, "--epochs", str(epochs), "--checkpoint-dir", str(ckpt), "--sample-log", str(samples), *extra]
     return run_example(np_, argv)
 
 
@@ -37,12 +40,13 @@ def newest_params(ckpt):
     return {f"model/{i}": a for i, a in enumerate(read_newest(ckpt).state["model"])}
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
+@pytest.fixture(scope="module", params=[None, "0.7"], ids=["constant-lr", "lr-decay"])
+def jobs(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("world-size-keras")
-    reference = run(2, 3, d / "ref", d / "ref-samples")
-    legs = [run(np_, epochs, d / "elastic", d / "elastic-samples") for np_, epochs in LEGS]
-    return {"dir": d, "reference": reference, "legs": legs}
+    decay = [] if request.param is None else ["--lr-decay", request.param]
+    reference = run(2, 3, d / "ref", d / "ref-samples", *decay)
+    legs = [run(np_, epochs, d / "elastic", d / "elastic-samples", *decay) for np_, epochs in LEGS]
+    return {"dir": d, "reference": reference, "legs": legs, "schedule": request.param is not None}
 
 
 def test_fit_at_2_then_1_then_2_ranks_ends_within_1e_5_of_an_uninterrupted_run(jobs):
@@ -52,7 +56,7 @@ def test_fit_at_2_then_1_then_2_ranks_ends_within_1e_5_of_an_uninterrupted_run(j
     ref, got = newest_params(d / "ref"), newest_params(d / "elastic")
     assert sorted(ref) == sorted(got)
     diff = max(float(np.max(np.abs(ref[k] - got[k]))) for k in ref)
-    record_figures("world_size_change_keras_2_1_2", max_abs_param_diff=diff, epochs=3)
+    record_figures("world_size_change_keras_2_1_2" + ("_lr_decay" if jobs["schedule"] else ""), max_abs_param_diff=diff, epochs=3)
     assert diff < 1e-5, f"final parameters differ by {diff}"
 
 
@@ -80,5 +84,6 @@ def test_rank_0_logs_the_plan_and_the_resume_at_another_size(jobs):
     one, again = (p.stderr + p.stdout for p in jobs["legs"][1:])
     assert "world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps" in one
     assert "checkpoint was written by 2 ranks, this job has 1: resuming at epoch 1" in one
-    assert "learning rate 0.05 as configured for this size" in one
+    # a constant rate is reset to what the script set for this size; a schedule follows the step count
+    assert ("learning rate 0.05 as configured for this size" in one) is not jobs["schedule"]
     assert "checkpoint was written by 1 ranks, this job has 2: resuming at epoch 2" in again

@@ -99,11 +99,17 @@ def section_clipping(rank, size):
     return out
 
 
-def fit_recording_lr(optimizer, callbacks, rank, epochs):
+def fit_recording_lr(optimizer, callbacks, rank, epochs, passes=1):
+    """The rate each optimizer step of ``fit`` applies (read before the batch that completes the step)."""
     model = make_model(0)
-    model.compile(optimizer=hk.DistributedOptimizer(optimizer), loss="mse")
+    model.compile(optimizer=hk.DistributedOptimizer(optimizer, backward_passes_per_step=passes), loss="mse")
     lrs = []
-    record = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda b, logs: lrs.append(float(model.optimizer.learning_rate)))
+
+    def on_batch(b, logs):
+        if (b + 1) % passes == 0:
+            lrs.append(float(model.optimizer.learning_rate))
+
+    record = keras.callbacks.LambdaCallback(on_train_batch_begin=on_batch)
     g = np.random.RandomState(rank)
     model.fit(g.randn(4 * B, 8).astype("float32"), g.randn(4 * B, 4).astype("float32"), batch_size=B, epochs=epochs,
               shuffle=False, verbose=0, callbacks=[hk.BroadcastInitialStateCallback(), *callbacks, record])
@@ -117,6 +123,8 @@ def section_lr(rank, size):
         out[f"warmup_callback_{rule}"] = fit_recording_lr(keras.optimizers.SGD(LR), [warm], rank, epochs=2)
         sched = hk.ScaledLRSchedule(LR, rule=rule, warmup_steps=4)
         out[f"schedule_{rule}"] = fit_recording_lr(keras.optimizers.SGD(sched), [], rank, epochs=2)
+    sched = hk.ScaledLRSchedule(keras.optimizers.schedules.ExponentialDecay(LR, 1, 0.5), "linear", warmup_steps=4)
+    out["schedule_accumulation_2"] = fit_recording_lr(keras.optimizers.SGD(sched), [], rank, epochs=2, passes=2)
     return out
 
 
