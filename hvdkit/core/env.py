@@ -251,9 +251,21 @@ def stall_settings(environ=None):
 
     A rank missing from a collective for HVDKIT_STALL_TIMEOUT seconds (default 600) makes Horovod
     shut down with an error naming it, instead of every other rank waiting forever. Horovod's own
-    default only warns. Variables the user set win.
+    default only warns. Horovod reads whole seconds and takes 0 as "never": a fraction is rounded
+    up. The check time (how often Horovod looks) is derived from the shutdown time in force, the
+    user's or hvdkit's: Horovod never shuts down when it is above the shutdown time. Variables
+    the user set win; a pair of them that disables the shutdown raises ConfigError.
+    Env: HVDKIT_STALL_TIMEOUT, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, HOROVOD_STALL_CHECK_TIME_SECONDS.
     """
     environ = os.environ if environ is None else environ
-    timeout = int(seconds(STALL_TIMEOUT, DEFAULT_STALL_TIMEOUT, environ))
-    wanted = {HOROVOD_STALL_SHUTDOWN: str(timeout), HOROVOD_STALL_CHECK: str(min(60, max(1, timeout // 3)))}
+    timeout = math.ceil(seconds(STALL_TIMEOUT, DEFAULT_STALL_TIMEOUT, environ))
+    shutdown = read(HOROVOD_STALL_SHUTDOWN, integer(0), timeout, environ)
+    check = read(HOROVOD_STALL_CHECK, integer(0), None, environ)
+    if check is not None and shutdown > 0 and check > shutdown:
+        raise ConfigError(
+            f"{HOROVOD_STALL_CHECK}={check} is above the stall shutdown time of {shutdown} s: Horovod would then "
+            f"never shut a stalled job down; unset {HOROVOD_STALL_CHECK} (hvdkit derives it from the shutdown "
+            f"time) or set it to {shutdown} or less"
+        )
+    wanted = {HOROVOD_STALL_SHUTDOWN: str(shutdown), HOROVOD_STALL_CHECK: str(min(60, max(1, shutdown // 3)))}
     return {k: v for k, v in wanted.items() if k not in environ}

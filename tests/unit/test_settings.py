@@ -75,10 +75,31 @@ def test_a_flag_that_is_not_a_number_is_a_clear_error_not_an_argparse_exit(capsy
 def test_the_stall_timeout_variable_reaches_the_ranks_and_horovod(monkeypatch, capsys):
     monkeypatch.setenv(env.STALL_TIMEOUT, "90")
     assert env.stall_settings() == {env.HOROVOD_STALL_SHUTDOWN: "90", env.HOROVOD_STALL_CHECK: "30"}
-    monkeypatch.setenv(env.HOROVOD_STALL_SHUTDOWN, "12")  # Horovod's own variable wins
-    assert env.stall_settings() == {env.HOROVOD_STALL_CHECK: "30"}
+    monkeypatch.setenv(env.HOROVOD_STALL_SHUTDOWN, "12")  # Horovod's own variable wins; the check follows it
+    assert env.stall_settings() == {env.HOROVOD_STALL_CHECK: "4"}  # was 30: above 12, Horovod never shut down
     monkeypatch.setenv(env.STALL_TIMEOUT, "0")
     with pytest.raises(ConfigError, match=r"HVDKIT_STALL_TIMEOUT must be a positive number of seconds \(got '0'\)"):
+        env.stall_settings()
+
+
+def test_a_stall_timeout_below_one_second_rounds_up_instead_of_turning_the_shutdown_off(monkeypatch):
+    monkeypatch.setenv(env.STALL_TIMEOUT, "0.5")  # Horovod's whole seconds: 0 was "never shut down"
+    assert env.stall_settings() == {env.HOROVOD_STALL_SHUTDOWN: "1", env.HOROVOD_STALL_CHECK: "1"}
+    monkeypatch.setenv(env.STALL_TIMEOUT, "200.2")
+    assert env.stall_settings() == {env.HOROVOD_STALL_SHUTDOWN: "201", env.HOROVOD_STALL_CHECK: "60"}
+
+
+def test_a_user_check_time_above_the_shutdown_time_is_refused_naming_both(monkeypatch):
+    monkeypatch.setenv(env.STALL_TIMEOUT, "20")
+    monkeypatch.setenv(env.HOROVOD_STALL_CHECK, "30")  # Horovod: "will not shutdown", waits forever
+    with pytest.raises(ConfigError, match=r"HOROVOD_STALL_CHECK_TIME_SECONDS=30 is above the stall shutdown time of 20 s"):
+        env.stall_settings()
+    monkeypatch.setenv(env.HOROVOD_STALL_CHECK, "20")
+    assert env.stall_settings() == {env.HOROVOD_STALL_SHUTDOWN: "20"}
+    monkeypatch.setenv(env.HOROVOD_STALL_SHUTDOWN, "0")  # the user's own "never": theirs to choose
+    assert env.stall_settings() == {}
+    monkeypatch.setenv(env.HOROVOD_STALL_SHUTDOWN, "soon")
+    with pytest.raises(ConfigError, match=r"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS must be an integer >= 0 \(got 'soon'\)"):
         env.stall_settings()
 
 
