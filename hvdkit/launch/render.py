@@ -90,6 +90,13 @@ def _header(target, spec, what):
 
 
 def _slurm(spec):
+    if spec.elastic and spec.max_np is not None and spec.max_np > spec.num_proc:
+        # The script's hosts are its allocation's (-np tasks) and never more: the job could not start.
+        raise ConfigError(
+            f"an elastic SLURM job grows only within its allocation of -np {spec.num_proc} tasks, so --max-np "
+            f"{spec.max_np} can never be reached (hvdkit run would fail after the queue wait); render with "
+            f"-np {spec.max_np} to allocate {spec.max_np} tasks, or --max-np {spec.num_proc}"
+        )
     memory = MEMORY_PATTERN.fullmatch(spec.memory)
     command = _line(spec.command)
     lines = [

@@ -32,14 +32,24 @@ def test_a_plain_mpijob_names_no_discovery_script():
 
 
 def test_an_elastic_slurm_script_keeps_its_allocation_and_explains_elastic_inside_it():
-    text = render.render("slurm", ELASTIC)
+    text = render.render("slurm", dataclasses.replace(ELASTIC, max_np=4))
     lines = text.splitlines()
     assert "#SBATCH --no-kill" in lines
     first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
     assert max(i for i, line in enumerate(lines) if line.startswith("#SBATCH")) < first_command
     assert "# Elastic (--min-np/--max-np) inside a fixed allocation: the hosts are this allocation's nodes and" in lines
-    assert lines[-1].endswith('hvdkit run -np "$SLURM_NTASKS" --min-np 2 --max-np 6 -- python examples/torch_digits.py')
+    assert lines[-1].endswith('hvdkit run -np "$SLURM_NTASKS" --min-np 2 --max-np 4 -- python examples/torch_digits.py')
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_an_elastic_slurm_script_that_could_never_reach_its_max_np_is_refused_naming_both_fixes(capsys):
+    """The allocation holds -np tasks and an elastic job never grows past it: the script always failed."""
+    with pytest.raises(ConfigError, match=r"grows only within its allocation of -np 4 tasks, so --max-np 6 can never be "
+                       r"reached .*; render with -np 6 to allocate 6 tasks, or --max-np 4$"):  # fmt: skip
+        render.render("slurm", ELASTIC)
+    assert main(["render", "slurm", "--nodes", "2", "-np", "2", "--max-np", "3", "--", "python", "t.py"]) == 2
+    assert "--max-np 3 can never be reached" in capsys.readouterr().err
+    assert "--min-np 2 --max-np 6" in render.render("mpijob", ELASTIC)  # the MPI Operator adds workers: it may grow
 
 
 def test_an_elastic_bound_alone_defaults_the_other_to_np():
