@@ -248,8 +248,12 @@ def _run(args):
     check_command(spec.command)
     is_root = os.geteuid() == 0
     cores = len(os.sched_getaffinity(0))
-    if not found and spec.num_proc > cores:  # said once, not per restart
+    if not found and not script and spec.num_proc > cores:  # said once, not per restart; discovery: ranks run elsewhere
         sys.stderr.write(f"hvdkit run: {plan.oversubscribed(spec.num_proc, cores)}\n")
+    if spec.timeline and not args.dry_run:
+        from .launch.timeline_flags import ensure_folder
+
+        ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
     if elastic_settings:
         return _run_elastic(args, spec, elastic_settings, restarts, is_root, cores)
     if args.dry_run:
@@ -258,10 +262,6 @@ def _run(args):
         return 0
     if not (controller == "mpi" and hosts.mpirun_uses_srun(os.environ)):  # in SLURM, mpirun reaches nodes by srun
         remote.check_reachable(found)  # an unreachable host is an error before anything starts
-    if spec.timeline:
-        from .launch.timeline_flags import ensure_folder
-
-        ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
 
     def build_plan(job_id, attempt):
         attempt_spec = dataclasses.replace(spec, env={**spec.env, env.RESTART: str(attempt), env.WORLD_SIZE: str(spec.num_proc)})

@@ -36,7 +36,9 @@ class PreemptionGuard:
     reports even without ``step`` (``"step": null``): from then on every rank has its guard, so an
     elastic launcher may ask the ranks to stop without killing them mid-start-up. A loop that checks
     the guard seldom (Keras: at epoch ends) says where it is in between with ``progress(step)``,
-    and where it resumed with ``progress(step, resumed=True)`` (neither is collective).
+    and where it resumed with ``progress(step, resumed=True)`` (neither is collective). The call
+    that first returns True reports ``"stopping": true``: the ranks stop because asked, so an
+    elastic launcher relaunches them; ranks that end without it have finished.
     Collective: every rank calls ``should_stop()`` the same number of times.
     Env: HVDKIT_JOB_ID (set by ``hvdkit run``; without it no step is reported).
     """
@@ -67,7 +69,10 @@ class PreemptionGuard:
         if self._calls % self.every:
             return False
         flag = 1.0 if self.received is not None else 0.0
-        self.stopped = self.comm.allreduce_sum([flag], name="hvdkit.preemption")[0] > 0
+        asked = self.comm.allreduce_sum([flag], name="hvdkit.preemption")[0] > 0
+        if asked and not self.stopped:  # the launcher tells "stopped as asked" from "finished" by it
+            self._report(step, stopping=True)
+        self.stopped = asked
         return self.stopped
 
     def progress(self, step, resumed=False):
@@ -76,13 +81,15 @@ class PreemptionGuard:
         often as it likes, only rank 0 reports."""
         self._report(check_int_at_least("step", step, 0, "pass the number of optimizer steps done, e.g. int(optimizer.iterations)"), resumed)
 
-    def _report(self, step, resumed=False):
+    def _report(self, step, resumed=False, stopping=False):
         if self._job is None:
             self._job = os.environ.get(_env.JOB_ID, "") if getattr(self.comm, "rank", 0) == 0 else ""
         if self._job:
             record = {"event": "step", "step": None if step is None else int(step)}
             if resumed:
                 record["resumed"] = True
+            if stopping:
+                record["stopping"] = True
             line = f"{REPORT_MARK} {self._job} {json.dumps(record)}\n"
             try:  # one write: never interleaved with other output on the same pipe
                 os.write(2, line.encode())

@@ -184,7 +184,9 @@ def _ended(record, result, stop, clock):
     record.resumed_step, record.last_step = result.resumed_step, result.last_step
     if result.interrupted_by is not None:
         record.outcome = INTERRUPTED
-    elif result.exit_code == 0 and result.stop_reason is None:
+    elif result.exit_code == 0 and (result.stop_reason is None or (result.guarded and not result.stopped_as_asked)):
+        # a request that came after the ranks' last should_stop() (final evaluation, export) found
+        # them finishing: they end 0 without having stopped for it, and must not run again
         record.outcome = FINISHED
     elif result.exit_code == 0 or (result.stop_reason and result.signal in _STOP_SIGNALS and not stop.hard):
         # stopped as asked; a rank our own stop signal ended (one not yet or no longer training

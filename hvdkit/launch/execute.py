@@ -40,6 +40,8 @@ class JobResult:
     failure_noticed_at: float | None = None  # time.monotonic() when the first failure report arrived
     resumed_step: int | None = None  # the step the ranks resumed at, if they report steps (PreemptionGuard)
     last_step: int | None = None  # the last step they reported
+    guarded: bool = False  # the ranks reported through a PreemptionGuard (they can stop when asked)
+    stopped_as_asked: bool = False  # and said they stop because asked (not that they finished)
 
 
 def local_rank_pids(started, job_id, host=None):
@@ -245,6 +247,8 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
         failure_noticed_at=reports.first_failure,
         resumed_step=reports.resume_point(),
         last_step=reports.last_step,
+        guarded=reports.training,
+        stopped_as_asked=reports.stopping,
     )
 
 

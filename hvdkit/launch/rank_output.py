@@ -90,6 +90,7 @@ class RankReports:
         self.first_step = self.last_step = None  # steps reported (``{"event": "step", "step": N}``)
         self.resumed_step = None  # the first step reported with ``"resumed": true``
         self.training = False  # a rank's PreemptionGuard reported (the ranks train and can stop cleanly)
+        self.stopping = False  # and said they stop because asked (``"stopping": true``)
         self.last_start = None  # time.monotonic() of the newest start report
         self.first_failure = None  # time.monotonic() of the first report of a rank that failed
 
@@ -114,6 +115,7 @@ class RankReports:
         record["rank"] = int(m.group(1))
         if record["event"] == "step":
             self.training = True
+            self.stopping = self.stopping or record.get("stopping") is True
             if isinstance(record.get("step"), int):
                 if record.get("resumed") is True and self.resumed_step is None:
                     self.resumed_step = record["step"]

@@ -141,3 +141,12 @@ def test_doctor_reports_versions_build_and_a_passing_smoke_test():
     assert "2-rank allreduce (mpi)     ok (sum over 2 ranks = 3)" in out
     assert "2-rank allreduce (gloo)    ok (sum over 2 ranks = 3)" in out
     assert out.rstrip().endswith("all checks passed")
+
+
+def test_an_elastic_run_makes_the_folder_of_its_timeline(tmp_path):
+    """Horovod records nothing (one log line) when the timeline's folder is missing; elastic runs never made it."""
+    timeline = tmp_path / "new" / "timeline.json"
+    proc = hvdkit_run("-np", "1", "--min-np", "1", "--max-np", "1", "-H", "localhost:1", "--timeline", str(timeline),
+                      "--", PYTHON, "-c", "import hvdkit.torch as hk; hk.init()")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert timeline.is_file()  # Horovod opened it (it writes events as they come: none here)

@@ -1,6 +1,7 @@
 """Elastic training by restart, the pure parts: discovery output, settings, world choice, the loop
 with a fake discovery, clock and launch, the summary, and ``hvdkit run --dry-run``."""
 
+import os
 import re
 import threading
 
@@ -250,9 +251,10 @@ def test_one_failed_liveness_check_is_not_enough():
     assert not stop.is_set()
 
 
-def _result(code=0, stop=None, started=None, noticed=None, resumed=None, last=None, message=""):
+def _result(code=0, stop=None, started=None, noticed=None, resumed=None, last=None, message="", guarded=True):
+    """An attempt's JobResult; ranks asked to stop (``stop``) that end 0 said they stop because asked."""
     return JobResult(code, message=message, stop_reason=stop, ranks_started_at=started, failure_noticed_at=noticed,
-                     resumed_step=resumed, last_step=last)  # fmt: skip
+                     resumed_step=resumed, last_step=last, guarded=guarded, stopped_as_asked=bool(stop) and code == 0)  # fmt: skip
 
 
 def test_a_shrink_then_a_grow_relaunch_at_the_sizes_discovery_allows_and_are_summarised():
@@ -310,6 +312,41 @@ def test_a_rank_ended_by_the_stop_signal_of_a_grow_is_no_failure_but_one_killed_
     history, final = run_elastic(settings(), view_of((A, B)), launch, max_restarts=0, clock=clock, sleep=clock.sleep, log=lambda _: None)
     assert [a.outcome for a in history.attempts] == ["stopped to grow", "failed"] and final.exit_code == 137
     assert history.attempts[0].detail == "b:1 came; rank 0 was killed by SIGTERM"
+
+
+def test_ranks_that_finish_after_a_late_grow_request_end_the_job_instead_of_running_again():
+    """A request that arrives after the ranks' last should_stop() (final evaluation, export) finds them
+    finishing: they end 0 without saying they stop, and the job is done (it ran its last part 3 times)."""
+    clock = FakeClock()
+    launched = []
+
+    def launch(world, attempt, changes, stop):
+        launched.append(attempt)
+        return JobResult(0, stop_reason="b:1 came", guarded=True, stopped_as_asked=False, last_step=90)
+
+    history, final = run_elastic(settings(), view_of((A, B)), launch, max_restarts=3, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    assert launched == [0] and final.exit_code == 0 and [a.outcome for a in history.attempts] == ["finished"]
+
+
+def test_ranks_without_a_guard_that_end_0_after_a_request_still_count_as_stopped_as_asked():
+    """Scripts without a PreemptionGuard say nothing: their clean exit after a request is taken as the stop."""
+    clock = FakeClock()
+    results = [_result(0, stop="b:1 came", guarded=False), _result(0)]
+    history, _ = run_elastic(settings(), view_of((A, B)), lambda w, attempt, c, s: results[attempt], max_restarts=0,
+                             clock=clock, sleep=clock.sleep, log=lambda _: None)  # fmt: skip
+    assert [a.outcome for a in history.attempts] == ["stopped to grow", "finished"]
+
+
+def test_the_guard_says_once_that_the_ranks_stop_because_asked(monkeypatch, capfd):
+    monkeypatch.setenv(env.JOB_ID, "job9")
+    guard = PreemptionGuard(LocalCommunicator(), signals=())
+    guard.should_stop(step=5)
+    guard.received = 15  # SIGTERM arrived
+    assert guard.should_stop(step=6) and guard.should_stop(step=7)
+    reports = RankReports("job9")
+    records = [reports.take(f"[rank 0] {line}") for line in capfd.readouterr().err.splitlines()]
+    assert [r.get("stopping", False) for r in records] == [False, False, True, False]
+    assert reports.training and reports.stopping and reports.last_step == 7
 
 
 def test_an_elastic_job_that_never_gets_min_np_slots_gives_up_with_its_history():
@@ -478,3 +515,13 @@ def test_a_hard_stop_finds_every_process_below_the_launcher_also_in_other_sessio
         for pid in _tree(proc.pid)[::-1]:
             os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_discovery_script_run_says_nothing_of_oversubscribing_this_host(tmp_path, capsys):
+    """The ranks run on the hosts the script lists, not here: 8 ranks on this host's cores is no concern."""
+    script = _script(tmp_path, "n1:4\\nn2:4\\n")
+    assert main(["run", "-np", "8", "--min-np", "4", "--host-discovery-script", script, "--dry-run", "--", "python", "-c", "pass"]) == 0
+    assert "share cores" not in capsys.readouterr().err
+    assert main(["run", "-np", str(len(os.sched_getaffinity(0)) + 1), "--dry-run", "--", "python", "-c", "pass"]) == 0
+    assert "share cores (mpirun --oversubscribe)" in capsys.readouterr().err  # a local run still says it
+
