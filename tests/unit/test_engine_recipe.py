@@ -54,3 +54,19 @@ def test_the_command_reports_the_error_in_one_line_and_exits_2(bare_python, caps
 def test_jobs_below_one_is_a_clear_error_before_anything_runs(capsys):
     assert main(["engine", "install", "--jobs", "0"]) == 2
     assert capsys.readouterr().err == "hvdkit engine: error: --jobs must be at least 1 (got 0)\n"
+
+
+def test_the_wheel_cache_key_holds_the_sdist_digest_and_an_unpinned_version_is_refused():
+    """The sdist is checked against a pinned SHA-256, which is part of the key: another digest is another wheel."""
+
+    def key_of(**extra):
+        environ = {**os.environ, "PYTHON": sys.executable, **extra}
+        return subprocess.run(["bash", str(engine.BUILD_SCRIPT), "--key"], env=environ, capture_output=True, text=True, timeout=120)
+
+    pinned, other = key_of(), key_of(HOROVOD_SDIST_SHA256="0" * 64)
+    assert pinned.returncode == other.returncode == 0, pinned.stderr + other.stderr
+    folder, key = pinned.stdout.strip().rsplit("-", 1)
+    assert other.stdout.strip().rsplit("-", 1) != [folder, key] and other.stdout.startswith(folder)
+    refused = key_of(HOROVOD_VERSION="0.27.0")
+    assert refused.returncode == 1
+    assert "no SHA-256 of the Horovod 0.27.0 sdist is pinned; set HOROVOD_SDIST_SHA256" in refused.stderr

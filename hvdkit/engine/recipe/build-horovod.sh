@@ -19,6 +19,8 @@
 # Env:
 #   PYTHON               interpreter of the target environment (default: python3)
 #   HOROVOD_VERSION      sdist version to build (default 0.28.1; scripts/build-horovod.sh passes constraints.txt's)
+#   HOROVOD_SDIST_SHA256 the SHA-256 its sdist must have (default: the pinned one of 0.28.1; another
+#                        version needs it); part of the cache key, and a download that differs is refused
 #   HVDKIT_WHEEL_CACHE   wheel cache folder (default: ${XDG_CACHE_HOME:-~/.cache}/hvdkit/wheels)
 #   HVDKIT_BUILD_JOBS    parallel compile jobs (default: number of cores)
 set -euo pipefail
@@ -28,6 +30,8 @@ PYTHON=${PYTHON:-python3}
 HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
 CACHE=${HVDKIT_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkit/wheels}
 JOBS=${HVDKIT_BUILD_JOBS:-$(nproc)}
+# The sdists this recipe was checked with, by version (PyPI's published digests).
+declare -A PINNED_SDIST_SHA256=([0.28.1]=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0)
 
 say() { printf '[build-horovod] %s\n' "$*" >&2; }
 die() { printf '[build-horovod] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -51,6 +55,8 @@ need() {
   die "missing: ${list%, }. Install them: apt-get install -y ${pkgs[*]}"
 }
 
+sdist_sha256=${HOROVOD_SDIST_SHA256:-${PINNED_SDIST_SHA256[$HOROVOD_VERSION]:-}}
+[[ $sdist_sha256 =~ ^[0-9a-f]{64}$ ]] || die "no SHA-256 of the Horovod $HOROVOD_VERSION sdist is pinned${HOROVOD_SDIST_SHA256:+ (HOROVOD_SDIST_SHA256='$HOROVOD_SDIST_SHA256' is not 64 hex digits)}; set HOROVOD_SDIST_SHA256 to the digest PyPI lists for horovod-$HOROVOD_VERSION.tar.gz"
 command -v "$PYTHON" >/dev/null || die "no interpreter '$PYTHON'; set PYTHON to the target environment's python"
 # The key needs the MPI and compiler versions; a build needs more (checked on a cache miss).
 need "mpirun:openmpi-bin:the Open MPI launcher" "g++:g++:the C++ compiler"
@@ -89,8 +95,8 @@ recipe_hash=$(sed -n '/^    # >>> recipe/,/^    # <<< recipe/p' "$here/build-hor
 # The engine fixes: their level hashes every patch file; the applying script is an input too.
 fix_level=$(bash "$here/apply-horovod-fixes.sh" --level) || die "could not compute the engine fix level"
 fix_tool=$(sha256sum < "$here/apply-horovod-fixes.sh" | cut -c1-16)
-key=$(printf '%s|%s|gcc=%s|recipe=%s|fixes=%s|%s' "$inputs" "$mpi_version" "$gcc_version" "$recipe_hash" \
-  "$fix_level" "$fix_tool" | sha256sum | cut -c1-20)
+key=$(printf '%s|%s|gcc=%s|recipe=%s|fixes=%s|%s|sdist=%s' "$inputs" "$mpi_version" "$gcc_version" "$recipe_hash" \
+  "$fix_level" "$fix_tool" "$sdist_sha256" | sha256sum | cut -c1-20)
 wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-$key"
 if [[ $mode == key ]]; then
   echo "$wheel_dir"
@@ -116,6 +122,8 @@ else
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
+    got=$(sha256sum < "$work/horovod-$HOROVOD_VERSION.tar.gz" | cut -c1-64)
+    [[ $got == "$sdist_sha256" ]] || die "the downloaded horovod-$HOROVOD_VERSION.tar.gz has SHA-256 $got, not the pinned $sdist_sha256: refusing to build it (check your package index, or set HOROVOD_SDIST_SHA256)"
     tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
     # >>> recipe
@@ -137,8 +145,11 @@ else
         "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$work/out" . >&2
     ) || die "the Horovod build failed (see the compiler output above)"
     # <<< recipe
-    cp "$work"/out/horovod-*.whl "$wheel_dir"/
-    wheel=$(ls "$wheel_dir"/horovod-*.whl | head -n 1)
+    # A temporary name, then a rename: a copy cut short never looks like a cached wheel.
+    built=$(ls "$work"/out/horovod-*.whl | head -n 1)
+    cp "$built" "$wheel_dir/.partial-$$"
+    mv -f "$wheel_dir/.partial-$$" "$wheel_dir/$(basename "$built")"
+    wheel=$wheel_dir/$(basename "$built")
     say "cached $wheel"
   else
     say "using cached wheel $wheel"
