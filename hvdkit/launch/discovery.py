@@ -9,6 +9,7 @@ which of them are there. Parsing is pure; ``ScriptDiscovery`` runs the script.
 """
 
 import os
+import signal
 import subprocess
 
 from ..core.errors import ConfigError, LaunchError
@@ -61,20 +62,36 @@ class ScriptDiscovery:
             raise ConfigError(f"--host-discovery-script {self.path!r} is not executable; chmod +x it")
 
     def hosts(self):
-        """The hosts the script lists now; DiscoveryError when it fails, hangs or prints garbage."""
+        """The hosts the script lists now; DiscoveryError when it fails, hangs or prints garbage.
+
+        The script runs in a process group of its own, ended whole when it hangs: what it started
+        (an ``sleep``, an ``ssh``, a ``kubectl``) does not outlive the poll."""
         try:
-            p = subprocess.run([self.path], capture_output=True, text=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise DiscoveryError(f"host discovery script {self.path} gave no answer within {self.timeout:g} s") from None
+            p = subprocess.Popen([self.path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                 text=True, start_new_session=True)  # fmt: skip
         except OSError as e:
             raise DiscoveryError(f"cannot run host discovery script {self.path}: {e.strerror}") from None
+        try:
+            out, err = p.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            _end_group(p)
+            raise DiscoveryError(f"host discovery script {self.path} gave no answer within {self.timeout:g} s") from None
         if p.returncode != 0:
-            tail = (p.stderr.strip().splitlines() or [""])[-1]
+            tail = (err.strip().splitlines() or [""])[-1]
             raise DiscoveryError(f"host discovery script {self.path} exited with code {p.returncode}: {tail}")
-        return parse_discovery_output(p.stdout, f"host discovery script {self.path}")
+        return parse_discovery_output(out, f"host discovery script {self.path}")
 
     def __str__(self):
         return f"--host-discovery-script {self.path}"
+
+
+def _end_group(proc):
+    """SIGKILL the process group ``proc`` leads (its own: ``start_new_session``) and reap ``proc``."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
 
 
 class FixedDiscovery:

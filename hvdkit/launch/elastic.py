@@ -128,6 +128,7 @@ def below_min_message(settings, available, previous, unreachable, waited):
         f"only {have} slot(s) available ({format_hosts(available) or 'none'}), fewer than --min-np {settings.min_np}, "
         f"for {waited:.0f} s (--elastic-timeout {settings.timeout:g})"
         + (f"; missing: {why}" if missing else "")
+        + (f"; host discovery failed: {unreachable['discovery']}" if unreachable.get("discovery") else "")
         + f"; hosts from {settings.discovery}. The newest checkpoint is kept: bring the hosts back and run the job again"
     )
 

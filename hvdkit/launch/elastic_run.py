@@ -88,9 +88,10 @@ def wait_for_world(view, settings, previous=(), first=False, clock=time.monotoni
     """The hosts of the next attempt; waits (polling every ``interval``) while fewer than
     ``min_np`` slots are there, and raises LaunchError naming what is missing after ``timeout``."""
     t0 = clock()
-    said = None
+    said = failing = None
     while True:
         available, bad = view.now()
+        failing = _say_discovery(bad.get("discovery"), failing, log)
         world = choose_world(available, settings, previous, first)
         if world:
             return world, bad
@@ -109,6 +110,7 @@ def watch(view, running, settings, stop, ended, record, clock=time.monotonic, lo
     ``running`` is no longer listed, or when slots were added, the job may grow and its ranks are
     training (see ``_training``)."""
     said = {}  # the hosts last said to be unreachable, and why
+    failing = None  # the discovery error last said, while discovery fails
     checked = ()  # (when, names) of the joining hosts the last ssh check found reachable
     alive = _Liveness(view, running, clock)
     while not ended.wait(settings.interval):
@@ -118,7 +120,8 @@ def watch(view, running, settings, stop, ended, record, clock=time.monotonic, lo
             stop.request(f"{', '.join(dead)} stopped answering over ssh", hard=True)
             log(f"membership change: {', '.join(f'{n} ({why})' for n, why in dead.items())} stopped answering; ending the attempt")
             return
-        listed, _ = view.listed()
+        listed, error = view.listed()
+        failing = _say_discovery(error, failing, log, running=True)
         if listed is None:  # a failing discovery says nothing about the hosts: keep running
             continue
         gone = lost_hosts(running, listed)
@@ -148,6 +151,15 @@ def watch(view, running, settings, stop, ended, record, clock=time.monotonic, lo
             stop.request(f"{came} came")
             log(f"membership change: {came} can join; asking the ranks to stop at the same step and relaunching bigger")
             return
+
+
+def _say_discovery(error, said, log, running=False):
+    """Log a discovery error when it starts or changes, and that discovery works again; the error now."""
+    if error and error != said:
+        log(f"host discovery failed: {error}" + ("; the ranks keep running on their hosts" if running else ""))
+    elif said and not error:
+        log("host discovery works again")
+    return error
 
 
 class _Liveness:

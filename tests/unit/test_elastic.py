@@ -4,6 +4,7 @@ with a fake discovery, clock and launch, the summary, and ``hvdkit run --dry-run
 import os
 import re
 import threading
+import time
 
 import pytest
 from hypothesis import given
@@ -150,6 +151,43 @@ def test_waiting_below_min_np_returns_once_hosts_come():
     assert world == (A, B) and clock.now == 2.0 and len(said) == 1 and "fewer than --min-np 2" in said[0]
 
 
+def test_a_failing_discovery_is_said_when_it_happens_once_per_change_and_in_the_final_error():
+    """Before: nothing for the whole --elastic-timeout, then "only 0 slot(s) available" and advice
+    to bring hosts back; only --dry-run showed the script's error."""
+    clock, said = FakeClock(), []
+    view = view_of("exited with code 2: no such namespace", "exited with code 2: no such namespace", "cannot parse 'x:y'")
+    with pytest.raises(LaunchError) as caught:
+        wait_for_world(view, settings(lo=2, timeout=10), first=True, clock=clock, sleep=clock.sleep, log=said.append)
+    failures = [line for line in said if line.startswith("host discovery failed")]
+    assert failures == ["host discovery failed: exited with code 2: no such namespace", "host discovery failed: cannot parse 'x:y'"]
+    assert said.index(failures[0]) == 0  # at the first poll, not after the timeout
+    assert str(caught.value).endswith("; host discovery failed: cannot parse 'x:y'; hosts from the test's discovery. The newest "
+                                      "checkpoint is kept: bring the hosts back and run the job again")  # fmt: skip
+
+
+def test_a_hanging_discovery_script_is_ended_with_what_it_started(tmp_path):
+    """A poll that times out ends the script's whole process group: before, each poll left an orphan."""
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    script.chmod(0o755)
+    with pytest.raises(DiscoveryError, match=r"gave no answer within 1 s"):
+        ScriptDiscovery(str(script), timeout=1.0).hosts()
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{child}") and _state(child) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}") or _state(child) == "Z", f"the script's sleep (pid {child}) outlived the poll"
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def test_below_min_np_past_the_timeout_fails_naming_the_missing_host_and_why():
     clock = FakeClock()
     view = view_of((A, B), unreachable={"b": "ssh: connect to host b port 22: No route to host"})
@@ -181,7 +219,8 @@ def _watch(view, running, polls=5, step=3, started=None):
 
 def test_the_watcher_asks_to_grow_when_a_reachable_host_comes_and_not_before():
     stop, record, said = _watch(view_of((A,), "script failed", (A, B)), (A,))
-    assert stop.is_set() and stop.reason == "b:1 came" and record.noticed == 7.0 and "can join" in said[0]
+    assert stop.is_set() and stop.reason == "b:1 came" and record.noticed == 7.0 and "can join" in said[2]
+    assert said[:2] == ["host discovery failed: script failed; the ranks keep running on their hosts", "host discovery works again"]
     stop, _, _ = _watch(view_of((A, B), unreachable={"b": "no route"}), (A,))
     assert not stop.is_set()
 
