@@ -112,7 +112,7 @@ def watch(view, running, settings, stop, ended, record, clock=time.monotonic, lo
     said = {}  # the hosts last said to be unreachable, and why
     failing = None  # the discovery error last said, while discovery fails
     checked = ()  # (when, names) of the joining hosts the last ssh check found reachable
-    alive = _Liveness(view, running, clock)
+    alive = _Liveness(view, running, clock, progress=lambda: stop.last_step, log=log)
     while not ended.wait(settings.interval):
         dead = alive.check()
         if dead:
@@ -166,11 +166,14 @@ class _Liveness:
     """ssh checks of the running attempt's hosts every LIVENESS_EVERY seconds. A host that vanished
     without closing its connections (power loss, a cut link) stalls every rank inside a collective
     and mpirun itself, and no stall timeout fires; ``check()`` gives ``{name: why}`` for the hosts
-    that failed two checks in a row."""
+    that failed two checks in a row while the job was silent: a step reported since the first of
+    them (``progress()``, rank 0's newest step) means every rank took part in collectives, so the
+    host lives and ssh alone failed (a DNS hiccup, sshd throttling); that is logged, not acted on."""
 
-    def __init__(self, view, running, clock):
-        self.view, self.running, self.clock = view, running, clock
-        self.last, self.failed = clock(), {}
+    def __init__(self, view, running, clock, progress=lambda: None, log=print):
+        self.view, self.running, self.clock, self.progress, self.log = view, running, clock, progress, log
+        self.last, self.failed, self.step = clock(), {}, None
+        self.excused = set()  # hosts said to fail ssh while the ranks train (said once, until they pass a check)
 
     def check(self):
         if self.clock() - self.last < LIVENESS_EVERY:
@@ -178,7 +181,16 @@ class _Liveness:
         self.last = self.clock()
         bad = self.view.check(list(self.running), self.view.ssh_timeout)
         dead = {name: why for name, why in bad.items() if name in self.failed}
-        self.failed = bad
+        step = self.progress()
+        if dead and step is not None and step != self.step:
+            new = {n: why for n, why in dead.items() if n not in self.excused}
+            if new:
+                self.log(f"{', '.join(f'{n} ({why})' for n, why in new.items())} failed two ssh checks, but the ranks "
+                         f"keep training (step {step}): not ending the attempt")  # fmt: skip
+            self.excused |= set(dead)
+            dead = {}
+        self.excused &= set(bad)
+        self.failed, self.step = bad, step
         return dead
 
 

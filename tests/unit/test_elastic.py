@@ -281,6 +281,33 @@ def test_a_running_host_that_stops_answering_twice_ends_the_attempt_at_once():
     assert "b (no route) stopped answering" in said[0]
 
 
+class SteppingEnded(TickingEnded):
+    """A TickingEnded during each wait of which rank 0 reports a new step (when ``stepping``)."""
+
+    def __init__(self, clock, polls, stop, stepping=True):
+        super().__init__(clock, polls)
+        self.stop, self.stepping = stop, stepping
+        stop.last_step = 100
+
+    def wait(self, timeout):
+        self.stop.last_step += self.stepping
+        return super().wait(timeout)
+
+
+@pytest.mark.parametrize("stepping", [True, False])
+def test_failed_ssh_checks_end_the_attempt_only_while_the_ranks_report_no_new_step(stepping):
+    """A DNS hiccup or sshd throttling fails ssh while every rank trains (the steps since the last
+    checkpoint were lost); a host that fails the checks while the job is silent ends it, as before."""
+    clock, said = FakeClock(), []
+    view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: {"b": "timeout"} if hosts == [A, B] else {})
+    stop = StopRequest()
+    watch(view, (A, B), settings(interval=5.0), stop, SteppingEnded(clock, 9, stop, stepping), type("R", (), {"noticed": None})(),
+          clock=clock, log=said.append)  # fmt: skip
+    assert stop.is_set() is not stepping
+    kept = [line for line in said if "failed two ssh checks, but the ranks keep training" in line]
+    assert kept == (["b (timeout) failed two ssh checks, but the ranks keep training (step 104): not ending the attempt"] if stepping else [])
+
+
 def test_one_failed_liveness_check_is_not_enough():
     clock = FakeClock()
     answers = iter([{"b": "timeout"}, {}, {"b": "timeout"}, {}])
