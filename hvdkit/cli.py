@@ -110,6 +110,10 @@ def _elastic_options(r):
         help="executable printing the hosts there now, one 'host:slots' line each (as horovodrun's); run at every "
         "poll. Without it the hosts of -H/--hostfile/SLURM/the MPI Operator are fixed and ssh decides which are up",
     )
+    g.add_argument("--slots-per-host", dest="slots_per_host", action=env.FromEnv, env_var=env.SLOTS_PER_HOST,
+                   kind=env.POSITIVE_INT, default=None, metavar="N",
+                   help=f"slots of a host the discovery script lists without ':slots' (default: ${env.SLOTS_PER_HOST}, "
+                   f"else Open MPI's ${env.OMPI_DEFAULT_SLOTS}, which the MPI Operator sets to slotsPerWorker, else 1)")  # fmt: skip
     _env_option(g, "--discovery-interval", env.DISCOVERY_INTERVAL, env.SECONDS, "SECONDS", DEFAULT_DISCOVERY_INTERVAL,
                 "seconds between discovery polls")
     _env_option(g, "--elastic-timeout", env.ELASTIC_TIMEOUT, env.SECONDS, "SECONDS", DEFAULT_ELASTIC_TIMEOUT,
@@ -304,7 +308,8 @@ def _run_elastic(args, spec, settings, restarts, is_root, cores):
     from .launch import elastic_main
 
     return elastic_main.main(spec, settings, script=args.host_discovery_script, restarts=restarts, grace=args.grace_period,
-                             dry_run=args.dry_run, is_root=is_root, cores=cores)  # fmt: skip
+                             dry_run=args.dry_run, is_root=is_root, cores=cores,
+                             default_slots=env.discovered_host_slots(args.slots_per_host))  # fmt: skip
 
 
 def _quote(arg):

@@ -24,6 +24,7 @@ GRACE_PERIOD = "HVDKIT_GRACE_PERIOD"  # seconds ranks get to checkpoint after SI
 MAX_RESTARTS = "HVDKIT_MAX_RESTARTS"  # `hvdkit run` relaunches after a failure (default 0; elastic jobs 10)
 DISCOVERY_INTERVAL = "HVDKIT_DISCOVERY_INTERVAL"  # seconds between host discovery polls of an elastic job (default 5)
 ELASTIC_TIMEOUT = "HVDKIT_ELASTIC_TIMEOUT"  # seconds an elastic job waits for --min-np slots (default 600)
+SLOTS_PER_HOST = "HVDKIT_SLOTS_PER_HOST"  # slots of a host a discovery script lists bare (default: Open MPI's, else 1)
 STRAGGLER_THRESHOLD = "HVDKIT_STRAGGLER_THRESHOLD"  # slowdown above which a rank is a straggler (default 1.2)
 COMPRESSION = "HVDKIT_COMPRESSION"  # none, fp16 or auto: what compression="auto" becomes (default: measure)
 
@@ -37,6 +38,10 @@ MEMBERSHIP_CHANGES = "HVDKIT_MEMBERSHIP_CHANGES"  # elastic: times the hosts or 
 # set to "true" (if unset) when the URI is a `file:` store, which MLflow 3 refuses otherwise.
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 MLFLOW_ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
+
+# Open MPI's default slots per host; the MPI Operator sets it to slotsPerWorker on the launcher, whose
+# discover_hosts.sh lists bare worker names. hvdkit reads it as the slots of a bare discovered host.
+OMPI_DEFAULT_SLOTS = "OMPI_MCA_orte_set_default_slots"
 
 # Horovod's own stall inspector, which hvdkit configures from STALL_TIMEOUT unless these are set.
 HOROVOD_STALL_CHECK = "HOROVOD_STALL_CHECK_TIME_SECONDS"
@@ -244,6 +249,20 @@ def resolve(args):
         if isinstance(value, _Pending):
             setattr(args, dest, value.value())
     return args
+
+
+def discovered_host_slots(given=None, environ=None):
+    """The slots of a host a discovery script lists without ``:slots``: ``given`` (``--slots-per-host``
+    or HVDKIT_SLOTS_PER_HOST), else Open MPI's OMPI_MCA_orte_set_default_slots when it is a count
+    (the MPI Operator sets it to ``slotsPerWorker``), else 1.
+    Env: OMPI_MCA_orte_set_default_slots.
+    """
+    if given is not None:
+        return given
+    try:
+        return read(OMPI_DEFAULT_SLOTS, POSITIVE_INT, 1, environ)
+    except ConfigError:  # Open MPI's other values ("cores", "sockets", ...) count nothing hvdkit can use
+        return 1
 
 
 def stall_settings(environ=None):

@@ -24,8 +24,9 @@ class DiscoveryError(LaunchError):
     """The discovery script could not be run, failed, or printed something that is not a host list."""
 
 
-def parse_discovery_output(text, source="the host discovery script"):
-    """The hosts in a discovery script's output, in order; ``()`` when it lists none.
+def parse_discovery_output(text, source="the host discovery script", default_slots=1):
+    """The hosts in a discovery script's output, in order; ``()`` when it lists none. A host listed
+    without ``:slots`` has ``default_slots``.
 
     Raises DiscoveryError naming the line for anything but ``host[:slots]`` lines, and for a
     host listed twice.
@@ -36,7 +37,7 @@ def parse_discovery_output(text, source="the host discovery script"):
         if not line:
             continue
         name, sep, count = line.partition(":")
-        slots = _slots(count.strip()) if sep else 1
+        slots = _slots(count.strip()) if sep else default_slots
         name = name.strip()
         if not _NAME.fullmatch(name) or slots is None:
             raise DiscoveryError(f"{source}, line {number}: bad entry {line!r}; {_FORMAT}")
@@ -50,9 +51,10 @@ def parse_discovery_output(text, source="the host discovery script"):
 class ScriptDiscovery:
     """Hosts from running ``path`` (an executable) each time ``hosts()`` is called."""
 
-    def __init__(self, path, timeout=30.0):
+    def __init__(self, path, timeout=30.0, default_slots=1):
         self.path = os.path.abspath(path)
         self.timeout = timeout
+        self.default_slots = default_slots  # of a host listed without ":slots"
 
     def check(self):
         """Raise ConfigError when the script is missing or not executable (before anything starts)."""
@@ -79,7 +81,7 @@ class ScriptDiscovery:
         if p.returncode != 0:
             tail = (err.strip().splitlines() or [""])[-1]
             raise DiscoveryError(f"host discovery script {self.path} exited with code {p.returncode}: {tail}")
-        return parse_discovery_output(out, f"host discovery script {self.path}")
+        return parse_discovery_output(out, f"host discovery script {self.path}", self.default_slots)
 
     def __str__(self):
         return f"--host-discovery-script {self.path}"

@@ -15,16 +15,17 @@ from .hosts import format_hosts, total_slots
 __all__ = ["main"]
 
 
-def main(spec, settings, *, script, restarts, grace, dry_run, is_root, cores, err=None):
+def main(spec, settings, *, script, restarts, grace, dry_run, is_root, cores, err=None, default_slots=1):
     """Run ``spec`` elastically (``settings``); the exit code. ``script`` is the discovery script or
-    None (then ``spec.hosts`` are the fixed hosts). With ``dry_run`` print the plan and start nothing.
+    None (then ``spec.hosts`` are the fixed hosts); a host it lists without ``:slots`` has
+    ``default_slots``. With ``dry_run`` print the plan and start nothing.
 
     Every attempt is ``spec`` at that attempt's size and hosts, with HVDKIT_RESTART (the attempt,
     0 first), HVDKIT_WORLD_SIZE and HVDKIT_MEMBERSHIP_CHANGES set for its ranks.
     Raises ElasticGaveUp (a LaunchError) after printing the summary when too few slots stayed.
     """
     err = err or sys.stderr
-    source = ScriptDiscovery(script) if script else FixedDiscovery(spec.hosts, settings.discovery)
+    source = ScriptDiscovery(script, default_slots=default_slots) if script else FixedDiscovery(spec.hosts, settings.discovery)
 
     def attempt_plan(world, attempt, changes, job_id=None):
         size = total_slots(world)

@@ -148,7 +148,9 @@ def _mpijob_dict(spec):
         # `args`, not `command`: Kubernetes' `command` would replace the image's entrypoint.
         return {"name": name, "image": spec.image, "args": list(args), **extra}
 
-    elastic = [*spec.elastic_flags, "--host-discovery-script", MPI_OPERATOR_DISCOVERY] if spec.elastic else []
+    # The operator's discover_hosts.sh lists bare worker names: their slots are the workers' slots.
+    discovery = ["--host-discovery-script", MPI_OPERATOR_DISCOVERY, "--slots-per-host", str(spec.slots_per_node)]
+    elastic = [*spec.elastic_flags, *discovery] if spec.elastic else []
     launch = ["hvdkit", "run", "-np", str(spec.num_proc), *elastic, "--", *spec.command]
     sshd = ["/usr/sbin/sshd", "-De", "-f", f"{SSH_HOME}/.sshd_config"]
     limits = {"limits": {"cpu": str(spec.cpu), "memory": spec.memory}}

@@ -490,6 +490,27 @@ def _script(tmp_path, text):
     return str(path)
 
 
+@pytest.mark.parametrize("flags, environ", [([], {env.OMPI_DEFAULT_SLOTS: "2"}), (["--slots-per-host", "2"], {}),
+                                            ([], {env.SLOTS_PER_HOST: "2", env.OMPI_DEFAULT_SLOTS: "cores"})])
+def test_bare_host_names_from_discovery_get_the_operators_slots_per_worker(flags, environ, tmp_path, capsys, monkeypatch):
+    """The MPI Operator's discover_hosts.sh prints worker names alone; slots reach Open MPI through
+    OMPI_MCA_orte_set_default_slots. Read as 1 slot each, a 2 x 2 job started 2 ranks and never grew."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    script = _script(tmp_path, "w0\\nw1\\n")
+    assert main(["run", "-np", "4", "--min-np", "2", "--host-discovery-script", script, *flags, "--dry-run",
+                 "--", "python", "-c", "pass"]) == 0  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("hosts now: w0:2,w1:2 (4 slot(s))") and out[2] == "first launch: 4 rank(s) on w0:2,w1:2:"
+
+
+def test_a_bare_discovered_host_has_one_slot_without_a_setting_and_listed_slots_always_win():
+    assert env.discovered_host_slots(environ={}) == 1
+    assert env.discovered_host_slots(environ={env.OMPI_DEFAULT_SLOTS: "sockets"}) == 1
+    assert env.discovered_host_slots(3, environ={env.OMPI_DEFAULT_SLOTS: "2"}) == 3
+    assert parse_discovery_output("a\nb:5\n", default_slots=4) == (Host("a", 4), Host("b", 5))
+
+
 def test_dry_run_shows_the_elastic_plan_with_the_hosts_now_and_a_plain_fixed_size_command(tmp_path, capsys):
     script = _script(tmp_path, "n1:2\\nn2:1\\n")
     assert main(["run", "-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", script,

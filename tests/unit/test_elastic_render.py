@@ -19,8 +19,8 @@ COMMAND = list(EXAMPLE.command)
 def test_an_elastic_mpijob_launcher_polls_the_operators_discovery_script_with_the_bounds():
     job = yaml.safe_load(render.render("mpijob", ELASTIC))
     (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    assert launcher["args"] == ["hvdkit", "run", "-np", "4", "--min-np", "2", "--max-np", "6",
-                                "--host-discovery-script", MPI_OPERATOR_DISCOVERY, "--", *COMMAND]  # fmt: skip
+    assert launcher["args"] == ["hvdkit", "run", "-np", "4", "--min-np", "2", "--max-np", "6", "--host-discovery-script",
+                                MPI_OPERATOR_DISCOVERY, "--slots-per-host", "2", "--", *COMMAND]  # fmt: skip
     assert MPI_OPERATOR_DISCOVERY == "/etc/mpi/discover_hosts.sh"
     text = render.render("mpijob", ELASTIC)
     assert "# Elastic: the operator keeps /etc/mpi/discover_hosts.sh listing the running workers" in text
