@@ -1,16 +1,17 @@
 """``hvdkit run --min-np/--max-np``: plan, dry-run and run an elastic job (the CLI's elastic half)."""
 
 import dataclasses
+import os
 import secrets
 import shlex
 import sys
 
 from ..core import env
-from . import execute, plan
+from . import execute, plan, remote, slurm_nodes
 from .discovery import FixedDiscovery, ScriptDiscovery
 from .elastic import choose_world
 from .elastic_run import ElasticGaveUp, HostView, run_elastic
-from .hosts import format_hosts, total_slots
+from .hosts import format_hosts, mpirun_uses_srun, total_slots
 
 __all__ = ["main"]
 
@@ -47,7 +48,7 @@ def main(spec, settings, *, script, restarts, grace, dry_run, is_root, cores, er
         return execute.run(built, job_id=job_id, grace=grace, forward_usr1=spec.controller == "mpi", stop=stop)
 
     try:
-        history, final = run_elastic(settings, HostView(source), launch, restarts, log=say)
+        history, final = run_elastic(settings, HostView(source, check=host_check(spec.controller)), launch, restarts, log=say)
     except ElasticGaveUp as e:
         for line in e.history.summary() if e.history.attempts else ():
             say(line)
@@ -59,6 +60,17 @@ def main(spec, settings, *, script, restarts, grace, dry_run, is_root, cores, er
     if final.exit_code != 0:
         say(final.message)
     return final.exit_code
+
+
+def host_check(controller, environ=None):
+    """How an elastic job tells which hosts are up: inside a SLURM allocation, where mpirun reaches
+    the nodes through srun, SLURM's own node states (no ssh between nodes needed, as for fixed-size
+    jobs); elsewhere, and for Gloo (horovodrun starts remote ranks over ssh), an ssh check.
+    Env: SLURM_JOBID."""
+    environ = os.environ if environ is None else environ
+    if controller == "mpi" and mpirun_uses_srun(environ):
+        return slurm_nodes.unavailable
+    return remote.unreachable
 
 
 def _dry_run(source, settings, restarts, attempt_plan):

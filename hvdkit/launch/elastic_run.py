@@ -235,9 +235,11 @@ def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, slee
     """
     history = History()
     try:
-        world, _ = wait_for_world(view, settings, first=True, clock=clock, sleep=sleep, log=log)
+        world, bad = wait_for_world(view, settings, first=True, clock=clock, sleep=sleep, log=log)
     except LaunchError as e:
         raise ElasticGaveUp(str(e), history) from None
+    for name, why in bad.items():  # attempt 1 too: a job that starts on fewer hosts says which and why
+        log(f"host {name} left out: {why}")
     failures = changes = 0
     while True:
         if history.attempts and world != history.attempts[-1].hosts:

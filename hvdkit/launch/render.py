@@ -135,11 +135,10 @@ def _slurm_elastic(lines, spec):
 # What elastic means inside a SLURM allocation, written into an elastic batch script.
 _SLURM_ELASTIC = [
     "# Elastic (--min-np/--max-np) inside a fixed allocation: the hosts are this allocation's nodes and",
-    "# never more. When a node fails, hvdkit run relaunches on the nodes it can still reach over ssh,",
-    "# while they hold --min-np slots, and grows back when the node answers again; the ranks resume",
-    "# from their newest checkpoint. --no-kill keeps the allocation when a node fails (without it SLURM",
-    "# ends the whole job). For nodes SLURM itself reports, pass --host-discovery-script with a script",
-    "# that prints `host:slots` for the nodes of $SLURM_JOB_NODELIST that sinfo lists as up.",
+    "# never more. When a node fails, hvdkit run relaunches on the nodes SLURM reports up (sinfo; no ssh",
+    "# between nodes is needed), while they hold --min-np slots, and grows back when the node is up again;",
+    "# the ranks resume from their newest checkpoint. --no-kill keeps the allocation when a node fails",
+    "# (without it SLURM ends the whole job). Each node left out is logged with SLURM's state for it.",
 ]
 
 

@@ -3,6 +3,7 @@ with a fake discovery, clock and launch, the summary, and ``hvdkit run --dry-run
 
 import os
 import re
+import subprocess
 import threading
 import time
 
@@ -16,6 +17,7 @@ from hvdkit.core import env
 from hvdkit.core.comm import LocalCommunicator
 from hvdkit.core.errors import ConfigError, LaunchError
 from hvdkit.core.preemption import PreemptionGuard
+from hvdkit.launch import elastic_main, remote, slurm_nodes
 from hvdkit.launch.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery, parse_discovery_output
 from hvdkit.launch.elastic import ElasticSettings, History, can_grow, choose_world, lost_hosts, settings_from
 from hvdkit.launch.elastic_run import ElasticGaveUp, HostView, StopRequest, run_elastic, wait_for_world, watch
@@ -612,3 +614,37 @@ def test_a_discovery_script_run_says_nothing_of_oversubscribing_this_host(tmp_pa
     assert main(["run", "-np", str(len(os.sched_getaffinity(0)) + 1), "--dry-run", "--", "python", "-c", "pass"]) == 0
     assert "share cores (mpirun --oversubscribe)" in capsys.readouterr().err  # a local run still says it
 
+
+
+# --- elastic inside SLURM: node states from SLURM, not ssh -----------------------------------------
+
+def test_inside_slurm_an_mpi_elastic_job_asks_slurm_which_nodes_are_up_and_gloo_or_outside_asks_ssh():
+    """Fixed-size runs need no ssh between SLURM nodes (mpirun goes through srun); elastic ones ssh-checked
+    every node, so without ssh they trained on the batch node alone."""
+    assert elastic_main.host_check("mpi", {"SLURM_JOBID": "42"}) is slurm_nodes.unavailable
+    assert elastic_main.host_check("gloo", {"SLURM_JOBID": "42"}) is remote.unreachable  # horovodrun starts ranks over ssh
+    assert elastic_main.host_check("mpi", {}) is remote.unreachable
+
+
+def test_slurm_node_states_leave_out_down_drained_and_not_responding_nodes_with_slurms_word():
+    out = "n1 allocated\nn2 down*\nn3 drained\nn4 mixed\nn5 idle~\nn6 allocated*\n"
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    hosts = [Host(f"n{i}", 2) for i in range(1, 8)]
+    assert slurm_nodes.unavailable(hosts, run=run) == {
+        "n2": "SLURM reports it not responding (down*)", "n3": "SLURM reports it drained", "n5": "SLURM reports it idle~",
+        "n6": "SLURM reports it not responding (allocated*)", "n7": "not listed by SLURM's sinfo"}  # fmt: skip
+    assert calls == [["sinfo", "--noheader", "--nodes=n1,n2,n3,n4,n5,n6,n7", "--format=%n %T"]]
+    failing = lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "slurm_load_node: Unable to contact slurm controller")  # noqa: E731
+    assert slurm_nodes.unavailable(hosts, run=failing) == {}  # no answer: the attempt's own failure counts
+
+
+def test_the_first_attempt_says_which_hosts_it_leaves_out_and_why():
+    said = []
+    view = view_of((A, B), unreachable={"b": "SLURM reports it drained"})
+    run_elastic(settings(n=1, lo=1), view, lambda *a: _result(0), 0, clock=FakeClock(), sleep=lambda s: None, log=said.append)
+    assert said[0] == "host b left out: SLURM reports it drained"
