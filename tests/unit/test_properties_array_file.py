@@ -1,5 +1,7 @@
-"""Property tests of the checkpoint's array file: whatever arrays go in come back bitwise, by name."""
+"""Property tests of the checkpoint's array file: whatever arrays go in come back bitwise, by name,
+and the digest the writer computed while writing is the file's."""
 
+import hashlib
 import tempfile
 from pathlib import Path
 
@@ -32,7 +34,9 @@ def test_every_array_comes_back_bitwise_with_its_shape_dtype_and_name(items):
     named = [(f"tree/{i}", a) for i, a in enumerate(items)]
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "arrays.npz"
-        write_arrays(path, iter(named))
+        written = write_arrays(path, iter(named))
+        data = path.read_bytes()
+        assert written == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         f = ArrayFile(path)
         assert f.names() == [n for n, _ in named]
         for name, a in named:
