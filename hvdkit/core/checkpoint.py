@@ -44,6 +44,7 @@ from .checkpoint_folder import (
 )
 from .errors import CheckpointError, ConfigError
 from .log import get_logger
+from .preemption import report_to_launcher
 
 __all__ = ["CheckpointStore", "CheckpointInfo", "Resumed", "MANIFEST", "verify"]
 
@@ -245,6 +246,9 @@ class CheckpointStore:
         self._verified[final] = signature(final)  # written and hashed just now
         self._prune(keep_path=final)
         _log.info("saved checkpoint step %d epoch %d in %.3f s: %s", step, epoch, time.perf_counter() - t0, final)
+        # An elastic launcher compares it with the step the next attempt resumes at (a folder the
+        # hosts do not share shows as a resume below it).
+        report_to_launcher({"event": "saved", "step": step})
         return final
 
     def _prune(self, keep_path):

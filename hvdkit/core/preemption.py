@@ -8,10 +8,22 @@ import threading
 from . import env as _env
 from .options import check_int_at_least, check_positive_int
 
-__all__ = ["PreemptionGuard"]
+__all__ = ["PreemptionGuard", "report_to_launcher"]
 
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 REPORT_MARK = "hvdkit-rank"  # the mark of the reports hvdkit.launch.rankwrap writes (the launcher reads both)
+
+
+def report_to_launcher(record):
+    """Tell ``hvdkit run`` ``record`` (a JSON object) on one line of stderr, which it takes out of the
+    output; nothing outside ``hvdkit run``. Call it on rank 0 only.
+    Env: HVDKIT_JOB_ID (set by ``hvdkit run``)."""
+    job = os.environ.get(_env.JOB_ID, "")
+    if job:
+        try:  # one write: never interleaved with other output on the same pipe
+            os.write(2, f"{REPORT_MARK} {job} {json.dumps(record)}\n".encode())
+        except OSError:
+            pass
 
 
 class PreemptionGuard:
@@ -49,7 +61,6 @@ class PreemptionGuard:
         self.received = None
         self.stopped = False
         self._calls = 0
-        self._job = None  # HVDKIT_JOB_ID on rank 0 ("" elsewhere): where step reports go
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in signals:
@@ -82,19 +93,14 @@ class PreemptionGuard:
         self._report(check_int_at_least("step", step, 0, "pass the number of optimizer steps done, e.g. int(optimizer.iterations)"), resumed)
 
     def _report(self, step, resumed=False, stopping=False):
-        if self._job is None:
-            self._job = os.environ.get(_env.JOB_ID, "") if getattr(self.comm, "rank", 0) == 0 else ""
-        if self._job:
-            record = {"event": "step", "step": None if step is None else int(step)}
-            if resumed:
-                record["resumed"] = True
-            if stopping:
-                record["stopping"] = True
-            line = f"{REPORT_MARK} {self._job} {json.dumps(record)}\n"
-            try:  # one write: never interleaved with other output on the same pipe
-                os.write(2, line.encode())
-            except OSError:
-                pass
+        if getattr(self.comm, "rank", 0) != 0:
+            return
+        record = {"event": "step", "step": None if step is None else int(step)}
+        if resumed:
+            record["resumed"] = True
+        if stopping:
+            record["stopping"] = True
+        report_to_launcher(record)
 
     def close(self):
         for sig, handler in self._previous.items():

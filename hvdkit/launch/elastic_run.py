@@ -9,6 +9,7 @@ ssh cannot reach, and relaunches on what is left if it holds ``--min-np`` slots;
 waits up to ``--elastic-timeout`` seconds, then gives up naming what is missing.
 """
 
+import dataclasses
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ from .hosts import format_hosts
 __all__ = ["HostView", "ElasticGaveUp", "StopRequest", "wait_for_world", "watch", "run_elastic"]
 
 LEFT = "stopped: hosts left"
+BEHIND = "resumed behind its checkpoints"  # fatal: the checkpoint folder is not what the last attempt wrote
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what a stop request sends the ranks
 RECHECK, FRESH = 2.0, 5.0  # seconds: re-check joining hosts while ranks start; trust a check this old once they train
 LIVENESS_EVERY = 10.0  # seconds between ssh checks of the running attempt's remote hosts
@@ -39,6 +41,7 @@ class StopRequest:
         self.ranks_started_at = None  # what ``run`` has seen so far: time.monotonic() of the newest start report
         self.last_step = None  # and the newest step reported
         self.training = False  # True once a PreemptionGuard reported: the ranks can stop cleanly
+        self.resumed_step = None  # the step the ranks resumed at, once rank 0 said it
 
     def request(self, reason, hard=False):
         """Ask once; ``hard``: a host is gone, so no rank can finish a step: end the job now."""
@@ -105,15 +108,35 @@ def wait_for_world(view, settings, previous=(), first=False, clock=time.monotoni
         sleep(min(settings.interval, max(0.0, settings.timeout - waited)))
 
 
-def watch(view, running, settings, stop, ended, record, clock=time.monotonic, log=print):
+def behind_message(resumed, saved):
+    """Why an attempt that resumed at step ``resumed`` after step ``saved`` was checkpointed must stop."""
+    return (
+        f"the ranks resumed at step {resumed}, but an earlier attempt checkpointed step {saved}: rank 0 does not "
+        "see the checkpoints it wrote (the checkpoint folder is on a disk of one host, and rank 0 moved to "
+        "another), or the newest ones were lost. Stopped instead of training again from an older state: put "
+        "the checkpoint folder on storage every host shares"
+    )
+
+
+def _behind(resumed, saved):
+    return resumed is not None and saved is not None and resumed < saved
+
+
+def watch(view, running, settings, stop, ended, record, clock=time.monotonic, log=print, saved=None):
     """Poll discovery until ``ended`` is set; ask ``stop`` to end the attempt when a host of
     ``running`` is no longer listed, or when slots were added, the job may grow and its ranks are
-    training (see ``_training``)."""
+    training (see ``_training``); end it at once when its ranks resumed below ``saved``, the newest
+    step an earlier attempt checkpointed."""
     said = {}  # the hosts last said to be unreachable, and why
     failing = None  # the discovery error last said, while discovery fails
     checked = ()  # (when, names) of the joining hosts the last ssh check found reachable
     alive = _Liveness(view, running, clock, progress=lambda: stop.last_step, log=log)
     while not ended.wait(settings.interval):
+        if _behind(stop.resumed_step, saved):
+            record.noticed = clock()
+            stop.request(behind_message(stop.resumed_step, saved), hard=True)
+            log(behind_message(stop.resumed_step, saved))
+            return
         dead = alive.check()
         if dead:
             record.noticed = clock()
@@ -202,12 +225,14 @@ def _training(stop, clock):
     return stop.training or (started is not None and clock() - started >= GROW_SETTLE)
 
 
-def _ended(record, result, stop, clock):
+def _ended(record, result, stop, clock, saved=None):
     """Fill ``record`` from the attempt's JobResult; its outcome."""
     record.running, record.ended = result.ranks_started_at, clock()
     record.resumed_step, record.last_step = result.resumed_step, result.last_step
     if result.interrupted_by is not None:
         record.outcome = INTERRUPTED
+    elif _behind(result.resumed_step, saved):  # also when it ran to the end: from an older state
+        record.outcome, record.detail = BEHIND, behind_message(result.resumed_step, saved)
     elif result.exit_code == 0 and (result.stop_reason is None or (result.guarded and not result.stopped_as_asked)):
         # a request that came after the ranks' last should_stop() (final evaluation, export) found
         # them finishing: they end 0 without having stopped for it, and must not run again
@@ -230,8 +255,9 @@ def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, slee
 
     ``launch(hosts, attempt, changes, stop)`` runs one attempt on ``hosts`` (``changes``: the
     membership changes so far; ``stop``: a StopRequest) and returns its JobResult. Failures beyond
-    ``max_restarts`` end the job; a stop to grow is not a failure. Raises ElasticGaveUp when fewer
-    than ``min_np`` slots stay available for ``timeout`` seconds.
+    ``max_restarts`` end the job; a stop to grow is not a failure. An attempt whose ranks resumed
+    below the newest step an earlier one checkpointed ends the job (exit code 1 at least). Raises
+    ElasticGaveUp when fewer than ``min_np`` slots stay available for ``timeout`` seconds.
     """
     history = History()
     try:
@@ -241,6 +267,7 @@ def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, slee
     for name, why in bad.items():  # attempt 1 too: a job that starts on fewer hosts says which and why
         log(f"host {name} left out: {why}")
     failures = changes = 0
+    saved = None  # the newest step any attempt checkpointed
     while True:
         if history.attempts and world != history.attempts[-1].hosts:
             changes += 1
@@ -249,16 +276,22 @@ def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, slee
         record = Attempt(hosts=world, launched=clock())
         history.attempts.append(record)
         stop, ended = StopRequest(), threading.Event()
-        watcher = threading.Thread(target=watch, args=(view, world, settings, stop, ended, record, clock, log), daemon=True)
+        watcher = threading.Thread(target=watch, args=(view, world, settings, stop, ended, record, clock, log, saved),
+                                   daemon=True)  # fmt: skip
         watcher.start()
         try:
             result = launch(world, len(history.attempts) - 1, changes, stop)
         finally:
             ended.set()
             watcher.join()
-        outcome = _ended(record, result, stop, clock)
+        outcome = _ended(record, result, stop, clock, saved)
+        if outcome == BEHIND:
+            log(record.detail)
+            return history, dataclasses.replace(result, exit_code=result.exit_code or 1, message=record.detail)
         if outcome in (FINISHED, INTERRUPTED):
             return history, result
+        saved = max(s for s in (saved, result.saved_step, -1) if s is not None)
+        saved = None if saved < 0 else saved
         if outcome == FAILED:
             failures += 1
             if failures > max_restarts:

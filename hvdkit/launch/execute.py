@@ -42,6 +42,7 @@ class JobResult:
     last_step: int | None = None  # the last step they reported
     guarded: bool = False  # the ranks reported through a PreemptionGuard (they can stop when asked)
     stopped_as_asked: bool = False  # and said they stop because asked (not that they finished)
+    saved_step: int | None = None  # the newest step rank 0 reported checkpointed
 
 
 def local_rank_pids(started, job_id, host=None):
@@ -205,6 +206,7 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
             record = reports.take(text)
             if record and stop is not None:
                 stop.ranks_started_at, stop.last_step, stop.training = reports.last_start, reports.last_step, reports.training
+                stop.resumed_step = reports.resume_point()
             if record:
                 if record["event"] == "start" and stopping:  # started after the stop: stop it too
                     _signal_pids(local_rank_pids({0: record}, job_id), signal.SIGTERM)
@@ -249,6 +251,7 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
         last_step=reports.last_step,
         guarded=reports.training,
         stopped_as_asked=reports.stopping,
+        saved_step=reports.saved_step,
     )
 
 

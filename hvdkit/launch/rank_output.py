@@ -91,6 +91,7 @@ class RankReports:
         self.resumed_step = None  # the first step reported with ``"resumed": true``
         self.training = False  # a rank's PreemptionGuard reported (the ranks train and can stop cleanly)
         self.stopping = False  # and said they stop because asked (``"stopping": true``)
+        self.saved_step = None  # the newest step rank 0 checkpointed (``{"event": "saved", "step": N}``)
         self.last_start = None  # time.monotonic() of the newest start report
         self.first_failure = None  # time.monotonic() of the first report of a rank that failed
 
@@ -110,10 +111,13 @@ class RankReports:
             record = json.loads(m.group(3))
         except ValueError:
             return None
-        if not isinstance(record, dict) or record.get("event") not in ("start", "exit", "step"):
+        if not isinstance(record, dict) or record.get("event") not in ("start", "exit", "step", "saved"):
             return None
         record["rank"] = int(m.group(1))
-        if record["event"] == "step":
+        if record["event"] == "saved":
+            if isinstance(record.get("step"), int):
+                self.saved_step = max(record["step"], self.saved_step or 0)
+        elif record["event"] == "step":
             self.training = True
             self.stopping = self.stopping or record.get("stopping") is True
             if isinstance(record.get("step"), int):

@@ -648,3 +648,48 @@ def test_the_first_attempt_says_which_hosts_it_leaves_out_and_why():
     view = view_of((A, B), unreachable={"b": "SLURM reports it drained"})
     run_elastic(settings(n=1, lo=1), view, lambda *a: _result(0), 0, clock=FakeClock(), sleep=lambda s: None, log=said.append)
     assert said[0] == "host b left out: SLURM reports it drained"
+
+
+# --- checkpoints the next attempt cannot see ------------------------------------------------------
+
+def test_a_relaunch_that_resumes_below_the_last_checkpointed_step_ends_the_job_loudly():
+    """A checkpoint folder on one host's disk: rank 0 moves, finds nothing (or an old checkpoint) and
+    silently trained from there. The launcher knows the newest step saved, and stops the job."""
+    clock, said = FakeClock(), []
+    results = [
+        JobResult(137, 1, None, 9, message="rank 1 was killed by SIGKILL", resumed_step=0, last_step=40, saved_step=40),
+        JobResult(0, resumed_step=0, last_step=90, guarded=True),  # ran to the end, from scratch
+    ]
+    history, final = run_elastic(settings(), view_of((A, B)), lambda w, attempt, c, s: results[attempt], max_restarts=3,
+                                 clock=clock, sleep=clock.sleep, log=said.append)  # fmt: skip
+    assert [a.outcome for a in history.attempts] == ["failed", "resumed behind its checkpoints"]
+    assert final.exit_code == 1
+    assert final.message.startswith("the ranks resumed at step 0, but an earlier attempt checkpointed step 40: rank 0 "
+                                    "does not see the checkpoints it wrote")  # fmt: skip
+    assert said[-1] == final.message
+
+
+def test_a_relaunch_that_resumes_at_the_last_checkpointed_step_goes_on():
+    results = [JobResult(0, stop_reason="b:1 came", guarded=True, stopped_as_asked=True, resumed_step=0, saved_step=40),
+               JobResult(0, resumed_step=40, last_step=90, guarded=True)]  # fmt: skip
+    history, final = run_elastic(settings(), view_of((A, B)), lambda w, attempt, c, s: results[attempt], max_restarts=0,
+                                 clock=FakeClock(), sleep=lambda s: None, log=lambda _: None)  # fmt: skip
+    assert [a.outcome for a in history.attempts] == ["stopped to grow", "finished"] and final.exit_code == 0
+
+
+def test_the_watcher_ends_an_attempt_as_soon_as_its_ranks_say_they_resumed_behind_the_checkpoints():
+    stop, record = StopRequest(), type("R", (), {"noticed": None})()
+    stop.resumed_step = 12
+    watch(view_of((A,)), (A,), settings(hi=1), stop, Ended(3), record, clock=lambda: 7.0, log=lambda _: None, saved=40)
+    assert stop.is_set() and stop.hard and stop.reason.startswith("the ranks resumed at step 12, but an earlier attempt")
+
+
+def test_a_checkpoint_save_reports_its_step_to_the_launcher(tmp_path, monkeypatch, capfd):
+    from hvdkit.core.checkpoint import CheckpointStore
+
+    monkeypatch.setenv(env.JOB_ID, "job11")
+    store = CheckpointStore(str(tmp_path / "ckpt"), LocalCommunicator())
+    store.save(lambda folder: open(os.path.join(folder, "w.bin"), "wb").close(), step=40, epoch=1)
+    reports = RankReports("job11")
+    taken = [reports.take(f"[rank 0] {line}") for line in capfd.readouterr().err.splitlines()]
+    assert {"event": "saved", "step": 40, "rank": 0} in taken and reports.saved_step == 40
