@@ -184,10 +184,6 @@ class CheckpointStore:
     def save(self, write, step, epoch, meta=None, check=None):
         """Write a checkpoint of ``step`` on rank 0; ``write(folder)`` puts the files in ``folder``.
 
-        ``write`` may return ``{file name: {"size", "sha256"}}`` for files it hashed as it wrote them
-        (``checkpoint_arrays.write_arrays`` does); their sizes are checked on disk and they are not
-        read again. The other files are hashed after writing.
-
         ``meta`` goes into the manifest: a JSON-ready dict, or a function returning one (called on
         rank 0 after ``check``). ``check()``, if given, runs on rank 0 before anything is written; a ConfigError it raises
         (data that could not be read back, say) is raised on every rank as ConfigError. Returns
@@ -219,8 +215,8 @@ class CheckpointStore:
         os.makedirs(tmp)
         try:
             meta = meta() if callable(meta) else meta
-            hashed = write(tmp)
-            files = sync_and_hash(tmp, hashed if isinstance(hashed, dict) else None)
+            write(tmp)
+            files = sync_and_hash(tmp)
             manifest = _manifest.seal({
                 "step": step,
                 "epoch": epoch,

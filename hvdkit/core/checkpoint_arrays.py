@@ -2,19 +2,12 @@
 
 The file is an uncompressed ``.npz`` (a zip of ``.npy`` members, ``numpy.load`` reads it). The writer
 streams each array into its member in bounded chunks, so a save holds one array's worth of extra
-memory, never a second copy of the whole state, and hashes the file (SHA-256) in a second thread
-while it writes: the manifest's digest costs no pass over the file of its own. The zip is written
-front to back (sizes in data descriptors after each member, not patched into its header), which
-is what makes that possible. The reader maps each member's data into memory (copy-on-write):
-nothing is read from disk before it is used.
+memory, never a second copy of the whole state. The reader maps each member's data into memory
+(copy-on-write): nothing is read from disk before it is used.
 """
 
-import hashlib
-import io
 import os
-import queue
 import struct
-import threading
 import zipfile
 
 import numpy as np
@@ -28,74 +21,19 @@ _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip member's local file header (
 
 
 def write_arrays(path, items):
-    """Write ``(name, array)`` pairs to the ``.npz`` file ``path``, one at a time; ``{"size", "sha256"}``
-    of the file written.
+    """Write ``(name, array)`` pairs to the ``.npz`` file ``path``, one at a time.
 
     ``items`` may be a generator: each array is converted and written before the next is asked
-    for, so only one is held at a time (two more at most wait to be hashed). Object arrays are
-    refused (they would need pickle).
+    for, so only one is held at a time. Object arrays are refused (they would need pickle).
     """
-    with open(path, "wb") as raw, _HashingWriter(raw) as out:
-        with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for name, array in items:
-                array = np.asarray(array)
-                if array.dtype.hasobject:
-                    raise CheckpointError(f"array {name!r} holds Python objects, which a checkpoint does not store")
-                with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
-                    _write_npy(f, array)
-                del array  # before the next one is made
-    return {"size": out.size, "sha256": out.hexdigest()}
-
-
-class _HashingWriter(io.RawIOBase):
-    """A front-to-back stream to ``raw`` whose bytes a second thread hashes while they are written.
-
-    Each chunk is handed to the hashing thread before it is written, so that writing (the kernel
-    copies into the page cache) and SHA-256 (hashlib) run at once on two cores; both release the
-    GIL. It cannot seek: zipfile then writes every member once, in order. The queue holds two
-    chunks at most (references to the arrays being written, not copies).
-    """
-
-    def __init__(self, raw):
-        super().__init__()
-        self._raw = raw
-        self._sha = hashlib.sha256()
-        self.size = 0
-        self._chunks = queue.Queue(maxsize=2)
-        self._thread = threading.Thread(target=self._hash, name="hvdkit-hash", daemon=True)
-        self._thread.start()
-
-    def _hash(self):
-        while (chunk := self._chunks.get()) is not None:
-            self._sha.update(chunk)
-
-    def writable(self):
-        return True
-
-    def seekable(self):
-        return False
-
-    def tell(self):
-        return self.size
-
-    def write(self, data):
-        chunk = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-        if isinstance(data, bytearray):
-            chunk = bytes(data)  # the caller may reuse its buffer
-        self._chunks.put(chunk)
-        self._raw.write(chunk)  # a buffered file writes it all, or raises
-        self.size += len(chunk)
-        return len(chunk)
-
-    def close(self):
-        if not self.closed and self._thread.is_alive():
-            self._chunks.put(None)
-            self._thread.join()
-        super().close()
-
-    def hexdigest(self):
-        """The SHA-256 of every byte written (after ``close``)."""
-        return self._sha.hexdigest()
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, array in items:
+            array = np.asarray(array)
+            if array.dtype.hasobject:
+                raise CheckpointError(f"array {name!r} holds Python objects, which a checkpoint does not store")
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                _write_npy(f, array)
+            del array  # before the next one is made
 
 
 def _write_npy(f, array):

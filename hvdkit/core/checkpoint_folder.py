@@ -129,24 +129,12 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _size_and_hash(name, path, known):
-    size = os.path.getsize(path)
-    if known is None:
-        return {"size": size, "sha256": _sha256(path)}
-    if known.get("size") != size:
-        raise CheckpointError(f"{name} holds {size} bytes on disk, but {known.get('size')} were written")
-    return {"size": size, "sha256": known["sha256"]}
-
-
-def sync_and_hash(folder, hashed=None):
+def sync_and_hash(folder):
     """{name: {size, sha256}} of every file in ``folder``, each fsynced.
 
-    ``hashed``: ``{name: {"size", "sha256"}}`` of files hashed while they were written; each is
-    taken when its size on disk agrees (else CheckpointError), the others are hashed here. The
-    fsyncs (disk writes) run in a thread while this one hashes (page-cache reads); both release
-    the GIL, so a save costs about max(fsync, hash) instead of their sum.
+    The fsyncs (disk writes) run in a thread while this one hashes the files (page-cache reads);
+    both release the GIL, so a save costs about max(fsync, hash) instead of their sum.
     """
-    hashed = hashed or {}
     paths = {}
     for name in sorted(os.listdir(folder)):
         fpath = os.path.join(folder, name)
@@ -155,7 +143,7 @@ def sync_and_hash(folder, hashed=None):
         paths[name] = fpath
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvdkit-fsync") as pool:
         synced = pool.map(fsync_path, paths.values())
-        files = {name: _size_and_hash(name, p, hashed.get(name)) for name, p in paths.items()}
+        files = {name: {"size": os.path.getsize(p), "sha256": _sha256(p)} for name, p in paths.items()}
         list(synced)  # re-raises an fsync error
     return files
 

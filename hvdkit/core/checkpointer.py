@@ -168,9 +168,9 @@ class CheckpointerBase:
         def check():  # rank 0, before anything is written
             plan["arrays"], plan["meta"] = self._encode(rngs, extra)
 
-        def write(folder):  # the arrays' file is hashed as it is written (no second pass over it)
+        def write(folder):
             items = ((n, t if isinstance(t, np.ndarray) else self._to_array(t)) for n, t in plan["arrays"])
-            return {ARRAYS: write_arrays(os.path.join(folder, ARRAYS), items)}
+            write_arrays(os.path.join(folder, ARRAYS), items)
 
         return self.store.save(write, step, epoch, meta=lambda: plan["meta"], check=check)
 

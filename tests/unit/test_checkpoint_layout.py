@@ -197,26 +197,3 @@ def test_a_positional_keep_of_the_signature_before_still_works_with_a_warning(tm
     with pytest.warns(DeprecationWarning, match="the fourth argument is the scheduler now"):
         ckpt = TFCheckpointer(tmp_path / "ckpt", model, model.optimizer, 2, LocalCommunicator())
     assert (ckpt.store.keep, ckpt.scheduler) == (2, None)
-
-
-def test_a_save_hashes_the_arrays_as_it_writes_them_not_in_a_second_pass(tmp_path, monkeypatch):
-    """The manifest's SHA-256 of arrays.npz comes from the writer (a thread hashes while it writes);
-    only the small files left are read back to hash. The digest is the file's: it verifies."""
-    from hvdkit.core import checkpoint_folder
-
-    read_back = []
-    sha256 = checkpoint_folder._sha256
-    monkeypatch.setattr(checkpoint_folder, "_sha256", lambda path: read_back.append(os.path.basename(path)) or sha256(path))
-    model, opt = torch_model(0)
-    path = TorchCheckpointer(tmp_path / "ckpt", model, opt, comm=LocalCommunicator()).save(step=3, epoch=0)
-    assert "arrays.npz" not in read_back
-    manifest = checkpoint_folder.verify(path)  # re-hashes every file from disk
-    assert manifest["files"]["arrays.npz"]["sha256"] == sha256(os.path.join(path, "arrays.npz"))
-
-
-def test_a_file_whose_size_on_disk_differs_from_what_was_written_is_not_sealed(tmp_path):
-    from hvdkit.core.checkpoint_folder import sync_and_hash
-
-    (tmp_path / "a.bin").write_bytes(b"12345")
-    with pytest.raises(CheckpointError, match=r"a.bin holds 5 bytes on disk, but 4 were written"):
-        sync_and_hash(tmp_path, {"a.bin": {"size": 4, "sha256": "0" * 64}})
