@@ -5,6 +5,12 @@ writes in progress), so rank 0 of a job takes ``fcntl.flock(LOCK_EX | LOCK_NB)``
 in the folder and writes its host, pid and job id there. A second job fails at once with an error
 naming the holder. The kernel drops the lock when the holder exits, however it ends (SIGKILL too),
 so a stale lock file never blocks a new job. Stores of one process share the process's lock.
+
+On shared storage (NFS) a lock can outlive a host that was lost: the server only drops it when its
+lease ends, or never. An elastic job's attempts share a lineage (HVDKIT_LINEAGE, set by ``hvdkit
+run``), written with the holder: an attempt that finds the lock held by its own lineage on another
+host (the lost rank 0 of an earlier attempt) goes on without it, saying so, instead of failing
+"in use" at every relaunch.
 """
 
 import errno
@@ -18,6 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from . import env as _env
 from .errors import CheckpointError
 from .log import get_logger
 
@@ -95,7 +102,16 @@ def _flock(fd, root):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise CheckpointError(_in_use(root, _holder(fd))) from None
+        holder = _holder(fd)
+        lineage = os.environ.get(_env.LINEAGE, "")
+        if lineage and holder.get("lineage") == lineage and holder.get("host") != socket.gethostname():
+            _log.warning(
+                "%s: the lock is still held for host %s (pid %s), an earlier attempt of this same elastic job; "
+                "its host is gone but the file system kept the lock. Going on without it: make sure nothing "
+                "runs there any more", root, holder.get("host", "?"), holder.get("pid", "?"),
+            )  # fmt: skip
+            return False
+        raise CheckpointError(_in_use(root, holder)) from None
     except OSError as e:
         if e.errno not in _UNSUPPORTED:
             raise
@@ -111,6 +127,7 @@ def _write_holder(fd, job):
         "job": job,
         "since": time.time(),
         "command": " ".join(sys.argv)[:300],
+        "lineage": os.environ.get(_env.LINEAGE, ""),
     }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)

@@ -33,6 +33,7 @@ JOB_ID = "HVDKIT_JOB_ID"  # random per launch: each rank's wrapper tags its repo
 RESTART = "HVDKIT_RESTART"  # 0 for the first launch, k for the k-th restart (elastic: k-th relaunch, any cause)
 WORLD_SIZE = "HVDKIT_WORLD_SIZE"  # the ranks of this launch (an elastic job's size changes between launches)
 MEMBERSHIP_CHANGES = "HVDKIT_MEMBERSHIP_CHANGES"  # elastic: times the hosts or the size changed so far (0 at first)
+LINEAGE = "HVDKIT_LINEAGE"  # elastic: one random id for every attempt of the job (its checkpoint lock names it)
 
 # MLflow's own, used by hvdkit.core.tracking: the first is read (an explicit URI wins), the second
 # set to "true" (if unset) when the URI is a `file:` store, which MLflow 3 refuses otherwise.

@@ -26,11 +26,13 @@ def main(spec, settings, *, script, restarts, grace, dry_run, is_root, cores, er
     Raises ElasticGaveUp (a LaunchError) after printing the summary when too few slots stayed.
     """
     err = err or sys.stderr
+    lineage = secrets.token_hex(8)  # the same for every attempt: the checkpoint lock knows its own job
     source = ScriptDiscovery(script, default_slots=default_slots) if script else FixedDiscovery(spec.hosts, settings.discovery)
 
     def attempt_plan(world, attempt, changes, job_id=None):
         size = total_slots(world)
-        extra = {env.RESTART: str(attempt), env.WORLD_SIZE: str(size), env.MEMBERSHIP_CHANGES: str(changes)}
+        extra = {env.RESTART: str(attempt), env.WORLD_SIZE: str(size), env.MEMBERSHIP_CHANGES: str(changes),
+                 env.LINEAGE: lineage}  # fmt: skip
         attempt_spec = dataclasses.replace(spec, num_proc=size, hosts=world, env={**spec.env, **extra})
         return plan.build(attempt_spec, is_root=is_root, cores=cores, job_id=job_id, progress=err.isatty() if job_id else None)
 

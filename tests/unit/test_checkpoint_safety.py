@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator
+from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator, env
 from hvdkit.core.checkpoint import CheckpointStore, verify
 from hvdkit.core.checkpoint_lock import LOCK_FILE
 from hvdkit.core.plain_data import check_json_plain
@@ -191,6 +191,35 @@ def test_a_second_process_gets_an_error_naming_the_holder_until_the_holder_ends(
     store = CheckpointStore(root, LocalCommunicator())  # released however the holder ended
     assert f'"pid": {os.getpid()}' in (root / LOCK_FILE).read_text()
     store.close()
+
+
+def test_an_elastic_attempt_goes_on_where_a_lost_attempt_of_its_own_job_still_holds_the_lock(tmp_path, monkeypatch):
+    """NFS keeps a lock after its host is lost: every relaunch of the elastic job failed "in use".
+    The holder of the same lineage on another host is that lost attempt; anyone else is refused."""
+    root = tmp_path / "ckpt"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, env.LINEAGE: "feed01"})  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "LOCKED\n"
+        assert '"lineage": "feed01"' in (root / LOCK_FILE).read_text()
+        monkeypatch.setattr(socket, "gethostname", lambda: "node-b")  # rank 0 relaunched on another host
+        for lineage in (None, "beef02"):  # another job, or no elastic job: refused as before
+            if lineage is None:
+                monkeypatch.delenv(env.LINEAGE, raising=False)
+            else:
+                monkeypatch.setenv(env.LINEAGE, lineage)
+            with pytest.raises(CheckpointError, match="in use by another job"):
+                CheckpointStore(root, LocalCommunicator())
+        monkeypatch.setenv(env.LINEAGE, "feed01")
+        store = CheckpointStore(root, LocalCommunicator())  # its own lost attempt: goes on
+        store.close()
+        monkeypatch.undo()
+        monkeypatch.setenv(env.LINEAGE, "feed01")  # the same lineage on the holder's own host: a live holder
+        with pytest.raises(CheckpointError, match="in use by another job"):
+            CheckpointStore(root, LocalCommunicator())
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.parametrize(

@@ -526,7 +526,7 @@ def test_dry_run_shows_the_elastic_plan_with_the_hosts_now_and_a_plain_fixed_siz
     assert argv[1:5] == ["-np", "2", "-H", "n1:2"] and argv[-3:] == ["python", "-c", "pass"]
     assert not {"--min-np", "--max-np", "--host-discovery-script", "--elastic"} & set(argv)
     exported = {argv[i + 1] for i, word in enumerate(argv) if word == "-x"}
-    assert {env.RESTART, env.WORLD_SIZE, env.MEMBERSHIP_CHANGES} <= exported  # every rank, every host gets them
+    assert {env.RESTART, env.WORLD_SIZE, env.MEMBERSHIP_CHANGES, env.LINEAGE} <= exported  # every rank, every host gets them
 
 
 @pytest.mark.parametrize(
