@@ -132,10 +132,9 @@ def watch(view, running, settings, stop, ended, record, clock=time.monotonic, lo
     checked = ()  # (when, names) of the joining hosts the last ssh check found reachable
     alive = _Liveness(view, running, clock, progress=lambda: stop.last_step, log=log)
     while not ended.wait(settings.interval):
-        if _behind(stop.resumed_step, saved):
+        if _behind(stop.resumed_step, saved):  # run_elastic says why once the attempt has ended
             record.noticed = clock()
             stop.request(behind_message(stop.resumed_step, saved), hard=True)
-            log(behind_message(stop.resumed_step, saved))
             return
         dead = alive.check()
         if dead:
@@ -290,8 +289,8 @@ def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, slee
             return history, dataclasses.replace(result, exit_code=result.exit_code or 1, message=record.detail)
         if outcome in (FINISHED, INTERRUPTED):
             return history, result
-        saved = max(s for s in (saved, result.saved_step, -1) if s is not None)
-        saved = None if saved < 0 else saved
+        if result.saved_step is not None:
+            saved = max(saved or 0, result.saved_step)
         if outcome == FAILED:
             failures += 1
             if failures > max_restarts:

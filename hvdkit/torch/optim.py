@@ -240,7 +240,7 @@ class ScaledLRScheduler(torch.optim.lr_scheduler.LRScheduler):
         t = max(self.last_epoch, 0)
         ratios = []
         for group in self.optimizer.param_groups:
-            carried = group.get(CARRIED_SCALE, saved)  # optimizer states of hvdkit <= 0.2 lack it
+            carried = group.get(CARRIED_SCALE, saved)  # optimizer states saved before the carried scale lack it
             ratios.append(warmup_factor(t, self.warmup_steps, scale) / warmup_factor(t, self.warmup_steps, carried))
             group["lr"] *= ratios[-1]
             group[CARRIED_SCALE] = scale
