@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..core.errors import HvdkitError
 
-__all__ = ["RECIPE", "BUILD_SCRIPT", "APPLY_SCRIPT", "FIXES", "EngineError", "fix_level", "wheel_dir", "install"]
+__all__ = ["RECIPE", "BUILD_SCRIPT", "APPLY_SCRIPT", "FIXES", "EngineError", "fix_level", "wheel_dir", "plan", "install"]
 
 RECIPE = Path(__file__).resolve().with_name("recipe")
 BUILD_SCRIPT = RECIPE / "build-horovod.sh"
@@ -49,25 +49,51 @@ def fix_level():
     return _script([APPLY_SCRIPT, "--level"], None)
 
 
-def wheel_dir(python=None):
+def _variant_env(gpu, cuda_archs):
+    env = {}
+    if gpu is not None:
+        env["HVDKIT_ENGINE_GPU"] = {True: "on", False: "off"}.get(gpu, gpu)
+    if cuda_archs:
+        env["HVDKIT_CUDA_ARCHS"] = ",".join(map(str, cuda_archs)) if not isinstance(cuda_archs, str) else cuda_archs
+    return env
+
+
+def wheel_dir(python=None, gpu=None, cuda_archs=None):
     """The wheel cache folder for ``python``'s environment (its name ends in the cache key); builds nothing.
 
+    ``gpu`` and ``cuda_archs`` as for ``install``.
     Env: ``HVDKIT_WHEEL_CACHE`` (default ``~/.cache/hvdkit/wheels``), ``HOROVOD_VERSION``.
     """
-    return Path(_script([BUILD_SCRIPT, "--key"], python))
+    return Path(_script([BUILD_SCRIPT, "--key"], python, _variant_env(gpu, cuda_archs)))
 
 
-def install(python=None, jobs=None, out=None):
+def plan(python=None, gpu=None, cuda_archs=None):
+    """The build plan for ``python``'s environment, in words: variant (``cpu`` or ``gpu``), the exact
+    ``HOROVOD_*`` build settings, the engine fixes and the wheel cache folder; builds nothing.
+
+    ``gpu`` and ``cuda_archs`` as for ``install``. Raises :class:`EngineError` where no engine can be
+    built as asked (``gpu=True`` with a CPU build of torch, no CUDA compiler, an unknown architecture).
+    """
+    return _script([BUILD_SCRIPT, "--dry-run"], python, _variant_env(gpu, cuda_archs))
+
+
+def install(python=None, jobs=None, out=None, gpu=None, cuda_archs=None):
     """Build (or take from the cache) and install the engine into ``python``'s environment; a summary line.
 
-    Progress lines go to ``out`` (default stderr) as they come. Raises :class:`EngineError` naming
-    what is missing (a framework, MPI headers, a compiler) and how to install it.
+    ``gpu``: None (default: NCCL when the installed torch is a CUDA build), True (NCCL, or an error
+    naming why not) or False (a CPU engine even with a CUDA torch). ``cuda_archs``: the CUDA
+    architectures of a GPU build (``"90"``, ``[80, 90]``; default the visible GPUs', else a
+    documented list: docs/gpu.md). Progress lines go to ``out`` (default stderr) as they come.
+    Raises :class:`EngineError` naming what is missing (a framework, a compiler, CUDA) and how to
+    install it.
 
-    Env: ``HVDKIT_WHEEL_CACHE``, ``HVDKIT_BUILD_JOBS`` (``jobs`` wins), ``HOROVOD_VERSION``.
+    Env: ``HVDKIT_WHEEL_CACHE``, ``HVDKIT_BUILD_JOBS`` (``jobs`` wins), ``HOROVOD_VERSION``,
+    ``HVDKIT_ENGINE_GPU`` and ``HVDKIT_CUDA_ARCHS`` (the arguments win), ``HOROVOD_CUDA_HOME``.
     """
     out = out or sys.stderr
     python = str(python or sys.executable)
-    env = {**os.environ, "PYTHON": python, **({"HVDKIT_BUILD_JOBS": str(jobs)} if jobs else {})}
+    env = {**os.environ, "PYTHON": python, **({"HVDKIT_BUILD_JOBS": str(jobs)} if jobs else {}),
+           **_variant_env(gpu, cuda_archs)}  # fmt: skip
     started = time.monotonic()
     proc = subprocess.Popen(
         ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

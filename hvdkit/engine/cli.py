@@ -20,6 +20,16 @@ def parser(p):
     )
     i.add_argument("--python", metavar="PY", help="interpreter of the environment to install into (default: this one)")
     i.add_argument("--jobs", type=int, metavar="N", help="parallel compile jobs (default: $HVDKIT_BUILD_JOBS or all cores)")
+    variant = i.add_mutually_exclusive_group()
+    variant.add_argument("--gpu", action="store_const", const=True, dest="gpu",
+                         help="build with NCCL for CUDA tensors (default: when torch is a CUDA build); an error says why not")  # fmt: skip
+    variant.add_argument("--cpu", action="store_const", const=False, dest="gpu",
+                         help="build a CPU engine even where torch is a CUDA build")  # fmt: skip
+    i.add_argument("--cuda-archs", metavar="LIST",
+                   help="CUDA architectures of a GPU build, e.g. 90 (H100) or 80,90,100 (default: the visible GPUs', "
+                   "else 75,80,86,89,90,100,120)")  # fmt: skip
+    i.add_argument("--dry-run", action="store_true",
+                   help="print the build plan (variant, exact build settings, wheel cache folder) and build nothing")  # fmt: skip
     return p
 
 
@@ -29,6 +39,11 @@ def run_args(args):
 
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1 (got {args.jobs})")
-    summary = install(python=args.python, jobs=args.jobs)
+    if args.dry_run:
+        from . import plan
+
+        sys.stdout.write(plan(python=args.python, gpu=args.gpu, cuda_archs=args.cuda_archs) + "\n")
+        return 0
+    summary = install(python=args.python, jobs=args.jobs, gpu=args.gpu, cuda_archs=args.cuda_archs)
     sys.stderr.write(f"hvdkit engine: {summary}; check it with: hvdkit doctor\n")
     return 0

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Build (or reuse) the Horovod engine for the Python environment given by $PYTHON and install it.
 #
-#   build-horovod.sh          build or reuse the wheel, install it, check it
-#   build-horovod.sh --key    print the wheel cache folder for $PYTHON (its name ends in the key); build nothing
+#   build-horovod.sh [--gpu|--cpu] [--cuda-archs 90,100]   build or reuse the wheel, install it, check it
+#   build-horovod.sh --key        print the wheel cache folder for $PYTHON (its name ends in the key); build nothing
+#   build-horovod.sh --dry-run    print the build plan: variant, exact settings, wheel folder; build nothing
+#
+# GPU: when the installed torch is a CUDA build (or with --gpu) the engine is built with NCCL
+# (HOROVOD_GPU_OPERATIONS=NCCL) against the CUDA toolkit and the NCCL that torch uses; engine_plan.py
+# next to this script decides the variant and its settings (docs/gpu.md). A plain CPU build has
+# exactly the settings and the cache key it had before GPU builds existed.
 #
 # Horovod 0.28.1 from PyPI does not compile against torch >= 2.1 or TensorFlow >= 2.10 (their
 # headers need C++17). The recipe patches the sdist in three places, applies hvdkit's engine fixes
@@ -23,6 +29,12 @@
 #                        version needs it); part of the cache key, and a download that differs is refused
 #   HVDKIT_WHEEL_CACHE   wheel cache folder (default: ${XDG_CACHE_HOME:-~/.cache}/hvdkit/wheels)
 #   HVDKIT_BUILD_JOBS    parallel compile jobs (default: number of cores)
+#   HVDKIT_ENGINE_GPU    auto (default: NCCL when torch is a CUDA build), on (--gpu) or off (--cpu)
+#   HVDKIT_CUDA_ARCHS    CUDA architectures of a GPU build, e.g. 90 or 80,90,100 (--cuda-archs; default:
+#                        the visible GPUs', else engine_plan.DEFAULT_CUDA_ARCHS)
+#   HVDKIT_HOROVOD_SDIST the Horovod sdist to build, for a machine without a package index (checked
+#                        against the pinned SHA-256 like a download)
+#   HOROVOD_CUDA_HOME    the CUDA toolkit of a GPU build (default: nvcc on PATH, /usr/local/cuda, the pip wheels)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,10 +49,28 @@ say() { printf '[build-horovod] %s\n' "$*" >&2; }
 die() { printf '[build-horovod] ERROR: %s\n' "$*" >&2; exit 1; }
 
 mode=install
-case ${1:-} in
-  "") ;;
-  --key) mode=key ;;
-  *) die "unknown argument '$1'; usage: build-horovod.sh [--key]" ;;
+GPU_MODE=${HVDKIT_ENGINE_GPU:-auto}
+CUDA_ARCHS=${HVDKIT_CUDA_ARCHS:-}
+while (($#)); do
+  case $1 in
+    --key) mode=key ;;
+    --dry-run) mode=dry-run ;;
+    --gpu) GPU_MODE=on ;;
+    --cpu) GPU_MODE=off ;;
+    --cuda-archs)
+      (($# >= 2)) || die "--cuda-archs needs a value, e.g. --cuda-archs 90"
+      CUDA_ARCHS=$2
+      shift ;;
+    --cuda-archs=*) CUDA_ARCHS=${1#--cuda-archs=} ;;
+    *) die "unknown argument '$1'; usage: build-horovod.sh [--key|--dry-run] [--gpu|--cpu] [--cuda-archs LIST]" ;;
+  esac
+  shift
+done
+case $GPU_MODE in
+  auto | on | off) ;;
+  1 | yes | true) GPU_MODE=on ;;
+  0 | no | false) GPU_MODE=off ;;
+  *) die "HVDKIT_ENGINE_GPU='$GPU_MODE' is not auto, on or off" ;;
 esac
 
 # need TOOL:PACKAGE:WHAT ...: every missing tool, with the Debian package that has it, in one error.
@@ -58,8 +88,14 @@ need() {
 sdist_sha256=${HOROVOD_SDIST_SHA256:-${PINNED_SDIST_SHA256[$HOROVOD_VERSION]:-}}
 [[ $sdist_sha256 =~ ^[0-9a-f]{64}$ ]] || die "no SHA-256 of the Horovod $HOROVOD_VERSION sdist is pinned${HOROVOD_SDIST_SHA256:+ (HOROVOD_SDIST_SHA256='$HOROVOD_SDIST_SHA256' is not 64 hex digits)}; set HOROVOD_SDIST_SHA256 to the digest PyPI lists for horovod-$HOROVOD_VERSION.tar.gz"
 command -v "$PYTHON" >/dev/null || die "no interpreter '$PYTHON'; set PYTHON to the target environment's python"
-# The key needs the MPI and compiler versions; a build needs more (checked on a cache miss).
-need "mpirun:openmpi-bin:the Open MPI launcher" "g++:g++:the C++ compiler"
+# A relative path (PYTHON=.venv/bin/python) would name nothing once the build cds into the sdist: make
+# it absolute, without resolving the venv's symlink (that would be the base interpreter, not the venv).
+if [[ $PYTHON == */* ]]; then PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON"); fi
+# The key needs the compiler and MPI versions; a build needs more (checked on a cache miss). Without
+# Open MPI the engine is built with Gloo alone (engine_plan.py says so).
+need "g++:g++:the C++ compiler"
+has_mpi=no
+if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then has_mpi=yes; fi
 
 # Line 1: every input that changes the binary (part of the cache key). Line 2: the engine installed
 # now, a hash of its RECORD (which lists every installed file's hash), or "none".
@@ -74,11 +110,11 @@ def v(name):
 torch, tf = v("torch"), v("tensorflow-cpu")
 if tf == "missing":
     tf = v("tensorflow")
-fix = "pip install torch tensorflow-cpu keras (or pip install 'hvdkit[torch,tensorflow]' for the tested pins)"
-for name, found in (("torch", torch), ("tensorflow (or tensorflow-cpu)", tf)):
-    if found == "missing":  # on stdout: the one line the script dies with
-        print(f"{name} is not installed in {sys.executable}; Horovod compiles against it. Install it first: {fix}")
-        sys.exit(3)
+if torch == "missing":  # on stdout: the one line the script dies with (TensorFlow is optional)
+    print(f"torch is not installed in {sys.executable}; Horovod compiles against it. Install it first: pip install "
+          "torch tensorflow-cpu keras (TensorFlow is optional: torch alone gives a PyTorch-only engine; "
+          "pip install 'hvdkit[torch,tensorflow]' for the tested pins)")
+    sys.exit(3)
 print(f"horovod={sys.argv[1]} torch={torch} tensorflow={tf} "
       f"python={sysconfig.get_config_var('SOABI')}")
 try:
@@ -88,21 +124,55 @@ except PackageNotFoundError:
 EOF
 ) || die "${facts:-could not read the framework versions from $PYTHON (see above)}"
 { read -r inputs; read -r installed; } <<<"$facts"
-mpi_version=$(mpirun --version 2>/dev/null | head -n 1)
+has_tf=yes
+[[ $inputs == *" tensorflow=missing "* ]] && has_tf=no
+mpi_version=$(mpirun --version 2>/dev/null | head -n 1 || true)
+# The variant and its settings (plan_variant, plan_key, plan_nccl_so, plan_settings, plan_notes).
+plan=$("$PYTHON" "$here/engine_plan.py" --gpu "$GPU_MODE" --cuda-archs "$CUDA_ARCHS" --tensorflow "$has_tf" \
+  --mpi "$has_mpi") || die "${plan:-engine_plan.py failed (see above)}"
+eval "$plan"
 gcc_version=$(g++ -dumpfullversion)
 # The recipe is the block between the ">>> recipe" and "<<< recipe" lines: the edits and the flags.
 recipe_hash=$(sed -n '/^    # >>> recipe/,/^    # <<< recipe/p' "$here/build-horovod.sh" | sha256sum | cut -c1-16)
 # The engine fixes: their level hashes every patch file; the applying script is an input too.
 fix_level=$(bash "$here/apply-horovod-fixes.sh" --level) || die "could not compute the engine fix level"
 fix_tool=$(sha256sum < "$here/apply-horovod-fixes.sh" | cut -c1-16)
-key=$(printf '%s|%s|gcc=%s|recipe=%s|fixes=%s|%s|sdist=%s' "$inputs" "$mpi_version" "$gcc_version" "$recipe_hash" \
-  "$fix_level" "$fix_tool" "$sdist_sha256" | sha256sum | cut -c1-20)
+variant_key=""  # the plain CPU build adds nothing: its key is the one it had before GPU builds
+if [[ -n $plan_key ]]; then
+  variant_key="|variant=$plan_key"
+  if [[ $plan_variant == gpu ]]; then  # the GPU block and the GPU-only fixes are inputs of a GPU build
+    gpu_recipe=$( (sed -n '/^    # >>> gpu recipe/,/^    # <<< gpu recipe/p' "$here/build-horovod.sh"
+      for p in "$here"/horovod-fixes-gpu/*.patch; do basename "$p"; cat "$p"; done) | sha256sum | cut -c1-16)
+    variant_key+="|gpu-recipe=$gpu_recipe"
+  fi
+fi
+key=$(printf '%s|%s|gcc=%s|recipe=%s|fixes=%s|%s|sdist=%s%s' "$inputs" "$mpi_version" "$gcc_version" "$recipe_hash" \
+  "$fix_level" "$fix_tool" "$sdist_sha256" "$variant_key" | sha256sum | cut -c1-20)
 wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-$key"
 if [[ $mode == key ]]; then
   echo "$wheel_dir"
   exit 0
 fi
-say "inputs: $inputs | $mpi_version | gcc $gcc_version | recipe $recipe_hash | $fix_level"
+base_settings=(HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1
+  HOROVOD_WITHOUT_MXNET=1)  # the CPU block's own (below); plan_settings are exported before it, WITHOUT_* win
+if [[ $mode == dry-run ]]; then
+  cached="not built yet (a build compiles from the sdist)"
+  compgen -G "$wheel_dir/horovod-*.whl" >/dev/null && cached="cached: $(basename "$(ls "$wheel_dir"/horovod-*.whl | head -n 1)")"
+  echo "Horovod $HOROVOD_VERSION engine plan for $PYTHON (dry run: nothing is built)"
+  echo "  inputs:    $inputs | ${mpi_version:-no MPI} | gcc $gcc_version"
+  echo "  variant:   $plan_variant ($([[ $plan_variant == gpu ]] && echo "NCCL for CUDA tensors, " )$([[ $has_mpi == yes ]] && echo "MPI and ")Gloo for CPU tensors)"
+  for note in "${plan_notes[@]}"; do echo "  note:      $note"; done
+  echo "  fixes:     $fix_level$([[ $plan_variant == gpu ]] && printf ' + GPU: %s' "$(cd "$here/horovod-fixes-gpu" && ls *.patch | tr '\n' ' ')")"
+  echo "  settings:"
+  for s in "${base_settings[@]}" "${plan_settings[@]}" MAKEFLAGS=-j"$JOBS"; do echo "    $s"; done
+  if [[ $plan_variant == gpu ]]; then
+    echo "    HOROVOD_NCCL_LIB=<build folder>/nccl-lib  (libnccl.so -> $plan_nccl_so)"
+  fi
+  echo "  wheel:     $wheel_dir ($cached)"
+  exit 0
+fi
+say "inputs: $inputs | $mpi_version | gcc $gcc_version | recipe $recipe_hash | $fix_level${variant_key:+ | ${variant_key#|}}"
+for note in "${plan_notes[@]}"; do say "$note"; done
 
 site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 stamp="$site/.hvdkit-horovod-key"  # "<key> <installed engine>", written once check-build passed
@@ -111,8 +181,7 @@ if [[ -f $stamp && $(cat "$stamp") == "$key $installed" ]]; then
 else
   wheel=$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
   if [[ -z $wheel ]]; then  # a build: everything it needs is there, or nothing is changed
-    need "mpicc:libopenmpi-dev:the Open MPI headers" "cmake:cmake:the build system" "make:make:the build tool" \
-      "patch:patch:applies the engine fixes"
+    need "cmake:cmake:the build system" "make:make:the build tool" "patch:patch:applies the engine fixes"
     include=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
     [[ -f $include/Python.h ]] || die "no Python.h in $include: the Python headers are missing. Install them: apt-get install -y $(basename "$include")-dev"
   fi
@@ -121,11 +190,36 @@ else
     say "no cached wheel for key $key: building from the sdist (about 6 minutes on 2 cores)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
+    if [[ -n ${HVDKIT_HOROVOD_SDIST:-} ]]; then  # a machine without a package index: the sdist brought along
+      [[ -f $HVDKIT_HOROVOD_SDIST ]] || die "HVDKIT_HOROVOD_SDIST='$HVDKIT_HOROVOD_SDIST' is not a file; point it at horovod-$HOROVOD_VERSION.tar.gz"
+      cp "$HVDKIT_HOROVOD_SDIST" "$work/horovod-$HOROVOD_VERSION.tar.gz"
+    else
+      "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
+    fi
     got=$(sha256sum < "$work/horovod-$HOROVOD_VERSION.tar.gz" | cut -c1-64)
     [[ $got == "$sdist_sha256" ]] || die "the downloaded horovod-$HOROVOD_VERSION.tar.gz has SHA-256 $got, not the pinned $sdist_sha256: refusing to build it (check your package index, or set HOROVOD_SDIST_SHA256)"
     tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
+    if [[ $plan_variant == gpu ]]; then
+    # >>> gpu recipe
+    # G1. nvcc of CUDA >= 12.8 needs C++17 for its own headers (CCCL); Horovod asks C++11 for its kernels.
+    sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' "$src/horovod/common/ops/cuda/CMakeLists.txt"
+    grep -q 'set(CMAKE_CUDA_STANDARD 17)' "$src/horovod/common/ops/cuda/CMakeLists.txt" || die "CUDA C++17 edit did not apply"
+    # G2. distutils is gone from Python 3.12: ask sysconfig for the Python headers.
+    sed -i "s/from distutils.sysconfig import get_python_inc; print(get_python_inc())/import sysconfig; print(sysconfig.get_paths()['include'])/" \
+      "$src/horovod/torch/CMakeLists.txt"
+    ! grep -q 'distutils' "$src/horovod/torch/CMakeLists.txt" || die "sysconfig edit did not apply"
+    # G3. C++ fixes of the GPU code paths (horovod-fixes-gpu/*.patch, in name order).
+    for p in "$here"/horovod-fixes-gpu/*.patch; do
+      patch -d "$src" -p1 --forward --batch --quiet < "$p" || die "GPU engine fix $(basename "$p") does not apply"
+    done
+    # G4. NCCL: torch's own libnccl.so.2, linked through a libnccl.so the pip wheel lacks.
+    mkdir -p "$work/nccl-lib"
+    ln -sf "$plan_nccl_so" "$work/nccl-lib/libnccl.so"
+    export HOROVOD_NCCL_LIB="$work/nccl-lib"
+    # <<< gpu recipe
+    fi
+    for s in "${plan_settings[@]}"; do export "${s?}"; done  # the variant's settings; HOROVOD_WITHOUT_* win below
     # >>> recipe
     # 1-2. torch and TensorFlow headers need C++17.
     for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
@@ -160,8 +254,12 @@ else
   say "checking the engine: horovodrun --check-build (about 25 s; only when the engine changed)"
   bindir=$(dirname "$("$PYTHON" -c 'import sys; print(sys.executable)')")
   report=$("$bindir/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $report"
+  parts=(PyTorch Gloo)
+  [[ $has_tf == yes ]] && parts+=(TensorFlow)
+  [[ $has_mpi == yes ]] && parts+=(MPI)
+  [[ $plan_variant == gpu ]] && parts+=(NCCL)
   missing=()
-  for part in TensorFlow PyTorch MPI Gloo; do
+  for part in "${parts[@]}"; do
     grep -q "\[X\] $part\$" <<<"$report" || missing+=("$part")
   done
   if ((${#missing[@]})); then
@@ -173,4 +271,9 @@ else
   installed=$("$PYTHON" -c 'import hashlib; from importlib.metadata import distribution as d; print(hashlib.sha256((d("horovod").read_text("RECORD") or "").encode()).hexdigest()[:16])')
   echo "$key $installed" > "$stamp"
 fi
-say "ok: Horovod $HOROVOD_VERSION with TensorFlow, PyTorch, MPI and Gloo; $fix_level"
+built_with="PyTorch"
+[[ $has_tf == yes ]] && built_with+=", TensorFlow"
+[[ $has_mpi == yes ]] && built_with+=", MPI"
+built_with+=" and Gloo"
+[[ $plan_variant == gpu ]] && built_with+="; NCCL for CUDA tensors"
+say "ok: Horovod $HOROVOD_VERSION with $built_with; $fix_level"
