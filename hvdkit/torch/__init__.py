@@ -1,7 +1,8 @@
 """hvdkit for PyTorch: thin adapters over ``horovod.torch``.
 
     import hvdkit.torch as hk
-    hk.init()
+    hk.init()                      # one GPU per rank where there are GPUs: hk.device()
+    model.to(hk.device())
     opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
     ckpt = hk.Checkpointer("checkpoints", model, opt)
     resumed = ckpt.restore() or hk.broadcast_state(model, opt)
@@ -17,10 +18,10 @@ from ..core.metrics import MetricTracker  # noqa: E402, F401
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, TrainLoader, TrainSampler, eval_loader, train_loader, train_sampler  # noqa: E402
 from .monitoring import StragglerMonitor, Tracker  # noqa: E402
-from .optim import DistributedOptimizer, ScaledLRScheduler, autocast, scale_lr  # noqa: E402
+from .optim import DistributedOptimizer, ScaledLRScheduler, amp_step, autocast, scale_lr  # noqa: E402
 from .progress import progress  # noqa: E402
 from .runtime import __all__ as _RUNTIME  # noqa: E402
-from .runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, scaled_lr, size, topology  # noqa: E402
+from .runtime import PreemptionGuard, average_metrics, communicator, device, init, is_rank0, local_rank, local_size, rank, scaled_lr, size, topology  # noqa: E402
 from .state import broadcast_state  # noqa: E402
 
 # Names and the concepts they share with hvdkit.tensorflow and hvdkit.keras: docs/api/names.md.
@@ -36,6 +37,7 @@ __all__ = [  # and the runtime's: init, rank, size, PreemptionGuard, ... (hvdkit
     "Tracker",
     "TrainLoader",
     "TrainSampler",
+    "amp_step",
     "autocast",
     "broadcast_state",
     "eval_loader",

@@ -13,7 +13,7 @@ from . import autocompress
 from ..core.log import get_logger
 from ._engine import horovod_torch
 
-__all__ = ["DistributedOptimizer", "ScaledLRScheduler", "autocast", "scale_lr"]
+__all__ = ["DistributedOptimizer", "ScaledLRScheduler", "amp_step", "autocast", "scale_lr"]
 
 _OPS = ("average", "sum")
 _log = get_logger("lr")
@@ -274,13 +274,54 @@ scale_lr = deprecated_function(ScaledLRScheduler, "hvdkit.torch.scale_lr", "hvdk
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
-def autocast(enabled=True, dtype="bfloat16", device_type="cpu"):
-    """``torch.autocast`` for the forward pass (bf16 on CPU by default).
+def autocast(enabled=True, dtype="bfloat16", device_type=None):
+    """``torch.autocast`` for the forward pass: bf16 by default, fp16 with ``dtype="float16"``.
 
-    Parameters stay fp32, so their gradients are fp32 and the optimizer wrapper averages them as
-    usual: run the forward pass and the loss inside the context, ``backward()`` and ``step()``
-    outside it.
+    ``device_type``: default the rank's device (``hk.device()``: ``"cuda"`` on a GPU rank, ``"cpu"``
+    before ``init()`` or without GPUs). Parameters stay fp32, so their gradients are fp32 and the
+    optimizer wrapper averages them as usual: run the forward pass and the loss inside the context,
+    ``backward()`` and ``step()`` outside it. fp16 needs loss scaling: see ``amp_step``.
     """
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(_DTYPES)} (got {dtype!r})")
+    if device_type is None:
+        from . import runtime
+
+        device_type = runtime._device.type if runtime._device is not None else "cpu"
     return torch.autocast(device_type=device_type, dtype=_DTYPES[dtype], enabled=enabled)
+
+
+def amp_step(optimizer, scaler):
+    """One update of fp16 mixed precision with a ``torch.amp.GradScaler``, in the order Horovod needs.
+
+        scaler = torch.amp.GradScaler("cuda")
+        opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model, max_grad_norm=1.0)
+        for x, y in loader:
+            opt.zero_grad()
+            with hk.autocast(dtype="float16"):
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss).backward()
+            hk.amp_step(opt, scaler)
+
+    It waits for the averaged gradients (``synchronize()``), unscales them (``scaler.unscale_``), lets
+    the optimizer clip them if it was made with ``max_grad_norm`` and update without averaging again
+    (``skip_synchronize()``; ``scaler.step`` skips the update when a gradient is inf or NaN: the
+    averaged gradients are the same on every rank, so every rank skips together), then adjusts the
+    scale (``scaler.update()``). This avoids Horovod's AMP traps: ``scaler.step(opt)`` alone would
+    unscale gradients still being averaged, and unscaling before ``synchronize()`` makes Horovod
+    average them a second time. Returns the averaged gradient norm before clipping when the
+    optimizer clips (``optimizer.last_grad_norm``), else None.
+
+    Collective: every rank calls it once per step, as ``step()``.
+    """
+    if not hasattr(optimizer, "skip_synchronize"):
+        raise ConfigError(
+            f"amp_step needs the optimizer hk.DistributedOptimizer returns (got {type(optimizer).__name__}); "
+            "for one process without Horovod use scaler.step(optimizer); scaler.update()"
+        )
+    optimizer.synchronize()
+    scaler.unscale_(optimizer)
+    with optimizer.skip_synchronize():
+        scaler.step(optimizer)
+    scaler.update()
+    return getattr(optimizer, "last_grad_norm", None) if getattr(optimizer, "max_grad_norm", None) else None

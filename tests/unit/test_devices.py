@@ -1,0 +1,59 @@
+"""Which GPU a rank takes (hvdkit.core.devices): pure logic, no GPU needed."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hvdkit.core.devices import choose_gpu, gpus_shared, per_rank_hostid_argv, shared_gpu_env
+from hvdkit.core.errors import ConfigError
+
+
+@given(st.integers(1, 16).flatmap(lambda n: st.tuples(st.just(n), st.integers(n, 16))))
+def test_each_rank_takes_its_local_ranks_gpu_when_there_are_enough(sizes):
+    local_size, gpus = sizes
+    assert [choose_gpu(r, local_size, gpus, env={}) for r in range(local_size)] == list(range(local_size))
+
+
+def test_no_gpu_or_hvdkit_device_cpu_means_the_cpu():
+    assert choose_gpu(0, 2, 0, env={}) is None
+    assert choose_gpu(1, 2, 4, env={"HVDKIT_DEVICE": "cpu"}) is None
+
+
+def test_an_unknown_hvdkit_device_is_named():
+    with pytest.raises(ConfigError, match="HVDKIT_DEVICE='tpu'"):
+        choose_gpu(0, 1, 1, env={"HVDKIT_DEVICE": "tpu"})
+
+
+def test_more_ranks_than_gpus_is_an_error_naming_the_counts_and_the_ways_out():
+    with pytest.raises(ConfigError) as caught:
+        choose_gpu(2, 4, 2, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    message = str(caught.value)
+    assert message.startswith("4 ranks on this host but 2 GPU(s) visible (CUDA_VISIBLE_DEVICES=0,1): rank 2")
+    for fix in ("-np 2 per host", "CUDA_VISIBLE_DEVICES", "HVDKIT_SHARE_GPUS=1", "NCCL_MULTI_RANK_GPU_ENABLE=1"):
+        assert fix in message
+
+
+@given(st.integers(1, 8), st.integers(1, 32), st.sampled_from(["HVDKIT_SHARE_GPUS", "NCCL_MULTI_RANK_GPU_ENABLE"]))
+def test_shared_gpus_go_round_robin_and_each_gets_its_share(gpus, local_size, switch):
+    env = {switch: "1"}
+    assert gpus_shared(env)
+    picks = [choose_gpu(r, local_size, gpus, env=env) for r in range(local_size)]
+    assert all(0 <= p < gpus for p in picks)
+    counts = [picks.count(g) for g in range(min(gpus, local_size))]
+    assert max(counts) - min(counts) <= 1
+
+
+def test_nccl_230_shares_a_gpu_with_its_switch_and_older_nccl_by_a_host_id_per_rank():
+    env, per_rank = shared_gpu_env((2, 30, 7))
+    assert env == {"HVDKIT_SHARE_GPUS": "1", "NCCL_MULTI_RANK_GPU_ENABLE": "1"} and not per_rank
+    env, per_rank = shared_gpu_env((2, 28, 9))
+    assert per_rank and env["NCCL_SOCKET_IFNAME"] == "lo" and "NCCL_MULTI_RANK_GPU_ENABLE" not in env
+
+
+def test_the_per_rank_host_id_comes_from_the_launchers_rank(tmp_path):
+    import subprocess
+
+    argv = per_rank_hostid_argv(["sh", "-c", 'printf %s "$NCCL_HOSTID"'])
+    for var, value in (("HOROVOD_RANK", "3"), ("OMPI_COMM_WORLD_RANK", "5"), ("RANK", "7")):
+        out = subprocess.run(argv, env={"PATH": "/usr/bin:/bin", var: value}, capture_output=True, text=True, check=True)
+        assert out.stdout == f"hvdkit-rank-{value}"
