@@ -1,0 +1,314 @@
+"""GPU benchmark: hvdkit/Horovod-NCCL against torch DDP-NCCL on one model, and allreduce bus bandwidth.
+
+    python -m hvdkit.bench.gpu_bench OUT_DIR [--np 1,2] [--batch 64] [--steps 30] [--reps 2]
+
+Runs, on this machine's GPUs, real jobs of a ResNet-50-sized convolutional network written in plain
+torch (25.6 M parameters, 224x224 synthetic images, bf16 autocast, SGD with momentum):
+``hk.DistributedOptimizer`` under ``horovodrun --gloo`` and ``DistributedDataParallel`` under
+``torch.distributed.run``, alternated (H D H D ...) for each rank count, so the ratio of their
+median step times is measured side by side. Then Horovod's allreduce of CUDA tensors from 1 MiB to
+256 MiB (bus bandwidth, ``hvdkit.bench.stats.bus_bandwidth``) next to the GPU's own device-to-device
+copy rate. Writes OUT_DIR/gpu_bench.json, OUT_DIR/gpu_bench.png and prints a table. Where ranks
+outnumber GPUs they share them (``hvdkit.core.devices.shared_gpu_env``: before NCCL 2.30 over
+sockets on loopback), which the JSON and the table say: such figures measure that transport, not
+NVLink.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+__all__ = ["resnet50", "main"]
+
+MB = 1 << 20
+
+
+def resnet50(num_classes=1000):
+    """ResNet-50 (He et al. 2015, bottleneck v1.5) in plain torch: 25.6 M parameters."""
+    import torch.nn as nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = width * 4
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout),
+            )  # fmt: skip
+            self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())  # fmt: skip
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.relu(self.body(x) + self.skip(x))
+
+    layers, cin = [], 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = width * 4
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
+        *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes),
+    )  # fmt: skip
+
+
+# ---- workers (one process per rank) ----------------------------------------------------------------
+
+
+def _per_rank_hostid(rank):
+    if os.environ.get("HVDKIT_PER_RANK_HOSTID") == "1":  # set before this rank's first NCCL call
+        os.environ["NCCL_HOSTID"] = f"hvdkit-rank-{rank}"
+
+
+def _train_steps(model, opt, batch, steps, warmup, sync):
+    import torch
+
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times = []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        sync()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def worker_horovod(args):
+    import torch
+
+    import hvdkit.torch as hk
+
+    topo = hk.init()
+    _per_rank_hostid(topo.rank)
+    model = resnet50().to(hk.device(), memory_format=torch.channels_last)
+    hk.broadcast_state(model)
+    opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), model=model)
+    times = _train_steps(model, opt, args.batch, args.steps, args.warmup, lambda: None)
+    _write(args, topo.rank, {"step_s": times})
+
+
+def worker_ddp(args):
+    import torch
+    import torch.distributed as dist
+
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    _per_rank_hostid(rank)
+    torch.cuda.set_device(local % torch.cuda.device_count())
+    dist.init_process_group("nccl")
+    model = resnet50().cuda().to(memory_format=torch.channels_last)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    times = _train_steps(ddp, opt, args.batch, args.steps, args.warmup, lambda: None)
+    _write(args, rank, {"step_s": times})
+    dist.destroy_process_group()
+
+
+def worker_allreduce(args):
+    import horovod.torch as hvd
+    import torch
+
+    import hvdkit.torch as hk
+
+    topo = hk.init()
+    _per_rank_hostid(topo.rank)
+    rows = []
+    for mb in (1, 4, 16, 64, 256):
+        n = mb * MB // 4
+        t = torch.ones(n, device="cuda")
+        hvd.allreduce(t, name=f"warm{mb}", op=hvd.Sum)
+        iters = max(3, min(20, 512 // mb))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(iters):
+            out = hvd.allreduce(t, name=f"ar{mb}", op=hvd.Sum)
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - t0) / iters
+        assert float(out[0]) == topo.size, f"allreduce of ones gave {float(out[0])}, not {topo.size}"
+        copy_s = None
+        if topo.rank == 0:
+            dst = torch.empty_like(t)
+            dst.copy_(t)
+            torch.cuda.synchronize()
+            c0 = time.perf_counter()
+            for _ in range(iters):
+                dst.copy_(t)
+            torch.cuda.synchronize()
+            copy_s = (time.perf_counter() - c0) / iters
+        rows.append({"bytes": mb * MB, "allreduce_s": seconds, "copy_s": copy_s})
+    _write(args, topo.rank, {"allreduce": rows})
+
+
+def _write(args, rank, data):
+    with open(os.path.join(args.work, f"{args.worker}-rank{rank}.json"), "w") as f:
+        json.dump(data, f)
+
+
+# ---- the driver ----------------------------------------------------------------------------------------
+
+
+def _run(argv, env, timeout):
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          start_new_session=True)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])} ... failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return time.monotonic() - t0
+
+
+def _job(kind, np_, args, work, env):
+    me = [sys.executable, "-m", "hvdkit.bench.gpu_bench", "--worker", kind, "--work", work, "--batch", str(args.batch),
+          "--steps", str(args.steps), "--warmup", str(args.warmup)]  # fmt: skip
+    if kind == "ddp":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={np_}", *me[1:]]
+    else:
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        argv = [horovodrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *me]
+    _run(argv, env, args.timeout)
+    return [json.load(open(os.path.join(work, f"{kind}-rank{r}.json"))) for r in range(np_)]
+
+
+def _env_for(np_, gpus, nccl):
+    from hvdkit.core.devices import shared_gpu_env
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    shared = np_ > gpus
+    if shared:
+        extra, per_rank = shared_gpu_env(nccl)
+        env.update(extra)
+        if per_rank:
+            env["HVDKIT_PER_RANK_HOSTID"] = "1"
+    return env, shared
+
+
+def drive(args):
+    import torch
+
+    gpus, nccl = torch.cuda.device_count(), torch.cuda.nccl.version()
+    name = torch.cuda.get_device_name(0)
+    results = {"gpu": name, "gpus": gpus, "torch": torch.__version__, "cuda": torch.version.cuda,
+               "nccl": ".".join(map(str, nccl)), "batch_per_rank": args.batch, "steps": args.steps,
+               "model": "ResNet-50 (plain torch, 25.6 M parameters), 224x224, bf16 autocast", "training": [],
+               "allreduce": None}  # fmt: skip
+    print(f"[gpu-bench] {gpus} x {name}, torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {results['nccl']}", flush=True)
+    with tempfile.TemporaryDirectory() as work:
+        for np_ in args.np:
+            env, shared = _env_for(np_, gpus, nccl)
+            samples = {"horovod": [], "ddp": []}
+            for rep in range(args.reps):
+                for kind in ("horovod", "ddp"):
+                    ranks = _job(kind, np_, args, work, env)
+                    step = statistics.median(max(r["step_s"][i] for r in ranks) for i in range(args.steps))
+                    samples[kind].append(step)
+                    print(f"[gpu-bench] np={np_} rep {rep + 1}/{args.reps} {kind:7s}: {step * 1e3:.1f} ms/step, "
+                          f"{np_ * args.batch / step:.0f} img/s", flush=True)  # fmt: skip
+            h, d = statistics.median(samples["horovod"]), statistics.median(samples["ddp"])
+            results["training"].append({"np": np_, "shared_gpu": shared, "horovod_step_s": samples["horovod"],
+                                        "ddp_step_s": samples["ddp"], "horovod_img_s": np_ * args.batch / h,
+                                        "ddp_img_s": np_ * args.batch / d, "ratio_horovod_over_ddp": d / h})  # fmt: skip
+        np_ = max(args.np)
+        env, shared = _env_for(np_, gpus, nccl)
+        ranks = _job("allreduce", np_, args, work, env)
+        rows = []
+        for i, row in enumerate(ranks[0]["allreduce"]):
+            seconds = max(r["allreduce"][i]["allreduce_s"] for r in ranks)
+            busbw = row["bytes"] / seconds * (2 * (np_ - 1) / np_) if np_ > 1 else row["bytes"] / seconds
+            rows.append({"bytes": row["bytes"], "allreduce_s": seconds, "bus_bytes_per_s": busbw,
+                         "copy_bytes_per_s": 2 * row["bytes"] / row["copy_s"]})  # fmt: skip
+            print(f"[gpu-bench] allreduce {row['bytes'] // MB:4d} MiB on {np_} rank(s): bus {busbw / 1e9:7.2f} GB/s; "
+                  f"device copy {rows[-1]['copy_bytes_per_s'] / 1e9:7.1f} GB/s (read + write)", flush=True)  # fmt: skip
+        results["allreduce"] = {"np": np_, "shared_gpu": shared, "rows": rows}
+    return results
+
+
+def table(results):
+    lines = [f"GPU: {results['gpus']} x {results['gpu']} (torch {results['torch']}, CUDA {results['cuda']}, NCCL {results['nccl']})",
+             f"{results['model']}, batch {results['batch_per_rank']} per rank",
+             "| ranks | GPU shared | hvdkit/Horovod img/s | DDP img/s | Horovod / DDP throughput |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for t in results["training"]:
+        lines.append(f"| {t['np']} | {'yes' if t['shared_gpu'] else 'no'} | {t['horovod_img_s']:.0f} | {t['ddp_img_s']:.0f} | "
+                     f"{t['ratio_horovod_over_ddp']:.2f} |")  # fmt: skip
+    a = results["allreduce"]
+    lines += ["", f"Allreduce of CUDA tensors, {a['np']} rank(s){' sharing one GPU' if a['shared_gpu'] else ''}:",
+              "| size | bus bandwidth GB/s | device copy GB/s | bus / copy |", "| --- | --- | --- | --- |"]  # fmt: skip
+    for r in a["rows"]:
+        lines.append(f"| {r['bytes'] // MB} MiB | {r['bus_bytes_per_s'] / 1e9:.2f} | {r['copy_bytes_per_s'] / 1e9:.1f} | "
+                     f"{r['bus_bytes_per_s'] / r['copy_bytes_per_s']:.4f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import save_figure
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    nps = [t["np"] for t in results["training"]]
+    xs = range(len(nps))
+    ax1.bar([x - 0.2 for x in xs], [t["horovod_img_s"] for t in results["training"]], 0.4, label="hvdkit/Horovod-NCCL")
+    ax1.bar([x + 0.2 for x in xs], [t["ddp_img_s"] for t in results["training"]], 0.4, label="torch DDP-NCCL")
+    ax1.set_xticks(list(xs), [f"{n} rank(s){' (shared GPU)' if t['shared_gpu'] else ''}" for n, t in zip(nps, results["training"])])
+    ax1.set_ylabel("images/s")
+    ax1.set_title(f"ResNet-50 training, {results['gpu']}")
+    ax1.legend()
+    rows = results["allreduce"]["rows"]
+    ax2.loglog([r["bytes"] / MB for r in rows], [r["bus_bytes_per_s"] / 1e9 for r in rows], "o-", label="Horovod allreduce (bus)")
+    ax2.loglog([r["bytes"] / MB for r in rows], [r["copy_bytes_per_s"] / 1e9 for r in rows], "s--", label="device-to-device copy")
+    ax2.set_xlabel("MiB")
+    ax2.set_ylabel("GB/s")
+    ax2.set_title("Allreduce bandwidth vs the GPU's copy rate")
+    ax2.legend()
+    return save_figure(fig, path)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", nargs="?", help="folder for gpu_bench.json and gpu_bench.png")
+    p.add_argument("--np", default="1,2", help="rank counts, comma-separated (default 1,2)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--worker", choices=("horovod", "ddp", "allreduce"), help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        {"horovod": worker_horovod, "ddp": worker_ddp, "allreduce": worker_allreduce}[args.worker](args)
+        return 0
+    if not args.out:
+        p.error("give OUT_DIR")
+    args.np = [int(n) for n in args.np.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    results = drive(args)
+    with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(table(results))
+    try:
+        plot(results, os.path.join(args.out, "gpu_bench.png"))
+    except ImportError as e:
+        print(f"[gpu-bench] no plot: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
