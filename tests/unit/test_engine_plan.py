@@ -28,6 +28,16 @@ def test_the_cpu_build_adds_no_setting_and_nothing_to_the_key():
     assert (p["variant"], p["settings"], p["key"], p["nccl_so"]) == ("cpu", [], "", "")
 
 
+def _cuda_torch():
+    import torch
+
+    return bool(torch.version.cuda)
+
+
+cpu_torch_only = pytest.mark.skipif(_cuda_torch(), reason="checks this environment's CPU build (torch here is a CUDA build)")
+
+
+@cpu_torch_only
 def test_the_cpu_builds_wheel_folder_is_the_one_it_had_before_gpu_builds():
     """The recipe's CPU key (the block hash and inputs) is unchanged by GPU settings in the environment."""
     plain = engine.wheel_dir()
@@ -92,6 +102,7 @@ def test_parse_archs_names_the_bad_item(bad):
         ep.parse_archs(bad)
 
 
+@cpu_torch_only
 def test_the_recipe_refuses_gpu_on_a_cpu_torch_and_a_bad_arch_before_building(capsys):
     from hvdkit.cli import main
 
