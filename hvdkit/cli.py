@@ -18,7 +18,14 @@ def _parser():
         help="start N ranks of a command under mpirun (or horovodrun --gloo)",
         description="Start N ranks of COMMAND. Example: hvdkit run -np 2 -- python train.py --epochs 3",
     )
-    r.add_argument("-np", "--num-proc", dest="num_proc", type=int, required=True, help="number of processes")
+    r.add_argument(
+        "-np",
+        "--num-proc",
+        dest="num_proc",
+        type=int,
+        help="number of processes (default: all slots of the hosts; on this machine alone, one per GPU it has, "
+        "CUDA_VISIBLE_DEVICES respected, else one per CPU core)",
+    )
     r.add_argument("--gloo", action="store_true", help="use Horovod's Gloo controller via horovodrun instead of MPI")
     r.add_argument("--dry-run", action="store_true", help="print the exact command and exit")
     r.add_argument(
@@ -225,6 +232,14 @@ def _run(args):
     script = args.host_discovery_script
     if script and (args.hosts or args.hostfile):
         raise ConfigError("--host-discovery-script lists the hosts: give it without -H/--hostfile (or drop it)")
+    cores = len(os.sched_getaffinity(0))
+    if args.num_proc is None:
+        if script:
+            raise ConfigError("-np is required with --host-discovery-script: the ranks to start with, e.g. -np 4")
+        from .launch.gpus import gpu_count
+
+        args.num_proc, why = plan.default_num_proc(found, cores, 0 if found else gpu_count())
+        sys.stderr.write(f"hvdkit run: no -np given: {why}\n")
     if not script:
         hosts.check_slots(found, args.num_proc, origin)
     controller = "gloo" if args.gloo else "mpi"
@@ -251,7 +266,6 @@ def _run(args):
     )
     check_command(spec.command)
     is_root = os.geteuid() == 0
-    cores = len(os.sched_getaffinity(0))
     if not found and not script and spec.num_proc > cores:  # said once, not per restart; discovery: ranks run elsewhere
         sys.stderr.write(f"hvdkit run: {plan.oversubscribed(spec.num_proc, cores)}\n")
     if spec.timeline and not args.dry_run:

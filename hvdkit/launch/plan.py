@@ -6,14 +6,27 @@ import sys
 from dataclasses import dataclass
 
 from ..core import env as _env
-from .hosts import format_hosts, is_local
+from .hosts import format_hosts, is_local, total_slots
 from .spec import JobSpec
 from .timeline_flags import MARK_CYCLES, TIMELINE
 
-__all__ = ["Plan", "build", "find_tool", "oversubscribed", "FORWARDED"]
+__all__ = [
+    "Plan",
+    "build",
+    "default_num_proc",
+    "find_tool",
+    "oversubscribed",
+    "FORWARDED",
+    "FORWARDED_PREFIXES",
+    "NCCL_SOCKET_IFNAME",
+]
 
 # The launcher's own values of these reach ranks on other hosts (mpirun -x NAME), when set.
 FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+# Variables whose names start so reach every rank (mpirun -x NAME), when set in the launcher's environment:
+# NCCL reads its settings (NCCL_DEBUG, NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) in each rank.
+FORWARDED_PREFIXES = ("NCCL_",)
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,17 @@ def oversubscribed(num_proc, cores):
     )
 
 
+def default_num_proc(hosts, cores, gpus):
+    """``(ranks, why)`` for a job started without ``-np``: every slot of ``hosts`` when given, else one
+    rank per GPU of this machine when it has ``gpus``, else one per CPU core; ``why`` says which, in words."""
+    if hosts:
+        n = total_slots(hosts)
+        return n, f"{n} rank(s), one per slot of the {len(hosts)} host(s)"
+    if gpus:
+        return gpus, f"{gpus} rank(s) on this machine (one per GPU)"
+    return cores, f"{cores} rank(s) on this machine (one per CPU core; no NVIDIA GPU visible)"
+
+
 def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=None, base_env=None):
     """The Plan that runs ``spec``.
 
@@ -57,6 +81,9 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
     ``progress`` (True/False/None) sets HVDKIT_PROGRESS for the ranks unless the user set it.
     ``spec.timeline`` sets HOROVOD_TIMELINE (and HOROVOD_TIMELINE_MARK_CYCLES) for every rank,
     over any value of the user's: only rank 0 writes the file.
+    Every ``NCCL_*`` variable of ``base_env`` reaches every rank (mpirun ``-x NAME``; horovodrun
+    passes the launcher's environment on), and ``spec.network_interface`` also sets
+    NCCL_SOCKET_IFNAME for the ranks, unless the user set it (in ``base_env`` or ``spec.env``).
     """
     python = python or sys.executable
     base_env = os.environ if base_env is None else base_env
@@ -70,6 +97,8 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
         env[TIMELINE] = spec.timeline
         if spec.timeline_mark_cycles:
             env[MARK_CYCLES] = "1"
+    if spec.network_interface and NCCL_SOCKET_IFNAME not in base_env and NCCL_SOCKET_IFNAME not in env:
+        env[NCCL_SOCKET_IFNAME] = spec.network_interface  # NCCL's own TCP bootstrap and sockets, as mpirun's btl/oob
     wrapped = (python, "-m", "hvdkit.launch.rankwrap", "--", *spec.command) if job_id else spec.command
     n = str(spec.num_proc)
     if spec.controller == "gloo":
@@ -90,7 +119,7 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
     if spec.network_interface:  # both the data path (btl) and mpirun's own control channel (oob)
         nic = spec.network_interface
         argv += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic]
-    exported = set(env)
+    exported = set(env) | {name for name in base_env if name.startswith(FORWARDED_PREFIXES)}
     if not is_local(spec.hosts):
         exported.update(name for name in FORWARDED if name in base_env)
     for name in sorted(exported):
