@@ -134,6 +134,9 @@ def _render_parser(sub):
     job.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of ranks (default: all slots)")
     job.add_argument("--nodes", type=int, help="number of machines (default 1, or the number of -H hosts)")
     job.add_argument("--slots-per-node", dest="slots_per_node", type=int, help="ranks per machine (default 1)")
+    job.add_argument("--gpus-per-node", dest="gpus_per_node", metavar="N",
+                     help="slurm, mpijob: GPUs each machine gives the job, one rank per GPU (slurm: --gres=gpu:N; "
+                     "mpijob: nvidia.com/gpu: N); --slots-per-node defaults to it")  # fmt: skip
     job.add_argument("--image", default="hvdkit:cpu", help="container image for mpijob (default hvdkit:cpu)")
     job.add_argument("--name", default="hvdkit-job", help="job name (default hvdkit-job)")
     job.add_argument("--cpu", type=int, help="whole CPUs per worker machine (default: one per slot)")
@@ -182,6 +185,7 @@ def _render(args):
         hosts=found,
         min_np=args.min_np,
         max_np=args.max_np,
+        gpus_per_node=args.gpus_per_node,
     )
     if spec.elastic and args.target not in ("slurm", "mpijob"):
         raise ConfigError(f"--min-np/--max-np render only slurm and mpijob files (got {args.target}); for a plain script use hvdkit run")

@@ -21,6 +21,7 @@ __all__ = [
     "EXAMPLE",
     "EXAMPLE_FILES",
     "EXAMPLE_ELASTIC",
+    "EXAMPLE_GPU",
     "render",
     "render_command",
     "example_files",
@@ -69,7 +70,9 @@ def _line(argv):
 def render_command(target, spec):
     """The ``hvdkit render`` argv that produces this file again (written into its header)."""
     argv = ["hvdkit", "render", target, "--name", spec.name, "-np", str(spec.num_proc)]
-    argv += ["--nodes", str(spec.nodes), "--slots-per-node", str(spec.slots_per_node)]
+    gpus = spec.gpus_per_node
+    per_node = ["--gpus-per-node", str(gpus)] if gpus else ["--slots-per-node", str(spec.slots_per_node)]
+    argv += ["--nodes", str(spec.nodes), *per_node]
     if target == "mpijob":
         argv += ["--image", spec.image]
     if target in ("slurm", "mpijob"):
@@ -83,7 +86,7 @@ def _header(target, spec, what):
     return [
         f"# {what}",
         f"# Job {spec.name}: `{_line(spec.command)}` with -np {spec.num_proc}"
-        f" on {spec.nodes} node(s) x {spec.slots_per_node} slot(s).",
+        f" on {spec.nodes} node(s) x {spec.slots_per_node} slot(s){' (one per GPU)' if spec.gpus_per_node else ''}.",
         "# Rendered by hvdkit from one job description; change the description and render again:",
         f"#   {_line(render_command(target, spec))}",
     ]
@@ -108,6 +111,7 @@ def _slurm(spec):
         f"#SBATCH --ntasks-per-node={spec.slots_per_node}",
         f"#SBATCH --cpus-per-task={spec.cpu // spec.slots_per_node}",
         f"#SBATCH --mem={memory.group(1)}{memory.group(2)[0]}",
+        *_slurm_gpus(spec),
         "set -euo pipefail",
         "",
         "# hvdkit must be on PATH on every node (activate its virtualenv here if needed).",
@@ -123,6 +127,21 @@ def _slurm(spec):
     if spec.elastic:
         lines = _slurm_elastic(lines, spec)
     return "\n".join(lines) + "\n"
+
+
+def _slurm_gpus(spec):
+    """The ``#SBATCH`` GPU request and why it has this form (nothing for a CPU job)."""
+    if not spec.gpus_per_node:
+        return []
+    n = spec.gpus_per_node
+    return [
+        f"#SBATCH --gres=gpu:{n}",
+        f"# One rank per GPU: {n} tasks and {n} GPUs per node (--gres=gpu:{n}; on select/cons_tres clusters",
+        f"# --gpus-per-node={n} is the same). Not --gpus-per-task=1 nor --gpu-bind: they shut each task in with",
+        "# one GPU, which stops NCCL's peer-to-peer copies between the ranks of a node, and the one daemon per",
+        "# node that mpirun starts through srun would get a single GPU. Here every rank sees the node's GPUs",
+        "# and takes the one of its local rank, under hvdkit run and under srun --mpi=pmix alike.",
+    ]
 
 
 def _slurm_elastic(lines, spec):
@@ -153,6 +172,8 @@ def _mpijob_dict(spec):
     launch = ["hvdkit", "run", "-np", str(spec.num_proc), *elastic, "--", *spec.command]
     sshd = ["/usr/sbin/sshd", "-De", "-f", f"{SSH_HOME}/.sshd_config"]
     limits = {"limits": {"cpu": str(spec.cpu), "memory": spec.memory}}
+    if spec.gpus_per_node:  # the NVIDIA device plugin's resource; a pod gets whole GPUs only
+        limits["limits"]["nvidia.com/gpu"] = spec.gpus_per_node
     return {
         "apiVersion": "kubeflow.org/v2beta1",
         "kind": "MPIJob",
@@ -184,6 +205,12 @@ def _mpijob(spec):
         "# Both run through the image's entrypoint (so `args`, not `command`): it makes a host key for",
         f"# each container and copies the operator's keys from {SSH_SECRET} into ~/.ssh, private.",
     ]
+    if spec.gpus_per_node:
+        header += [
+            f"# GPUs: each worker asks for {spec.gpus_per_node} (nvidia.com/gpu, the NVIDIA device plugin's resource) and",
+            "# runs one rank per GPU (slotsPerWorker); the image needs a CUDA build of torch and an engine",
+            "# built with NCCL. The launcher needs no GPU.",
+        ]
     if spec.elastic:
         header += [
             f"# Elastic: the operator keeps {MPI_OPERATOR_DISCOVERY} listing the running workers (`pod:slots`);",
@@ -270,12 +297,19 @@ EXAMPLE_FILES = {
 # The same job made elastic (2 to 4 ranks on the workers the MPI Operator lists).
 EXAMPLE_ELASTIC = dataclasses.replace(EXAMPLE, name="hvdkit-digits-elastic", min_np=2, max_np=4)
 EXAMPLE_ELASTIC_FILES = {"mpijob-elastic.yaml": "mpijob"}
+# The same job on GPU nodes: 2 nodes x 4 GPUs, one rank per GPU.
+EXAMPLE_GPU = dataclasses.replace(
+    EXAMPLE, name="hvdkit-digits-gpu", num_proc=8, slots_per_node=None, gpus_per_node=4, cpu=8, memory="32Gi",
+    image="hvdkit:gpu",
+)
+EXAMPLE_GPU_FILES = {"slurm-gpu.sbatch": "slurm", "mpijob-gpu.yaml": "mpijob"}
 
 
-def example_files(spec=EXAMPLE, elastic=EXAMPLE_ELASTIC):
+def example_files(spec=EXAMPLE, elastic=EXAMPLE_ELASTIC, gpu=EXAMPLE_GPU):
     """``{file name: text}`` of the example files kept in the top-level ``launch/`` folder."""
     files = {name: render(target, spec) for name, target in EXAMPLE_FILES.items()}
-    return {**files, **{name: render(target, elastic) for name, target in EXAMPLE_ELASTIC_FILES.items()}}
+    files.update({name: render(target, elastic) for name, target in EXAMPLE_ELASTIC_FILES.items()})
+    return {**files, **{name: render(target, gpu) for name, target in EXAMPLE_GPU_FILES.items()}}
 
 
 def save(path, text):

@@ -11,7 +11,7 @@ from ..core.errors import ConfigError
 from ..core.options import check_positive_int
 from .hosts import Host, check_slots, format_hosts, total_slots
 
-__all__ = ["RenderSpec"]
+__all__ = ["RenderSpec", "check_gpus_per_node"]
 
 # Whole-string matches only (fullmatch): `$` would also match before a trailing newline.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?")  # a Kubernetes name that leaves room for suffixes
@@ -31,6 +31,8 @@ def _count(value, flag):
 class RenderSpec:
     """One job: ``num_proc`` ranks of ``command`` on ``nodes`` machines, ``slots_per_node`` ranks on each.
 
+    ``gpus_per_node`` (GPUs of each node the job takes; ``None`` for a CPU job) makes it one rank per
+    GPU: ``slots_per_node`` defaults to it and may not differ from it.
     ``cpu`` (whole CPUs, default one per slot) and ``memory`` (``512Mi``, ``4Gi``) are per worker node.
     ``hosts`` (tuple of ``Host``) name the machines for the mpirun/horovodrun scripts; without them
     the scripts use placeholders ``node1:S`` .. ``nodeN:S``. Unset counts follow from the others.
@@ -47,6 +49,7 @@ class RenderSpec:
     hosts: tuple = ()
     min_np: int | None = None  # elastic (slurm, mpijob): the fewest ranks to train with
     max_np: int | None = None  # and the most to grow to
+    gpus_per_node: int | None = None  # GPUs per node (slurm: --gres=gpu:N, mpijob: nvidia.com/gpu), one rank each
 
     def __post_init__(self):
         def fill(name, value):
@@ -64,6 +67,14 @@ class RenderSpec:
         if not all(isinstance(h, Host) for h in self.hosts):
             raise ConfigError(f"hosts must be Host(name, slots) values (got {self.hosts!r})")
         most = max([h.slots for h in self.hosts] or [1])
+        if self.gpus_per_node is not None:
+            most = check_gpus_per_node(self.gpus_per_node)
+            fill("gpus_per_node", most)
+            if self.slots_per_node not in (None, most):
+                raise ConfigError(
+                    f"--slots-per-node {self.slots_per_node} differs from --gpus-per-node {most}: a GPU job runs one "
+                    f"rank per GPU; drop --slots-per-node (or give --slots-per-node {most})"
+                )
         fill("nodes", _count(_default(self.nodes, len(self.hosts) or 1), "--nodes"))
         fill("slots_per_node", _count(_default(self.slots_per_node, most), "--slots-per-node"))
         capacity = self.nodes * self.slots_per_node
@@ -107,6 +118,18 @@ class RenderSpec:
     def launch_hosts(self):
         """The hosts the mpirun/horovodrun scripts name: the given ones, else placeholders."""
         return self.hosts or tuple(Host(f"node{i}", self.slots_per_node) for i in range(1, self.nodes + 1))
+
+
+def check_gpus_per_node(value):
+    """``value`` as an int if it is a whole number of GPUs >= 1 (an int, or its digits as text), else ConfigError."""
+    text = value.strip() if isinstance(value, str) else None
+    number = int(text) if text is not None and text.isdigit() else value
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ConfigError(
+            f"--gpus-per-node must be a whole number of GPUs >= 1 (got {value!r}): the GPUs each node gives the "
+            "job, one rank per GPU, e.g. --gpus-per-node 4; leave it out for a CPU-only job"
+        )
+    return number
 
 
 def _check_elastic(spec):

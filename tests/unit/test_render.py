@@ -160,7 +160,10 @@ def test_hvdkit_render_hosts_come_from_a_hostfile(tmp_path, capsys):
 
 def test_the_launch_folder_holds_exactly_what_the_renderer_writes():
     files = render.example_files()
-    assert sorted(files) == ["horovodrun.sh", "hostfile.example", "mpijob-elastic.yaml", "mpijob.yaml", "mpirun.sh", "slurm.sbatch"]
+    assert sorted(files) == [
+        "horovodrun.sh", "hostfile.example", "mpijob-elastic.yaml", "mpijob-gpu.yaml", "mpijob.yaml", "mpirun.sh",
+        "slurm-gpu.sbatch", "slurm.sbatch",
+    ]
     for name, text in files.items():
         committed = (ROOT / "launch" / name).read_text()
         assert committed == text, f"launch/{name} is out of date: run `make render`"
