@@ -4,6 +4,9 @@ The engine must carry the fix level of the recipe shipped with this hvdkit (``hv
 engine from an older hvdkit, or an unpatched upstream one, is a problem whose fix is
 ``hvdkit engine install``.
 
+On a machine with NVIDIA GPUs also: the GPUs and driver, torch's CUDA and NCCL versions, whether
+the engine has NCCL, and a 2-rank NCCL allreduce (``hvdkit.launch.doctor_gpu``).
+
 With ``--hosts``: every host reachable over ssh, the same versions everywhere, the route and
 network interface to each, and an allreduce across all of them.
 """
@@ -17,6 +20,7 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from . import doctor_gpu
 from .hosts import format_hosts
 from .plan import find_tool
 from .remote import is_this_machine, remote_json
@@ -29,6 +33,7 @@ _FIX_SETUP = (
 )
 # check-build imports TensorFlow and torch several times: about 25 s on a quiet machine, minutes on a busy one.
 _CHECK_BUILD_TIMEOUT = 300
+_CPU_SMOKE = ("-m", "hvdkit.torch.smoke")  # rank r contributes r+1 to a CPU tensor
 _FIX_ENGINE = "run `hvdkit engine install` (it builds Horovod for this environment; in an hvdkit checkout `make setup` does it)"
 
 
@@ -102,8 +107,14 @@ def engine_fix_level(report):
     return m.group(1).strip() if m else None
 
 
-def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None):
-    """Print the environment report; return the list of problems (empty when all is well)."""
+def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None, gpu_facts=None):
+    """Print the environment report; return the list of problems (empty when all is well).
+
+    ``gpu_facts()`` returns this machine's ``doctor_gpu.GpuFacts`` (default: nvidia-smi, then torch and
+    Horovod asked in a child python); a machine without GPUs is no problem.
+
+    Env: CUDA_VISIBLE_DEVICES (the GPUs the ranks see).
+    """
     out = out or sys.stdout
     python = python or sys.executable
     problems = []
@@ -138,10 +149,14 @@ def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None
         row(f"horovod built with {part}", "yes" if built.get(part) else None, f"rebuild Horovod: {_FIX_ENGINE}")
     if horovod and runnable:
         _engine_fixes_row(engine_fix_level(report), row)
+    facts = (gpu_facts or (lambda: doctor_gpu.gpu_facts(python, _run, torch_installed=bool(_version("torch")))))()
+    nccl_check = doctor_gpu.gpu_rows(facts, row, engine_nccl=built.get("NCCL") if horovod and runnable else None)
     if smoke and not problems:
         for controller in ("mpi", "gloo"):
             ok, detail = _smoke(python, controller)
             row(f"2-rank allreduce ({controller})", detail if ok else None, f"{detail}; try `hvdkit run -np 2 ...` by hand")
+    if smoke and not problems and nccl_check:
+        _nccl_smoke(python, facts, row)
     if hosts and not problems:
         _diagnose_hosts(hosts, python, network_interface, row, smoke)
     out.write("all checks passed\n" if not problems else "problems:\n" + "".join(f"  - {p}\n" for p in problems))
@@ -193,13 +208,24 @@ def _diagnose_hosts(hosts, python, network_interface, row, smoke):
         row(f"{n}-rank allreduce across hosts", detail if ok else None, f"{detail}; try `hvdkit run` by hand")
 
 
-def _smoke(python, controller, hosts=(), network_interface=None, ranks=2):
-    argv = [python, "-m", "hvdkit", "run", "-np", str(ranks), *(["--gloo"] if controller == "gloo" else [])]
+def _nccl_smoke(python, facts, row):
+    """The 2-rank allreduce of CUDA tensors (NCCL), with NCCL_MULTI_RANK_GPU_ENABLE=1 when 2 ranks share GPUs."""
+    extra, skipped = doctor_gpu.nccl_smoke_plan(facts)
+    if skipped:
+        row("2-rank allreduce (nccl)", skipped)
+        return
+    ok, detail = _smoke(python, "mpi", extra=extra, program=["-c", doctor_gpu.NCCL_SMOKE])
+    row("2-rank allreduce (nccl)", detail if ok else None, f"{detail}; run it with NCCL_DEBUG=INFO to see why")
+
+
+def _smoke(python, controller, hosts=(), network_interface=None, ranks=2, extra=(), program=_CPU_SMOKE):
+    """``(ok, detail)`` of ``hvdkit run -np RANKS [EXTRA] -- python PROGRAM``: each rank must print "allreduce ok"."""
+    argv = [python, "-m", "hvdkit", "run", "-np", str(ranks), *(["--gloo"] if controller == "gloo" else []), *extra]
     if hosts:
         argv += ["-H", format_hosts(hosts)]
     if network_interface:
         argv += ["--network-interface", network_interface]
-    rc, text = _run(argv + ["--", python, "-m", "hvdkit.torch.smoke"], 180)
+    rc, text = _run(argv + ["--", python, *program], 180)
     found = re.findall(r"allreduce ok: (.*)", text)
     if rc == 0 and len(found) == ranks:
         return True, f"ok ({found[0].strip()})"
