@@ -217,6 +217,29 @@ else
     mkdir -p "$work/nccl-lib"
     ln -sf "$plan_nccl_so" "$work/nccl-lib/libnccl.so"
     export HOROVOD_NCCL_LIB="$work/nccl-lib"
+    # G5. PyPI's CUDA toolkit wheels (site-packages/nvidia/cu13) keep the libraries in lib/, where
+    # nvcc.profile and CMake look in lib64/, and lack the unversioned libcudart.so: build against a view
+    # of that tree laid out like /usr/local/cuda. nvcc reads the profile next to its real path, so the
+    # view's bin/ holds hard links (or copies), not symbolic links.
+    cuda_home=""
+    for s in "${plan_settings[@]}"; do [[ $s == HOROVOD_CUDA_HOME=* ]] && cuda_home=${s#*=}; done
+    if [[ -n $cuda_home && ! -e $cuda_home/lib64 && -d $cuda_home/lib ]]; then
+      view="$work/cuda-home"
+      mkdir -p "$view/lib64"
+      cp -al "$cuda_home/bin" "$view/bin" 2>/dev/null || cp -a "$cuda_home/bin" "$view/bin"
+      for d in "$cuda_home"/*; do case ${d##*/} in bin | lib) ;; *) ln -s "$d" "$view/" ;; esac; done
+      ln -s "$cuda_home"/lib/* "$view/lib64/"
+      for so in "$view"/lib64/lib*.so.[0-9]*; do [[ -e ${so%%.so.*}.so ]] || ln -s "${so##*/}" "${so%%.so.*}.so"; done
+      ln -s lib64 "$view/lib"
+      plan_settings=("${plan_settings[@]/#HOROVOD_CUDA_HOME=*/HOROVOD_CUDA_HOME=$view}")
+      plan_settings=("${plan_settings[@]/#CUDA_HOME=*/CUDA_HOME=$view}")
+      say "CUDA toolkit of pip wheels ($cuda_home): building against the view $view"
+    fi
+    # G6. torch >= 2.14's headers need C++20 (ATen.h: "C++20 or later compatible compiler is required"):
+    # the torch binding (the one target that includes them) is compiled as C++20 where they say so.
+    if grep -qs 'C++20 or later' "$site/torch/include/ATen/ATen.h"; then
+      echo 'set_property(TARGET ${PYTORCH_TARGET_LIB} PROPERTY CXX_STANDARD 20)' >> "$src/horovod/torch/CMakeLists.txt"
+    fi
     # <<< gpu recipe
     fi
     for s in "${plan_settings[@]}"; do export "${s?}"; done  # the variant's settings; HOROVOD_WITHOUT_* win below
