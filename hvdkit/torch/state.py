@@ -18,18 +18,19 @@ __all__ = ["broadcast_state", "share_state"]
 
 @dataclass(frozen=True)
 class _TensorSpec:
-    """Where a header holds a tensor: its index in the tensor list, shape and dtype."""
+    """Where a header holds a tensor: its index in the tensor list, shape, dtype and device type."""
 
     index: int
     shape: tuple
     dtype: torch.dtype
+    device: str = "cpu"  # "cuda": a receiving rank makes its copy on its own current GPU
 
 
 def _split(obj, tensors):
     """``obj`` with every tensor moved to ``tensors`` and replaced by its ``_TensorSpec``."""
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        return _TensorSpec(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+        return _TensorSpec(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
     if isinstance(obj, dict):
         return type(obj)((k, _split(v, tensors)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
@@ -129,7 +130,8 @@ def _targets(header, model):
             tensors[spec.index] = own[key]
     for spec in specs:
         if tensors[spec.index] is None:
-            tensors[spec.index] = torch.empty(spec.shape, dtype=spec.dtype)
+            # optimizer state on the root's GPU arrives on this rank's GPU (Horovod needs one device type)
+            tensors[spec.index] = torch.empty(spec.shape, dtype=spec.dtype, device=spec.device)
     return tensors
 
 
