@@ -32,6 +32,11 @@ for t in patch make; do
   command -v "$t" >/dev/null || { [[ -x .carry/bin/$t ]] && export PATH="$PATH:$root/.carry/bin" && step "using carried $t"; }
 done
 
+# Build-time Python packages a bare image may lack (Horovod's setup.py needs cffi), carried as wheels.
+if compgen -G ".carry/wheels/*.whl" >/dev/null && ! "$PY" -c 'import cffi' 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps .carry/wheels/*.whl && step "installed carried wheels: $(ls .carry/wheels | tr '\n' ' ')"
+fi
+
 step "engine: build with NCCL (scripts/build-horovod.sh --gpu)"
 archs=()
 [[ -n ${CUDA_ARCHS:-} ]] && archs=(--cuda-archs "$CUDA_ARCHS")

@@ -184,6 +184,8 @@ else
     need "cmake:cmake:the build system" "make:make:the build tool" "patch:patch:applies the engine fixes"
     include=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
     [[ -f $include/Python.h ]] || die "no Python.h in $include: the Python headers are missing. Install them: apt-get install -y $(basename "$include")-dev"
+    # Horovod's setup.py asks for cffi; missing, setuptools would try to download it (and fail offline).
+    "$PYTHON" -c 'import cffi' 2>/dev/null || die "Horovod's build needs cffi in $PYTHON: $PYTHON -m pip install cffi"
   fi
   rm -f "$stamp"
   if [[ -z $wheel ]]; then
@@ -243,6 +245,17 @@ else
     # <<< gpu recipe
     fi
     for s in "${plan_settings[@]}"; do export "${s?}"; done  # the variant's settings; HOROVOD_WITHOUT_* win below
+    # Newer build tools than Debian 12's (found building on Ubuntu 24.04; the gcc version is in the key,
+    # and neither applies to the CPU recipe's Debian 12 tools, whose build is unchanged):
+    # CMake >= 4 refuses projects asking for compatibility with CMake < 3.5 (Gloo's); this lets them
+    # configure as 3.5 would.
+    cmake_major=$(cmake --version | sed -n 's/^cmake version \([0-9]*\).*/\1/p')
+    ((${cmake_major:-3} >= 4)) && export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
+    # g++ >= 13's standard headers no longer include <string>, <stdexcept>, ... from one another, and
+    # Horovod's common.h and group_table.h relied on that: name them for every C++ file.
+    if ((${gcc_version%%.*} >= 13)); then
+      export CXXFLAGS="${CXXFLAGS:-} -include cstdint -include stdexcept -include string -include unordered_map -include vector"
+    fi
     # >>> recipe
     # 1-2. torch and TensorFlow headers need C++17.
     for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
