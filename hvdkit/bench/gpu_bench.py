@@ -70,7 +70,7 @@ def _per_rank_hostid(rank):
 def _train_steps(model, opt, batch, steps, warmup, sync):
     import torch
 
-    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
     loss_fn = torch.nn.CrossEntropyLoss()
     times = []
@@ -96,7 +96,7 @@ def worker_horovod(args):
 
     topo = hk.init()
     _per_rank_hostid(topo.rank)
-    model = resnet50().to(hk.device(), memory_format=torch.channels_last)
+    model = resnet50().to(hk.device())
     hk.broadcast_state(model)
     opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), model=model)
     times = _train_steps(model, opt, args.batch, args.steps, args.warmup, lambda: None)
@@ -111,7 +111,7 @@ def worker_ddp(args):
     _per_rank_hostid(rank)
     torch.cuda.set_device(local % torch.cuda.device_count())
     dist.init_process_group("nccl")
-    model = resnet50().cuda().to(memory_format=torch.channels_last)
+    model = resnet50().cuda()
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     times = _train_steps(ddp, opt, args.batch, args.steps, args.warmup, lambda: None)

@@ -91,7 +91,8 @@ def section_contracts(rank, size):
 
 def section_amp(rank, size):
     steps = 20
-    x, y = global_batches(size, steps)
+    x, y = global_batches(size, 1)  # one global batch, every step: a loss that must fall
+    x, y = x.repeat(steps, 1, 1), y.repeat(steps, 1, 1)
     init = make_model(seed=7).cuda()
     ref = copy.deepcopy(init)
     r = train(ref, x, y, amp=True, steps=steps)
