@@ -5,6 +5,7 @@ Imports the standard library only (numpy at most), never a framework or Horovod.
 
 from .checkpoint import CheckpointInfo, CheckpointStore
 from .comm import Communicator, LocalCommunicator
+from .devices import choose_gpu
 from .errors import (
     CheckpointError,
     CollectiveError,
@@ -44,6 +45,7 @@ __all__ = [
     "Tracker",
     "average_metrics",
     "check_compression",
+    "choose_gpu",
     "from_env",
     "get_logger",
     "lr_scale",

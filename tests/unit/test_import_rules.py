@@ -28,7 +28,10 @@ def rules():
 
 
 def layer_of(module):
+    """The layer ``module`` belongs to: ``hvdkit.X``, or a deeper folder the doc's table names itself."""
     parts = module.split(".")
+    if len(parts) > 3 and ".".join(parts[:3]) in rules():
+        return ".".join(parts[:3])
     return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
 
 
