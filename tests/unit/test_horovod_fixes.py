@@ -200,3 +200,26 @@ def test_make_setup_and_hvdkit_engine_install_share_one_cache_key():
 def test_the_packaged_recipe_defaults_to_the_horovod_version_pinned_in_constraints():
     pin = re.search(r"^horovod==(\S+)$", (ROOT / "constraints.txt").read_text(), re.MULTILINE).group(1)
     assert re.search(rf"^HOROVOD_VERSION=\$\{{HOROVOD_VERSION:-{re.escape(pin)}\}}$", (RECIPE / "build-horovod.sh").read_text(), re.MULTILINE)
+
+
+GPU_PATCHES = sorted((ROOT / "hvdkit" / "engine" / "recipe" / "horovod-fixes-gpu").glob("*.patch"))
+
+
+@pytest.mark.parametrize("patch", GPU_PATCHES, ids=lambda p: p.name)
+def test_each_gpu_patch_says_what_it_cures_and_touches_only_gpu_code(patch):
+    """The GPU series (C++ of the CUDA code paths) is applied by GPU builds only, after the whole series."""
+    text = patch.read_text()
+    assert {"Cures", "Upstream", "Test"} <= set(header(text)), header(text)
+    assert touched_files(text) and all("cuda" in f for f in touched_files(text)), touched_files(text)
+
+
+def test_the_gpu_series_applies_after_the_whole_series(pristine_sdist, tmp_path):
+    src = tmp_path / "horovod"
+    shutil.copytree(pristine_sdist, src)
+    assert apply(src).returncode == 0
+    for patch in GPU_PATCHES:
+        with open(patch) as f:
+            done = subprocess.run(["patch", "-d", str(src), "-p1", "--forward", "--batch"], stdin=f, capture_output=True,
+                                  text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, f"{patch.name}: {done.stdout}{done.stderr}"
+    assert 'dlopen("libcuda.so.1"' in (src / "horovod" / "torch" / "cuda_util.cc").read_text()
