@@ -47,6 +47,7 @@ def evaluate(model, loader):
     tracker = MetricTracker(["val_loss", "val_accuracy"])
     with torch.no_grad():
         for x, y in loader:
+            x, y = x.to(hk.device()), y.to(hk.device())
             out = model(x)
             tracker.update_sum("val_loss", F.cross_entropy(out, y, reduction="sum").item(), len(y))
             tracker.update_sum("val_accuracy", (out.argmax(1) == y).sum().item(), len(y))
@@ -57,7 +58,7 @@ def train(args):
     topo = hk.init()
     torch.manual_seed(args.seed)
     train_ds, val_ds = datasets(args.seed)
-    model = build_model()
+    model = build_model().to(hk.device())  # this rank's GPU where there are GPUs, else the CPU
     # The global batch (if given) stays the same at any world size: the loader picks the accumulation.
     train_loader = hk.train_loader(train_ds, args.batch_size, seed=args.seed, global_batch_size=args.global_batch_size)
     accumulation = train_loader.accumulation
@@ -91,6 +92,7 @@ def train(args):
         steps_done, indices = 0, []
         batches = hk.progress(train_loader, desc=f"epoch {epoch + 1}/{args.epochs}", total=len(train_loader))
         for micro, (x, y, idx) in enumerate(batches, 1):
+            x, y = x.to(hk.device()), y.to(hk.device())
             loss = F.cross_entropy(model(x), y)
             (loss / accumulation).backward()  # the mean over the step's micro-batches
             tracker.update("loss", loss.item(), len(y))

@@ -39,8 +39,20 @@ def _shapes(what):
     return [tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(int(d) for d in t) for t in items]
 
 
-def time_compressions(shapes, reps=None, name="hvdkit.autocompress"):
-    """``(fp32_s, fp16_s, nbytes, tensors)``: seconds per grouped allreduce of zeros of ``shapes``.
+def _device(what):
+    """Where ``what``'s gradients live (its first parameter or tensor's device): the collectives to
+    time are the ones training will run, NCCL for CUDA tensors. A list of shapes: the CPU."""
+    if isinstance(what, torch.nn.Module):
+        tensors = what.parameters()
+    elif isinstance(what, torch.optim.Optimizer):
+        tensors = (p for g in what.param_groups for p in g["params"])
+    else:
+        tensors = (t for t in what if isinstance(t, torch.Tensor)) if isinstance(what, (list, tuple)) else ()
+    return next(iter(tensors), torch.zeros(0)).device
+
+
+def time_compressions(shapes, reps=None, name="hvdkit.autocompress", device="cpu"):
+    """``(fp32_s, fp16_s, nbytes, tensors)``: seconds per grouped allreduce of zeros of ``shapes`` on ``device``.
 
     fp16 includes the casts to half and back, as ``compression="fp16"`` does per gradient. One
     untimed warm-up each, then ``reps`` of each interleaved (A B A B ...); each figure is the
@@ -51,17 +63,23 @@ def time_compressions(shapes, reps=None, name="hvdkit.autocompress"):
     hvd = horovod_torch()
     nbytes = fp32_bytes(shapes)
     reps = reps_for(nbytes) if reps is None else check_positive_int("reps", reps)
-    fp32 = [torch.zeros(s) for s in shapes]
+    fp32 = [torch.zeros(s, device=device) for s in shapes]
+    on_gpu = torch.device(device).type == "cuda"  # a GPU collective is done when its stream is
     if not fp32:
         raise ConfigError("no gradients to time: the model has no parameters that require a gradient")
 
     def fp32_op():
         hvd.grouped_allreduce_(fp32, op=hvd.Average, name=f"{name}.fp32")
+        if on_gpu:
+            torch.cuda.synchronize(device)
 
     def fp16_op():
         wire = [t.to(torch.float16) for t in fp32]
         hvd.grouped_allreduce_(wire, op=hvd.Average, name=f"{name}.fp16")
-        return [w.to(torch.float32) for w in wire]
+        back = [w.to(torch.float32) for w in wire]
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        return back
 
     times = {fp32_op: [], fp16_op: []}
     for op in times:
@@ -83,7 +101,7 @@ def measure_and_choose(what, reps=None, margin=DEFAULT_MARGIN):
     be initialised (``hvdkit.torch.init()``). Ignores HVDKIT_COMPRESSION (it only measures).
     Collective: every rank calls it with the same shapes.
     """
-    fp32_s, fp16_s, nbytes, tensors = time_compressions(_shapes(what), reps)
+    fp32_s, fp16_s, nbytes, tensors = time_compressions(_shapes(what), reps, device=_device(what))
     return Decision(decide(fp32_s, fp16_s, margin), fp32_s, fp16_s, nbytes, tensors, margin)
 
 
@@ -100,7 +118,7 @@ def resolve(compression, what):
     log = _log.info if size == 1 or hvd.rank() == 0 else None
 
     def measure():
-        return time_compressions(_shapes(what))
+        return time_compressions(_shapes(what), device=_device(what))
 
     def agree(wanted):
         return hvd.broadcast_object(wanted, root_rank=0, name="hvdkit.autocompress.wanted")

@@ -1,11 +1,16 @@
 """Which GPU a rank takes (hvdkit.core.devices): pure logic, no GPU needed."""
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hvdkit.core.devices import choose_gpu, gpus_shared, per_rank_hostid_argv, shared_gpu_env
 from hvdkit.core.errors import ConfigError
+
+# torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test
+# (the conftest fails a test that changes the environment).
+torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1).step()
 
 
 @given(st.integers(1, 16).flatmap(lambda n: st.tuples(st.just(n), st.integers(n, 16))))
@@ -57,3 +62,14 @@ def test_the_per_rank_host_id_comes_from_the_launchers_rank(tmp_path):
     for var, value in (("HOROVOD_RANK", "3"), ("OMPI_COMM_WORLD_RANK", "5"), ("RANK", "7")):
         out = subprocess.run(argv, env={"PATH": "/usr/bin:/bin", var: value}, capture_output=True, text=True, check=True)
         assert out.stdout == f"hvdkit-rank-{value}"
+
+
+def test_compression_auto_times_the_collectives_on_the_gradients_device():
+    """On a GPU job, "auto" must time NCCL on CUDA tensors, not Gloo on CPU copies ("meta" stands in for a GPU)."""
+    from hvdkit.torch.autocompress import _device
+
+    on_meta = torch.nn.Linear(2, 2, device="meta")
+    assert _device(on_meta).type == "meta"
+    assert _device(torch.optim.SGD(on_meta.parameters(), lr=0.1)).type == "meta"
+    assert _device([torch.zeros(2, device="meta")]).type == "meta"
+    assert _device([(2, 3)]).type == "cpu" and _device(torch.nn.Linear(2, 2)).type == "cpu"
