@@ -7,7 +7,7 @@ BIN    := $(abspath $(VENV))/bin
 # A whole test phase is bounded, so a hung rank fails the run instead of stalling it.
 TEST_TIMEOUT ?= 3600
 
-.PHONY: setup demo test test-unit test-dist doctor render clean bench bench-network docs
+.PHONY: setup demo test test-unit test-gpu test-dist doctor render clean bench bench-network docs
 
 setup:
 	bash scripts/setup.sh
@@ -20,6 +20,11 @@ test: setup docker-lint
 
 test-unit: setup
 	$(PY) -m pytest -x -q tests/unit
+
+# The GPU tests (skipped without a GPU; CI has none): 2 ranks on this machine's GPUs, NCCL in the
+# engine (the venv's torch must be a CUDA build; docs/gpu.md). scripts/gpu-proof.sh adds the benchmark.
+test-gpu: setup
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/gpu tests/unit/test_devices.py tests/unit/test_engine_plan.py
 
 test-dist: setup
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/distributed tests/e2e
