@@ -212,7 +212,7 @@ def _timeline_parser(sub):
 
 def _timeline(args):
     from .core.options import check_positive_int
-    from .launch import timeline
+    from .launch import timeline, timeline_plot
 
     check_positive_int("--top", args.top)
     summary = timeline.summarise(args.file)
@@ -220,7 +220,7 @@ def _timeline(args):
     if args.json:
         timeline.write_json(summary, args.json, args.top)
     if args.plot:
-        timeline.plot(summary, args.plot, args.top)
+        timeline_plot.plot(summary, args.plot, args.top)
     return 0
 
 

@@ -26,7 +26,7 @@ from ..core.horovod_settings import HOROVOD_DEFAULTS  # Horovod 0.28.1's own val
 from . import network_report as report
 from .netns import NIC, TwoHosts, format_rate, missing_tools, parse_rate
 from .stats import Samples, interleaved
-from .suite import Suite, _say, busy_warning, machine, publish, run_job
+from .jobs import Suite, busy_warning, machine, publish, run_job, say
 
 __all__ = ["RATES", "HOROVOD_DEFAULTS", "LATENCY", "run_network"]
 
@@ -113,11 +113,11 @@ class Network:
         bits = parse_rate(text)
         self.hosts.shape(bits)
         tag = format_rate(bits)
-        _say(f"link {tag}: {self.hosts.qdisc(0).strip()}")
+        say(f"link {tag}: {self.hosts.qdisc(0).strip()}")
         sizes = [str(n) for n in (QUICK_SIZES if self.quick else SIZES)]
         out = {"rate_bits_per_s": bits, "qdisc": self.hosts.qdisc(0).strip(),
                "tcp": self.tcp(1 if self.quick else 3, 0.5 if self.quick else 2.0)}
-        _say(f"link {tag}: raw TCP {out['tcp']['median_bits_per_s'] / 1e9:.2f} Gbit/s")
+        say(f"link {tag}: raw TCP {out['tcp']['median_bits_per_s'] / 1e9:.2f} Gbit/s")
         # Fewer, shorter samples than on one host: every variant crosses the link, and a 4 KB
         # allreduce there takes milliseconds on a busy machine.
         comm = ("--sizes", *sizes, *(() if self.quick else ("--reps", "3", "--max-iters", "20")))
@@ -204,11 +204,11 @@ def run_network(out, rates=RATES, quick=False, docs=None, tuned_reps=2):
     results = {"machine": machine(), "quick": quick, "ranks": 2, "hosts": 2, "rates": list(rates)}
     busy = busy_warning(results["machine"]["load_average_at_start"][0], results["machine"]["cores"])
     if busy and not quick:
-        _say(busy)
+        say(busy)
     shaped = next((r for r in rates if parse_rate(r) is not None), rates[0])
     with TwoHosts(prefix="hvdb") as hosts:
         net = Network(out, hosts, quick)
-        _say(f"hosts {', '.join(hosts.names)} ({', '.join(hosts.addresses)}) over {NIC}; results go to {out}")
+        say(f"hosts {', '.join(hosts.names)} ({', '.join(hosts.addresses)}) over {NIC}; results go to {out}")
         results["links"] = {format_rate(parse_rate(r)): net.rate(r) for r in rates}
         results["tuned"] = net.tuned(shaped, 1 if quick else tuned_reps)
         results["latency"] = net.latency(shaped, results["tuned"])

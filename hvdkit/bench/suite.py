@@ -10,145 +10,15 @@ on tiny sizes once: a correctness check of the suite (``make test`` runs it), no
 """
 
 import argparse
-import json
 import os
-import platform
-import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 
-from ..core.errors import ConfigError, LaunchError
-from ..launch.doctor import local_versions
-from ..launch.plan import find_tool
+from ..core.errors import ConfigError
 from . import report
-from .stats import Samples, check_close, interleaved
+from .jobs import Suite, busy_warning, machine, publish, say
 
 __all__ = ["main", "run_suite"]
-
-# Horovod settings compared by the tuning section: (label, extra environment for the job).
-TUNING = (
-    ("horovod default (cycle 1 ms)", {"HOROVOD_CYCLE_TIME": "1"}),
-    ("cycle 2 ms", {"HOROVOD_CYCLE_TIME": "2"}),
-    ("cycle 5 ms", {"HOROVOD_CYCLE_TIME": "5"}),
-)
-
-
-def _say(msg):
-    print(f"[hvdkit bench] {msg}", file=sys.stderr, flush=True)
-
-
-def machine():
-    """What the figures were measured on."""
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    mem = None
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        pass
-    return {
-        "cpu": cpu,
-        "cores": len(os.sched_getaffinity(0)),
-        "memory_bytes": mem,
-        "os": platform.platform(),
-        "load_average_at_start": os.getloadavg(),
-        "versions": local_versions(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-    }
-
-
-def _stream(cmd, env, timeout):
-    """Run ``cmd``; show its progress lines (``[bench ...]``) as they come; (exit code, all output)."""
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    timer.start()
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if "[bench " in line:
-                print("  " + line.split("[bench ", 1)[1].rstrip().replace("] ", ": ", 1), file=sys.stderr, flush=True)
-        rc = proc.wait()
-    finally:
-        timer.cancel()
-    return rc, "".join(lines)
-
-
-def busy_warning(load, cores):
-    """A warning when the machine is already busy (stray ranks, other jobs), else None."""
-    if load <= 0.5 * cores:
-        return None
-    return (f"warning: the machine is busy before the suite starts (load average {load:.2f} on {cores} cores): "
-            "the figures will be noisy. Stray ranks from an earlier job spin at 100 % CPU: look for "
-            "them (ps aux | grep -e mpirun -e python) and run the suite on a quiet machine")
-
-
-def run_job(name, argv, path, env=None, timeout=600, shown=None, error=LaunchError, where=""):
-    """Run one benchmark job (``argv``, with ``env`` added to this environment), its output shown as
-    it comes; the JSON it wrote to ``path``. A failure raises ``error`` with the command line
-    (``shown``, default ``argv``) and the end of the output; ``where`` says where it ran."""
-    t0 = time.perf_counter()
-    rc, output = _stream(argv, {**os.environ, **(env or {})}, timeout)
-    if rc != 0:
-        raise error(f"benchmark job {name!r}{where} failed (exit {rc}): {' '.join(shown or argv)}\n{output[-4000:]}")
-    with open(path, encoding="utf-8") as f:
-        result = json.load(f)
-    _say(f"{name}: done in {time.perf_counter() - t0:.0f} s")
-    return result
-
-
-class Suite:
-    def __init__(self, out, np_, quick, python=None):
-        self.out, self.np, self.quick = out, np_, quick
-        self.python = python or sys.executable
-        self.hvdkit = find_tool("hvdkit", self.python)
-        os.makedirs(os.path.join(out, "jobs"), exist_ok=True)
-
-    def job(self, name, worker, *extra, gloo=False, env=None, ranks=True, timeout=600):
-        """Run one worker (under ``hvdkit run`` unless ``ranks`` is False); its JSON result."""
-        path = os.path.join(self.out, "jobs", f"{name}.json")  # each job's own result; results.json has them all
-        cmd = [self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
-        if ranks:
-            cmd = [self.hvdkit, "run", "-np", str(self.np), *(["--gloo"] if gloo else []), "--", *cmd]
-        return run_job(name, cmd, path, env, timeout)
-
-    def startup(self, reps):
-        """(g) ``hvdkit run`` against the raw ``mpirun`` command, each starting N ranks that print their rank."""
-        # One write per line: with unbuffered output, print()'s separate writes of two ranks interleave.
-        probe = [self.python, "-c", "import os; os.write(1, b'RANK %s\\n' % os.environb[b'OMPI_COMM_WORLD_RANK'])"]
-        mpirun = [find_tool("mpirun", self.python), "-np", str(self.np), "--bind-to", "none", "--oversubscribe"]
-        if os.geteuid() == 0:
-            mpirun.append("--allow-run-as-root")
-        variants = {"mpirun": mpirun + probe, "hvdkit_run": [self.hvdkit, "run", "-np", str(self.np), "--", *probe]}
-        samples = {v: Samples() for v in variants}
-        for v, argv in variants.items():  # check, untimed: every rank started and reported
-            text = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL).stdout
-            ranks = sorted(int(r) for r in re.findall(r"RANK (\d+)", text))
-            check_close(f"startup {v} ranks", ranks, list(range(self.np)), 0)
-        for _, v in interleaved(list(variants), reps):
-            t0 = time.perf_counter()
-            subprocess.run(variants[v], capture_output=True, timeout=120, stdin=subprocess.DEVNULL, check=True)
-            samples[v].add(time.perf_counter() - t0)
-        return {"variants": {v: s.as_dict() for v, s in samples.items()},
-                "extra_s": samples["hvdkit_run"].median - samples["mpirun"].median}
-
-    def tuning(self, reps):
-        """Horovod's cycle time on this machine: training step and small-allreduce latency per setting."""
-        rows = {label: {"step_s": Samples(), "allreduce_4k_s": Samples()} for label, _ in TUNING}
-        for rep, (label, env) in interleaved(TUNING, reps):
-            tag = f"tune-{rep}-{label.split()[1] if ' ' in label else label}".replace(".", "_")
-            train = self.job(tag, "train_bench", "--reps", "3", "--only", "hvdkit", env=env)
-            rows[label]["step_s"].add(train["variants"]["hvdkit"]["median_s"])
-            rows[label]["allreduce_4k_s"].add(train["allreduce_4k_s"])
-        return {label: {k: s.as_dict() for k, s in r.items()} | {"env": dict(env)} for (label, env), r in zip(TUNING, rows.values())}
 
 
 def run_suite(out, np_=2, quick=False, docs=None, tune=True):
@@ -157,38 +27,21 @@ def run_suite(out, np_=2, quick=False, docs=None, tune=True):
     suite = Suite(out, np_, quick)
     reps = 1 if quick else 5
     results = {"machine": machine(), "quick": quick, "ranks": np_}
-    _say(f"{np_} ranks on {results['machine']['cores']} cores; results go to {out}")
+    say(f"{np_} ranks on {results['machine']['cores']} cores; results go to {out}")
     busy = busy_warning(results["machine"]["load_average_at_start"][0], results["machine"]["cores"])
     if busy and not quick:
-        _say(busy)
+        say(busy)
     results["comm_mpi"] = suite.job("comm_mpi", "comm_bench")
     results["comm_gloo"] = suite.job("comm_gloo", "comm_bench", gloo=True)
     results["train_torch"] = suite.job("train_torch", "train_bench")
     results["train_keras"] = suite.job("train_keras", "keras_bench")
     results["checkpoint"] = suite.job("checkpoint", "ckpt_bench", ranks=False)
     results["startup"] = suite.startup(reps * 2)
-    _say("startup: done")
+    say("startup: done")
     if tune and not quick:
         results["tuning"] = suite.tuning(3)
     results["goals"] = report.goals(results)
     return publish(results, out, docs, report, t0)
-
-
-def publish(results, out, docs, reporter, t0):
-    """Write ``results`` (with the seconds since ``t0``) to OUT/results.json, print ``reporter``'s table,
-    draw its plots, write OUT/results.md and, with ``docs``, its section of that page; ``results``."""
-    results["seconds"] = time.perf_counter() - t0
-    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    print(reporter.table(results))
-    plots = reporter.plots(results, out)
-    markdown = reporter.markdown(results, plots, docs_dir=os.path.dirname(docs) if docs else out)
-    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(markdown)
-    if docs:
-        reporter.update_docs(docs, markdown)
-    _say(f"all done in {results['seconds']:.0f} s: {out}/results.json, results.md, {', '.join(os.path.basename(p) for p in plots)}")
-    return results
 
 
 def parser(p=None):

@@ -26,7 +26,7 @@ from ..core.errors import ConfigError
 from .timeline_flags import MARK_CYCLES, TIMELINE, ensure_folder, timeline_path
 
 __all__ = ["TIMELINE", "MARK_CYCLES", "CATEGORIES", "TensorStats", "Summary", "timeline_path", "ensure_folder",
-           "parse", "summarise", "format_summary", "write_json", "plot"]
+           "parse", "summarise", "format_summary", "write_json"]
 
 COMM_PREFIXES = ("MPI_", "GLOO_", "NCCL_", "CCL_", "DDL_")  # activities that move data between ranks
 OTHER = "(other)"  # time inside an operation that no activity covers
@@ -344,10 +344,3 @@ def write_json(summary, out, top=10):
             json.dump(summary.to_dict(top), f, indent=1)
     except OSError as e:
         raise ConfigError(f"cannot write --json {out!r}: {e.strerror}; choose a writable path") from None
-
-
-def plot(summary, out, top=10):
-    """Write a PNG: stacked activity times per top tensor, and the breakdown of the span (needs matplotlib)."""
-    from .timeline_plot import plot_summary
-
-    plot_summary(summary, out, top)

@@ -3,11 +3,12 @@
 from ..core.errors import ConfigError, MissingDependencyError
 from .timeline import CATEGORIES, OTHER, format_ms
 
-__all__ = ["plot_summary"]
+__all__ = ["plot"]
 
 
-def plot_summary(summary, out, top=10):
-    """Write a PNG: stacked activity times per top tensor, and the breakdown of the span."""
+def plot(summary, out, top=10):
+    """Write a PNG of a timeline ``Summary``: stacked activity times per top tensor, and the breakdown
+    of the span (needs matplotlib; its absence is a clear error)."""
     try:
         import matplotlib
 

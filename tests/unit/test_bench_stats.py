@@ -6,7 +6,7 @@ import math
 import pytest
 
 from hvdkit.bench import report
-from hvdkit.bench.suite import busy_warning
+from hvdkit.bench.jobs import busy_warning
 from hvdkit.bench.stats import BenchmarkCheckError, Samples, bus_bandwidth, check_close, interleaved, iterations_for
 
 

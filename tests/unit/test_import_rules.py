@@ -103,3 +103,59 @@ def test_the_checker_catches_a_core_module_importing_torch_lazily_or_an_adapter_
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: fake[self] if self in fake else Path.open(self).read())
     assert violations(bad_core, table) == ["torch", "hvdkit.launch.plan"]  # also inside a function
     assert violations(bad_torch, table) == ["hvdkit.keras.callbacks", "hvdkit.tensorflow"]
+
+
+def module_graph(paths):
+    """``{module: {hvdkit modules it imports}}``, imports inside functions included; a package's
+    ``__init__`` counts as the package, and an import of a package counts as one of its ``__init__``."""
+    names = {module_name(p)[0] for p in paths}
+    graph = {}
+    for path in paths:
+        name = module_name(path)[0]
+        graph[name] = {t for t in imports(path) if t in names and t != name}
+    return graph
+
+
+def cycles(graph):
+    """Every import circle of ``graph``, each as the list of its modules (Tarjan's strongly connected components)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_not_even_inside_functions():
+    """Two modules that import each other (one of them lazily, to dodge the import-time error) are
+    one concept split in two, or a shared piece that belongs in a third module."""
+    # a package's __init__ re-exporting its modules is not a circle: only module-to-module edges
+    leaves = [p for p in MODULES if p.name != "__init__.py"]
+    assert cycles(module_graph(leaves)) == []
+
+
+def test_the_circle_finder_finds_a_lazy_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
