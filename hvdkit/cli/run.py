@@ -1,18 +1,17 @@
-"""The ``hvdkit`` command: ``run``, ``render``, ``doctor``, ``timeline`` and ``bench``."""
+"""``hvdkit run``: start N ranks of a command, fixed-size (restarts on failure) or elastic."""
 
 import argparse
 import os
 import sys
 
-from .core import env
-from .core.errors import ConfigError, HvdkitError
+from ..core import env
+from ..core.errors import ConfigError
 
-__all__ = ["main"]
+__all__ = ["register", "main"]
 
 
-def _parser():
-    p = argparse.ArgumentParser(prog="hvdkit", description="Horovod/MPI training toolkit.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def register(sub):
+    """Add ``hvdkit run`` to the sub-command parsers ``sub``."""
     r = sub.add_parser(
         "run",
         help="start N ranks of a command under mpirun (or horovodrun --gloo)",
@@ -76,20 +75,6 @@ def _parser():
         "as mpirun -x does. E.g. -x HVDKIT_NUM_THREADS=1",
     )
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
-    _render_parser(sub)
-    _timeline_parser(sub)
-    from .bench.suite import parser as bench_parser  # framework-free: the workers import torch/TF
-
-    bench_parser(sub.add_parser("bench", help="run the benchmark suite: table, JSON and plots (about 6 minutes on 2 cores)"))
-    from .engine.cli import parser as engine_parser
-
-    engine_parser(sub.add_parser("engine", help="build and install the Horovod engine into this environment"))
-    d = sub.add_parser("doctor", help="check the installation and run a 2-rank allreduce")
-    d.add_argument("--no-smoke", action="store_true", help="skip the 2-rank smoke test")
-    d.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...", help="also check these hosts: ssh, versions, route, allreduce")
-    d.add_argument("--hostfile", metavar="FILE", help="also check the hosts of this hostfile")
-    d.add_argument("--network-interface", metavar="IFACE", help="the interface the job will use across hosts")
-    return p
 
 
 def _env_option(parser, flag, var, kind, metavar, default, text, shown=None):
@@ -101,7 +86,7 @@ def _env_option(parser, flag, var, kind, metavar, default, text, shown=None):
 
 
 def _elastic_options(r):
-    from .launch.elastic import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT
+    from ..launch.elastic import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT
 
     g = r.add_argument_group(
         "elastic training by restart",
@@ -127,109 +112,13 @@ def _elastic_options(r):
                 "with fewer than MIN slots, wait this long for hosts, then fail naming what is missing")
 
 
-def _render_parser(sub):
-    from .launch.render import TARGETS
-
-    job = argparse.ArgumentParser(add_help=False)  # the job description, shared by every target
-    job.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of ranks (default: all slots)")
-    job.add_argument("--nodes", type=int, help="number of machines (default 1, or the number of -H hosts)")
-    job.add_argument("--slots-per-node", dest="slots_per_node", type=int, help="ranks per machine (default 1)")
-    job.add_argument("--gpus-per-node", dest="gpus_per_node", metavar="N",
-                     help="slurm, mpijob: GPUs each machine gives the job, one rank per GPU (slurm: --gres=gpu:N; "
-                     "mpijob: nvidia.com/gpu: N); --slots-per-node defaults to it")  # fmt: skip
-    job.add_argument("--image", default="hvdkit:cpu", help="container image for mpijob (default hvdkit:cpu)")
-    job.add_argument("--name", default="hvdkit-job", help="job name (default hvdkit-job)")
-    job.add_argument("--cpu", type=int, help="whole CPUs per worker machine (default: one per slot)")
-    job.add_argument("--memory", default="2Gi", help="memory per worker machine, e.g. 4Gi (default 2Gi)")
-    job.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...", help="hosts for mpirun/horovodrun")
-    job.add_argument("--hostfile", metavar="FILE", help="read the hosts for mpirun/horovodrun from FILE")
-    job.add_argument("--min-np", dest="min_np", type=int, metavar="MIN", help="slurm, mpijob: elastic, the fewest ranks to train with")
-    job.add_argument("--max-np", dest="max_np", type=int, metavar="MAX", help="slurm, mpijob: elastic, the most ranks to grow to")
-    job.add_argument("-o", "--output", metavar="FILE", help="write here instead of to stdout")
-    job.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
-    r = sub.add_parser(
-        "render",
-        help="write a SLURM script, MPIJob, mpirun/horovodrun script or hostfile for a job",
-        description="Write a ready-to-submit file for one job. Example: hvdkit render slurm --nodes 2 "
-        "--slots-per-node 2 -o job.sbatch -- python train.py",
-    )
-    targets = r.add_subparsers(dest="target", required=True, metavar="{" + ",".join(TARGETS) + "}")
-    helps = {
-        "slurm": "SLURM batch script that runs hvdkit run inside the allocation",
-        "mpijob": "Kubeflow MPI Operator MPIJob (kubeflow.org/v2beta1)",
-        "mpirun": "bash script with the plain mpirun line",
-        "horovodrun": "bash script with the plain horovodrun --gloo line",
-        "hostfile": "Open MPI hostfile of the hosts",
-    }
-    for target in TARGETS:
-        targets.add_parser(target, parents=[job], help=helps[target])
-
-
-def _render(args):
-    from .launch import hosts, render
-
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.hosts:  # only the hosts given count: a render describes another machine, not this one
-        found = hosts.parse_host_list(args.hosts)
-    else:
-        found = hosts.read_hostfile(args.hostfile) if args.hostfile else ()
-    spec = render.RenderSpec(
-        command=command,
-        num_proc=args.num_proc,
-        nodes=args.nodes,
-        slots_per_node=args.slots_per_node,
-        image=args.image,
-        name=args.name,
-        cpu=args.cpu,
-        memory=args.memory,
-        hosts=found,
-        min_np=args.min_np,
-        max_np=args.max_np,
-        gpus_per_node=args.gpus_per_node,
-    )
-    if spec.elastic and args.target not in ("slurm", "mpijob"):
-        raise ConfigError(f"--min-np/--max-np render only slurm and mpijob files (got {args.target}); for a plain script use hvdkit run")
-    text = render.render(args.target, spec)
-    if args.output:
-        render.save(args.output, text)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def _timeline_parser(sub):
-    t = sub.add_parser(
-        "timeline",
-        help="summarise a Horovod timeline: time per tensor and activity, communication against waits",
-        description="Summarise a timeline written by 'hvdkit run --timeline FILE'. Example: hvdkit timeline "
-        "tl.json --top 5 --json tl-summary.json --plot tl.png",
-    )
-    t.add_argument("file", metavar="FILE", help="the timeline (HOROVOD_TIMELINE) file")
-    t.add_argument("--json", metavar="OUT", help="also write the whole summary as JSON to OUT")
-    t.add_argument("--plot", metavar="OUT.png", help="also draw the top tensors and the span breakdown to OUT.png")
-    t.add_argument("--top", type=int, default=10, metavar="K", help="tensors to show (default 10)")
-
-
-def _timeline(args):
-    from .core.options import check_positive_int
-    from .launch import timeline, timeline_plot
-
-    check_positive_int("--top", args.top)
-    summary = timeline.summarise(args.file)
-    sys.stdout.write(timeline.format_summary(summary, args.top))
-    if args.json:
-        timeline.write_json(summary, args.json, args.top)
-    if args.plot:
-        timeline_plot.plot(summary, args.plot, args.top)
-    return 0
-
-
-def _run(args):
+def main(args):
+    """Run ``hvdkit run`` from parsed arguments; the exit code."""
     import dataclasses
     import time
 
-    from .launch import execute, hosts, plan, remote, supervise
-    from .launch.spec import JobSpec, check_command, parse_env_vars
+    from ..launch import execute, hosts, plan, remote, supervise
+    from ..launch.spec import JobSpec, check_command, parse_env_vars
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     found, origin = hosts.resolve(host_list=args.hosts, hostfile=args.hostfile, environ=os.environ)
@@ -240,7 +129,7 @@ def _run(args):
     if args.num_proc is None:
         if script:
             raise ConfigError("-np is required with --host-discovery-script: the ranks to start with, e.g. -np 4")
-        from .launch.gpus import gpu_count
+        from ..launch.gpus import gpu_count
 
         args.num_proc, why = plan.default_num_proc(found, cores, 0 if found else gpu_count())
         sys.stderr.write(f"hvdkit run: no -np given: {why}\n")
@@ -252,7 +141,7 @@ def _run(args):
     elastic_settings = _elastic_settings(args, found, origin)
     restarts, stall, grace = args.max_restarts, args.stall_timeout, args.grace_period
     if elastic_settings and not restarts_given:  # an elastic job is meant to survive failures
-        from .launch import elastic
+        from ..launch import elastic
 
         restarts = elastic.DEFAULT_ELASTIC_MAX_RESTARTS
     extra_env = parse_env_vars(args.env_vars, os.environ)
@@ -273,7 +162,7 @@ def _run(args):
     if not found and not script and spec.num_proc > cores:  # said once, not per restart; discovery: ranks run elsewhere
         sys.stderr.write(f"hvdkit run: {plan.oversubscribed(spec.num_proc, cores)}\n")
     if spec.timeline and not args.dry_run:
-        from .launch.timeline_flags import ensure_folder
+        from ..launch.timeline_flags import ensure_folder
 
         ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
     if elastic_settings:
@@ -305,9 +194,9 @@ def _run(args):
 
 
 def _elastic_settings(args, found, origin):
-    from .core.options import check_positive_int
-    from .launch import elastic
-    from .launch.discovery import ScriptDiscovery
+    from ..core.options import check_positive_int
+    from ..launch import elastic
+    from ..launch.discovery import ScriptDiscovery
 
     for flag, value in (("--min-np", args.min_np), ("--max-np", args.max_np)):
         if value is not None:
@@ -323,7 +212,7 @@ def _elastic_settings(args, found, origin):
 
 def _run_elastic(args, spec, settings, restarts, is_root, cores):
     """``hvdkit run`` with --min-np/--max-np: attempts of fixed size on the hosts there (hvdkit.launch.elastic_main)."""
-    from .launch import elastic_main
+    from ..launch import elastic_main
 
     return elastic_main.main(spec, settings, script=args.host_discovery_script, restarts=restarts, grace=args.grace_period,
                              dry_run=args.dry_run, is_root=is_root, cores=cores,
@@ -334,35 +223,3 @@ def _quote(arg):
     import shlex
 
     return shlex.quote(arg)
-
-
-def main(argv=None):
-    args = _parser().parse_args(argv)
-    try:
-        if args.cmd == "run":
-            return _run(args)
-        if args.cmd == "render":
-            return _render(args)
-        if args.cmd == "timeline":
-            return _timeline(args)
-        if args.cmd == "bench":
-            from .bench.suite import run_args
-
-            return run_args(args)
-        if args.cmd == "engine":
-            from .engine.cli import run_args as engine_run_args
-
-            return engine_run_args(args)
-        from .launch import hosts
-        from .launch.doctor import diagnose
-
-        found = hosts.parse_host_list(args.hosts) if args.hosts else hosts.read_hostfile(args.hostfile) if args.hostfile else ()
-        problems = diagnose(smoke=not args.no_smoke, hosts=found, network_interface=args.network_interface)
-        return 1 if problems else 0
-    except HvdkitError as e:
-        sys.stderr.write(f"hvdkit {args.cmd}: error: {e}\n")
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
