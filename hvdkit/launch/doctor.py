@@ -145,7 +145,11 @@ def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None
         elif rc != 0:  # what the engine was built with is unknown, not missing
             last = report.strip().splitlines()[-1] if report.strip() else f"exit {rc}"
             row("horovodrun --check-build", None, f"it failed ({last}); run it by hand to see why, or {_FIX_ENGINE}")
+    tensorflow = bool(_version("tensorflow-cpu", "tensorflow"))
     for part in ("PyTorch", "TensorFlow", "MPI", "Gloo") if runnable else ():
+        if part == "TensorFlow" and not tensorflow and not built.get(part):  # a PyTorch-only engine (the GPU image's)
+            row(f"horovod built with {part}", "no (TensorFlow is not installed here: a PyTorch-only engine)")
+            continue
         row(f"horovod built with {part}", "yes" if built.get(part) else None, f"rebuild Horovod: {_FIX_ENGINE}")
     if horovod and runnable:
         _engine_fixes_row(engine_fix_level(report), row)

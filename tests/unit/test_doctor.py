@@ -130,3 +130,28 @@ def test_doctor_hosts_runs_a_python_whose_path_has_a_space_on_the_other_host(tmp
     rows = {}
     doctor._diagnose_hosts((Host("10.255.255.1"),), str(python), None, lambda name, value, fix=None: rows.setdefault(name, (value, fix)), False)
     assert rows["host 10.255.255.1"] == ("reachable, same versions", ANY), rows
+
+
+def _engine_without_tensorflow(tmp_path):
+    python = _venv_with_a_space(tmp_path)
+    horovodrun = python.with_name("horovodrun")
+    report = "Available Frameworks:\\n    [ ] TensorFlow\\n    [X] PyTorch\\n\\nAvailable Controllers:\\n    [X] MPI\\n    [X] Gloo\\n"
+    horovodrun.write_text(f"#!/bin/sh\nprintf '{report}'\n")
+    horovodrun.chmod(0o755)
+    return python
+
+
+def test_a_pytorch_only_engine_is_no_problem_where_tensorflow_is_not_installed(tmp_path, monkeypatch):
+    python = _engine_without_tensorflow(tmp_path)
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda *names: None if "tensorflow" in names else real(*names))
+    out = io.StringIO()
+    problems = doctor.diagnose(python=str(python), smoke=False, out=out)
+    assert not [p for p in problems if "TensorFlow" in p], problems
+    assert "horovod built with TensorFlow no (TensorFlow is not installed here: a PyTorch-only engine)" in out.getvalue()
+
+
+def test_an_engine_without_tensorflow_is_a_problem_where_tensorflow_is_installed(tmp_path):
+    python = _engine_without_tensorflow(tmp_path)
+    problems = doctor.diagnose(python=str(python), smoke=False, out=io.StringIO())
+    assert "horovod built with TensorFlow is missing: rebuild Horovod: run `hvdkit engine install`" in "\n".join(problems)
