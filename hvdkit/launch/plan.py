@@ -23,9 +23,17 @@ __all__ = [
 
 # The launcher's own values of these reach ranks on other hosts (mpirun -x NAME), when set.
 FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
-# Variables whose names start so reach every rank (mpirun -x NAME), when set in the launcher's environment:
-# NCCL reads its settings (NCCL_DEBUG, NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) in each rank.
-FORWARDED_PREFIXES = ("NCCL_",)
+# Variables whose names start so reach every rank (mpirun -x NAME), when set in the launcher's environment,
+# as horovodrun passes its environment on: each rank reads its own NCCL settings (NCCL_DEBUG,
+# NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...), Horovod's (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...)
+# and hvdkit's (HVDKIT_NUM_THREADS, HVDKIT_COMPRESSION, ...); Open MPI sends none of them to other hosts.
+FORWARDED_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
+# ... except a process's place in a job, which a launcher sets for each rank (a launcher started from
+# inside another job's rank must not hand its own rank to all of its ranks).
+NOT_FORWARDED = frozenset(
+    f"HOROVOD_{name}" for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME",
+                                   "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT", "GLOO_IFACE")
+)  # fmt: skip
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 
 
@@ -81,7 +89,7 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
     ``progress`` (True/False/None) sets HVDKIT_PROGRESS for the ranks unless the user set it.
     ``spec.timeline`` sets HOROVOD_TIMELINE (and HOROVOD_TIMELINE_MARK_CYCLES) for every rank,
     over any value of the user's: only rank 0 writes the file.
-    Every ``NCCL_*`` variable of ``base_env`` reaches every rank (mpirun ``-x NAME``; horovodrun
+    Every ``NCCL_*``, ``HOROVOD_*`` and ``HVDKIT_*`` variable of ``base_env`` reaches every rank (mpirun ``-x NAME``; horovodrun
     passes the launcher's environment on), and ``spec.network_interface`` also sets
     NCCL_SOCKET_IFNAME for the ranks, unless the user set it (in ``base_env`` or ``spec.env``).
     """
@@ -119,7 +127,7 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
     if spec.network_interface:  # both the data path (btl) and mpirun's own control channel (oob)
         nic = spec.network_interface
         argv += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic]
-    exported = set(env) | {name for name in base_env if name.startswith(FORWARDED_PREFIXES)}
+    exported = set(env) | {name for name in base_env if name.startswith(FORWARDED_PREFIXES) and name not in NOT_FORWARDED}
     if not is_local(spec.hosts):
         exported.update(name for name in FORWARDED if name in base_env)
     for name in sorted(exported):

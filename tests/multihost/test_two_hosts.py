@@ -78,3 +78,20 @@ def test_an_unreachable_host_is_an_error_before_anything_starts(hosts):
     assert proc.returncode == 2
     assert f"cannot reach {missing} over ssh" in proc.stderr
     assert "epoch" not in proc.stderr and time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+def test_the_launchers_horovod_nccl_and_hvdkit_settings_reach_the_ranks_on_both_hosts(hosts, controller):
+    """Open MPI sends no variable to another host unless told; horovodrun sends its environment. Both
+    ways, a setting exported where `hvdkit run` starts holds for every rank on every host."""
+    a, b = hosts.names
+    gloo = ["--gloo"] if controller == "gloo" else []
+    probe = "import os, socket; print('SEEN', socket.gethostname(), *(os.environ.get(v) for v in %r), flush=True)" % (
+        ["HOROVOD_CYCLE_TIME", "NCCL_DEBUG", "HVDKIT_NUM_THREADS"],)
+    argv = hosts.argv_on(0, ["env", "HOROVOD_CYCLE_TIME=7", "NCCL_DEBUG=WARN", "HVDKIT_NUM_THREADS=1", HVDKIT, "run",
+                             "-np", "2", *gloo, "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0", "--",
+                             PYTHON, "-c", probe])  # fmt: skip
+    proc = run_bounded(argv, 240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    seen = sorted(line.split("SEEN ", 1)[1].split() for line in proc.stdout.splitlines() if "SEEN " in line)
+    assert seen == [[a, "7", "WARN", "1"], [b, "7", "WARN", "1"]], proc.stdout

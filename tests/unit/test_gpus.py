@@ -190,3 +190,14 @@ def test_a_users_nccl_socket_ifname_wins_over_network_interface(where):
 def test_without_network_interface_nccl_socket_ifname_is_not_set():
     assert "NCCL_SOCKET_IFNAME" not in build(JobSpec(["python", "t.py"], 2), is_root=False, cores=2, python=PY, base_env={}).env
     assert plan.NCCL_SOCKET_IFNAME == "NCCL_SOCKET_IFNAME"
+
+
+def test_horovod_and_hvdkit_settings_of_the_launcher_reach_ranks_on_other_hosts():
+    """Open MPI passes no variable to other hosts unless told (-x); horovodrun passes its environment on.
+    A HOROVOD_FUSION_THRESHOLD set where `hvdkit run` starts must hold on every host's ranks."""
+    spec = JobSpec(["python", "t.py"], 4, hosts=(Host("n1", 2), Host("n2", 2)))
+    base = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "2", "HVDKIT_NUM_THREADS": "1", "HOROVODX": "no",
+            "HOROVOD_RANK": "3", "HOROVOD_HOSTNAME": "elsewhere"}  # the last two: a launcher's own place in a job
+    exported = set(_exported(build(spec, is_root=False, cores=2, python=PY, base_env=base).argv))
+    assert {"HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HVDKIT_NUM_THREADS"} <= exported
+    assert not {"HOROVODX", "HOROVOD_RANK", "HOROVOD_HOSTNAME"} & exported
