@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,7 +18,8 @@ from .quiet import OutputFilter
 from .rank_output import LineDemux, RankReports, retag
 from .rankwrap import die_with_parent
 
-__all__ = ["JobResult", "LineDemux", "RankReports", "local_rank_pids", "run", "retag", "signal_name"]
+__all__ = ["JobResult", "LineDemux", "RankReports", "local_rank_pids", "remote_rank_pids", "remote_ranks_to_stop", "remote_term_command", "run", "retag",
+           "signal_name"]
 
 # Horovod's stall inspector lists missing ranks as "1: [tensor, ...]"; "1!:" once past the shutdown time.
 _STALLED = re.compile(r"^\[rank \d+\] (\d+)!: \[(.*)\]")
@@ -73,6 +75,53 @@ def _is_wrapper_of(pid, job_id):
         return False
 
 
+def remote_rank_pids(started, host=None):
+    """``[(host, pid)]`` of this job's rank wrappers on other hosts, by rank, from their start reports."""
+    host = host or socket.gethostname()
+    return [(rec["host"], rec["pid"]) for _, rec in sorted(started.items())
+            if rec.get("host") not in (None, host) and isinstance(rec.get("pid"), int) and rec["pid"] > 1]  # fmt: skip
+
+
+def remote_ranks_to_stop(remote, local, guarded):
+    """Which remote ranks (``[(host, pid)]``, by rank) a graceful stop signals over ssh.
+
+    Ranks that train under a PreemptionGuard (``guarded``) stop together once any one of them got the
+    signal (its check is a collective): then the local ranks' signal is enough, or, with no rank on
+    this host, the first remote one. Signalling more would race: ssh delivers late and unevenly, and
+    a rank that already stopped and is exiting dies of the signal instead of exiting cleanly.
+    Unguarded ranks all get it (their default action ends them)."""
+    if not guarded:
+        return list(remote)
+    return [] if local else list(remote[:1])
+
+
+def remote_term_command(pid, job_id):
+    """The shell command that sends SIGTERM to ``pid`` on its host if, and only if, it is a rank
+    wrapper of ``job_id`` (its environment holds HVDKIT_JOB_ID=``job_id``): never a reused pid."""
+    return (f"tr '\\0' '\\n' < /proc/{int(pid)}/environ 2>/dev/null | grep -qxF {shlex.quote(f'{_env.JOB_ID}={job_id}')} "
+            f"&& kill -TERM {int(pid)}")
+
+
+def _signal_remote(ranks, job_id, ssh=None):
+    """SIGTERM to each rank wrapper of ``ranks`` (``[(host, pid)]``) over ssh, all hosts at once, in the
+    background: horovodrun passes no signal on, so under Gloo this is how ranks on other hosts hear of
+    a stop (mpirun passes SIGUSR1 on instead). The wrapper passes it to its command."""
+    if not ranks or not job_id:
+        return None
+    from .remote import ssh as remote_ssh
+
+    run_ssh = ssh or remote_ssh
+
+    def send():
+        for host, pid in ranks:
+            threading.Thread(target=run_ssh, args=(host, ["sh", "-c", shlex.quote(remote_term_command(pid, job_id))], 15),
+                             daemon=True).start()  # fmt: skip
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
 def _signal_pids(pids, sig):
     for pid in pids:
         try:
@@ -122,7 +171,8 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
     rank ended) are taken from the stream, not shown. A SIGTERM, SIGINT or SIGHUP (a closed
     terminal or ssh session; unless ignored, as under nohup) sent to the launcher is a graceful
     stop: the ranks on this host get SIGTERM directly from their wrappers (and, with
-    ``forward_usr1``, mpirun passes SIGUSR1 to every rank, also on other hosts), so a
+    ``forward_usr1``, mpirun passes SIGUSR1 to every rank, also on other hosts; without it, as under
+    horovodrun, ranks on other hosts get SIGTERM over ssh, by the pid and host they reported), so a
     PreemptionGuard can checkpoint the current step. After ``grace`` seconds, or at a second
     signal, the launcher itself is terminated. Afterwards no rank process of this job is left on
     this host. If this process dies without a word (SIGKILL, its process group killed), mpirun or
@@ -167,6 +217,9 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
         _signal_pids(local_ranks(), signal.SIGTERM)
         if forward_usr1:
             _signal_pids([proc.pid], signal.SIGUSR1)
+        else:  # horovodrun passes no signal to other hosts: tell their ranks over ssh
+            remote = remote_rank_pids(reports.started)
+            _signal_remote(remote_ranks_to_stop(remote, local_ranks(), reports.training), job_id)
         timers.append(threading.Timer(grace, stop_now))
         timers[-1].daemon = True
         timers[-1].start()
@@ -210,6 +263,8 @@ def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=Tr
             if record:
                 if record["event"] == "start" and stopping:  # started after the stop: stop it too
                     _signal_pids(local_rank_pids({0: record}, job_id), signal.SIGTERM)
+                    if not forward_usr1 and not reports.training:
+                        _signal_remote(remote_rank_pids({0: record}), job_id)
                 continue
             m = _STALLED.match(text)
             if m and int(m.group(1)) not in stalled:

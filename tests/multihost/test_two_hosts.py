@@ -95,3 +95,45 @@ def test_the_launchers_horovod_nccl_and_hvdkit_settings_reach_the_ranks_on_both_
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     seen = sorted(line.split("SEEN ", 1)[1].split() for line in proc.stdout.splitlines() if "SEEN " in line)
     assert seen == [[a, "7", "WARN", "1"], [b, "7", "WARN", "1"]], proc.stdout
+
+
+@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+def test_sigterm_to_the_launcher_stops_ranks_on_another_host_at_a_checkpointed_step(hosts, tmp_path, controller):
+    """Every rank on the other host, none on the launcher's: mpirun passes SIGUSR1 on; horovodrun passes
+    nothing, so the launcher sends SIGTERM over ssh to the pids the rank wrappers reported (issue 21
+    item 10). Either way the ranks stop together at one step, checkpoint it, and exit cleanly."""
+    from hvdkit.core.checkpointer import read_newest
+
+    import os
+    import signal
+    import subprocess
+
+    from helpers import BIN
+
+    a, b = hosts.names
+    d = tmp_path / "ckpt"
+    gloo = ["--gloo"] if controller == "gloo" else []
+    argv = [HVDKIT, "run", "-np", "2", *gloo, "-H", f"{b}:2", "--network-interface", "hvd0", *SAME_THREADS, "--",
+            PYTHON, EXAMPLE, "--epochs", "200", "--checkpoint-dir", str(d)]  # fmt: skip
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.Popen(hosts.argv_on(0, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT, start_new_session=True, stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not (d.exists() and len([p for p in os.listdir(d) if p.startswith("ckpt-")]) >= 2):  # two epochs done
+            assert time.monotonic() < deadline and proc.poll() is None, "the job never got through two epochs"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGTERM)  # `hvdkit run` itself (in_host.sh and unshare exec it)
+        signalled = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        seconds = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in err and "every rank exited cleanly" in err, err[-3000:]
+    stopped = result_line(out)
+    assert stopped["preempted"] is True
+    assert read_newest(d).step == stopped["steps"]  # a checkpoint of the very step it stopped at
+    assert seconds < 25, f"{seconds:.1f} s: the stop waited for the grace period (30 s) instead of the ranks"
