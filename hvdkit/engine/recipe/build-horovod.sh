@@ -92,10 +92,11 @@ command -v "$PYTHON" >/dev/null || die "no interpreter '$PYTHON'; set PYTHON to 
 # it absolute, without resolving the venv's symlink (that would be the base interpreter, not the venv).
 if [[ $PYTHON == */* ]]; then PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON"); fi
 # The key needs the compiler and MPI versions; a build needs more (checked on a cache miss). Without
-# Open MPI the engine is built with Gloo alone (engine_plan.py says so).
+# Open MPI (no mpirun) the engine is built with Gloo alone (engine_plan.py says so); with its runtime
+# but not its headers, a build asks for them (libopenmpi-dev) instead of quietly leaving MPI out.
 need "g++:g++:the C++ compiler"
 has_mpi=no
-if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then has_mpi=yes; fi
+if command -v mpirun >/dev/null; then has_mpi=yes; fi
 
 # Line 1: every input that changes the binary (part of the cache key). Line 2: the engine installed
 # now, a hash of its RECORD (which lists every installed file's hash), or "none".
@@ -181,7 +182,9 @@ if [[ -f $stamp && $(cat "$stamp") == "$key $installed" ]]; then
 else
   wheel=$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
   if [[ -z $wheel ]]; then  # a build: everything it needs is there, or nothing is changed
-    need "cmake:cmake:the build system" "make:make:the build tool" "patch:patch:applies the engine fixes"
+    mpi_headers=()
+    [[ $has_mpi == yes ]] && mpi_headers=("mpicc:libopenmpi-dev:the Open MPI headers")
+    need "${mpi_headers[@]}" "cmake:cmake:the build system" "make:make:the build tool" "patch:patch:applies the engine fixes"
     include=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
     [[ -f $include/Python.h ]] || die "no Python.h in $include: the Python headers are missing. Install them: apt-get install -y $(basename "$include")-dev"
     # Horovod's setup.py asks for cffi; missing, setuptools would try to download it (and fail offline).
