@@ -46,9 +46,9 @@ bench-network: setup
 docs: setup
 	$(PY) scripts/gen_api_docs.py
 
-# Rewrite the example cluster files in launch/ from hvdkit.launch.render (a unit test keeps them in sync).
+# Rewrite the example cluster files in launch/ from hvdkit.launcher.render (a unit test keeps them in sync).
 render:
-	$(PY) -m hvdkit.launch.render launch
+	$(PY) -m hvdkit.launcher.render launch
 
 clean:
 	rm -rf $(VENV) checkpoints build *.egg-info

@@ -14,8 +14,8 @@ import threading
 import time
 
 from ..core.errors import LaunchError
-from ..launch.doctor import local_versions
-from ..launch.plan import find_tool
+from ..diagnostics.doctor import local_versions
+from ..launcher.plan import find_tool
 from .stats import Samples, check_close, interleaved
 
 __all__ = ["Suite", "TUNING", "busy_warning", "machine", "publish", "run_job", "say"]

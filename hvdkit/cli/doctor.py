@@ -14,8 +14,8 @@ def register(sub):
 
 def main(args):
     """Run ``hvdkit doctor`` from parsed arguments: 0 when nothing is wrong, else 1."""
-    from ..launch import hosts
-    from ..launch.doctor import diagnose
+    from ..launcher import hosts
+    from ..diagnostics.doctor import diagnose
 
     found = hosts.parse_host_list(args.hosts) if args.hosts else hosts.read_hostfile(args.hostfile) if args.hostfile else ()
     problems = diagnose(smoke=not args.no_smoke, hosts=found, network_interface=args.network_interface)

@@ -10,7 +10,7 @@ __all__ = ["register", "main"]
 
 def register(sub):
     """Add ``hvdkit render`` to the sub-command parsers ``sub``."""
-    from ..launch.render import TARGETS
+    from ..launcher.render.files import TARGETS
 
     job = argparse.ArgumentParser(add_help=False)  # the job description, shared by every target
     job.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of ranks (default: all slots)")
@@ -49,7 +49,8 @@ def register(sub):
 
 def main(args):
     """Run ``hvdkit render`` from parsed arguments; the exit code."""
-    from ..launch import hosts, render
+    from ..launcher import hosts
+    from ..launcher.render import files as render
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.hosts:  # only the hosts given count: a render describes another machine, not this one

@@ -86,7 +86,7 @@ def _env_option(parser, flag, var, kind, metavar, default, text, shown=None):
 
 
 def _elastic_options(r):
-    from ..launch.elastic import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT
+    from ..launcher.elastic.rules import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT
 
     g = r.add_argument_group(
         "elastic training by restart",
@@ -117,8 +117,8 @@ def main(args):
     import dataclasses
     import time
 
-    from ..launch import execute, hosts, plan, remote, supervise
-    from ..launch.spec import JobSpec, check_command, parse_env_vars
+    from ..launcher import execute, hosts, plan, remote, supervise
+    from ..launcher.spec import JobSpec, check_command, parse_env_vars
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     found, origin = hosts.resolve(host_list=args.hosts, hostfile=args.hostfile, environ=os.environ)
@@ -129,7 +129,7 @@ def main(args):
     if args.num_proc is None:
         if script:
             raise ConfigError("-np is required with --host-discovery-script: the ranks to start with, e.g. -np 4")
-        from ..launch.gpus import gpu_count
+        from ..launcher.gpus import gpu_count
 
         args.num_proc, why = plan.default_num_proc(found, cores, 0 if found else gpu_count())
         sys.stderr.write(f"hvdkit run: no -np given: {why}\n")
@@ -141,7 +141,7 @@ def main(args):
     elastic_settings = _elastic_settings(args, found, origin)
     restarts, stall, grace = args.max_restarts, args.stall_timeout, args.grace_period
     if elastic_settings and not restarts_given:  # an elastic job is meant to survive failures
-        from ..launch import elastic
+        from ..launcher.elastic import rules as elastic
 
         restarts = elastic.DEFAULT_ELASTIC_MAX_RESTARTS
     extra_env = parse_env_vars(args.env_vars, os.environ)
@@ -162,7 +162,7 @@ def main(args):
     if not found and not script and spec.num_proc > cores:  # said once, not per restart; discovery: ranks run elsewhere
         sys.stderr.write(f"hvdkit run: {plan.oversubscribed(spec.num_proc, cores)}\n")
     if spec.timeline and not args.dry_run:
-        from ..launch.timeline_flags import ensure_folder
+        from ..launcher.timeline_flags import ensure_folder
 
         ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
     if elastic_settings:
@@ -195,8 +195,8 @@ def main(args):
 
 def _elastic_settings(args, found, origin):
     from ..core.options import check_positive_int
-    from ..launch import elastic
-    from ..launch.discovery import ScriptDiscovery
+    from ..launcher.elastic import rules as elastic
+    from ..launcher.elastic.discovery import ScriptDiscovery
 
     for flag, value in (("--min-np", args.min_np), ("--max-np", args.max_np)):
         if value is not None:
@@ -211,8 +211,8 @@ def _elastic_settings(args, found, origin):
 
 
 def _run_elastic(args, spec, settings, restarts, is_root, cores):
-    """``hvdkit run`` with --min-np/--max-np: attempts of fixed size on the hosts there (hvdkit.launch.elastic_main)."""
-    from ..launch import elastic_main
+    """``hvdkit run`` with --min-np/--max-np: attempts of fixed size on the hosts there (hvdkit.launcher.elastic_main)."""
+    from ..launcher import elastic_main
 
     return elastic_main.main(spec, settings, script=args.host_discovery_script, restarts=restarts, grace=args.grace_period,
                              dry_run=args.dry_run, is_root=is_root, cores=cores,

@@ -22,7 +22,7 @@ def register(sub):
 def main(args):
     """Run ``hvdkit timeline`` from parsed arguments; the exit code."""
     from ..core.options import check_positive_int
-    from ..launch import timeline, timeline_plot
+    from ..diagnostics import timeline, timeline_plot
 
     check_positive_int("--top", args.top)
     summary = timeline.summarise(args.file)

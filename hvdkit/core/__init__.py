@@ -3,7 +3,7 @@
 Imports the standard library only (numpy at most), never a framework or Horovod.
 """
 
-from .checkpoint import CheckpointInfo, CheckpointStore
+from .checkpoint.store import CheckpointInfo, CheckpointStore
 from .comm import Communicator, LocalCommunicator
 from .devices import choose_gpu
 from .errors import (
@@ -19,10 +19,10 @@ from .lr import lr_scale, scaled_lr, warmup_factor
 from .metrics import MetricTracker, average_metrics, sum_states
 from .options import COMPRESSIONS, check_compression
 from .preemption import PreemptionGuard
-from .progress import Progress
-from .straggler import StragglerMonitor, StragglerReport
+from .monitoring.progress import Progress
+from .monitoring.straggler import StragglerMonitor, StragglerReport
 from .topology import Topology, from_env
-from .tracking import Tracker
+from .monitoring.tracking import Tracker
 
 __all__ = [
     "CheckpointError",

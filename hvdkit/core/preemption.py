@@ -11,7 +11,7 @@ from .options import check_int_at_least, check_positive_int
 __all__ = ["PreemptionGuard", "report_to_launcher"]
 
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-REPORT_MARK = "hvdkit-rank"  # the mark of the reports hvdkit.launch.rankwrap writes (the launcher reads both)
+REPORT_MARK = "hvdkit-rank"  # the mark of the reports hvdkit.launcher.rankwrap writes (the launcher reads both)
 
 
 def report_to_launcher(record):

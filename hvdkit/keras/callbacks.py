@@ -8,7 +8,7 @@ from ..core.log import get_logger
 from ..core.lr import check_rule, lr_scale
 from ..core.metrics import sum_states
 from ..core.options import check_int_at_least, check_number_above, check_positive_int
-from ..core.sample_order import rank_seed
+from ..core.data import rank_seed
 from ..tensorflow.checkpoint import Checkpointer
 from ..tensorflow.runtime import communicator
 from ..tensorflow.variables import broadcast_variables

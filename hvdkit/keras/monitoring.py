@@ -5,7 +5,7 @@ import time
 import keras
 
 from ..core.log import get_logger
-from ..core.straggler import StragglerMonitor, straggler_threshold
+from ..core.monitoring.straggler import StragglerMonitor, straggler_threshold
 from ..tensorflow.runtime import communicator
 from .allreduce_clock import allreduce_seconds
 
@@ -15,7 +15,7 @@ _log = get_logger("keras")
 
 
 class StragglerMonitorCallback(keras.callbacks.Callback):
-    """At every epoch end, report the rank whose train batches are slowest (``hvdkit.core.straggler``).
+    """At every epoch end, report the rank whose train batches are slowest (``hvdkit.core.monitoring.straggler``).
 
         model.fit(..., callbacks=[hk.BroadcastInitialStateCallback(), hk.StragglerMonitorCallback(threshold=1.2)])
 

@@ -20,7 +20,7 @@ class TrackMetricsCallback(keras.callbacks.Callback):
     Put it after ``MetricAverageCallback`` in the list: it logs the epoch-end logs as it finds them, and
     ``MetricAverageCallback`` is what makes them the metrics over all ranks' samples (before it, rank 0's
     own numbers would be logged). At the start of ``fit`` it opens a run (a ``Tracker``, see
-    ``hvdkit.core.tracking``) with ``params`` plus ``world_size``, ``epochs``, ``steps_per_epoch``
+    ``hvdkit.core.monitoring.tracking``) with ``params`` plus ``world_size``, ``epochs``, ``steps_per_epoch``
     and the optimizer's class; each epoch's logs (``val_*`` included) and ``learning_rate`` go in at
     step = the epoch index (0-based, as Keras' TensorBoard callback); the end of ``fit`` closes the
     run FINISHED. If ``fit`` raises, the run is marked FAILED when the process exits. Non-finite

@@ -1,7 +1,7 @@
 """Rank-0 checkpoints of a TensorFlow/Keras model and optimizer, with automatic resume.
 
 The format, the RNG states of every rank, the scheduler and the order of the collectives are the
-core's (``hvdkit.core.checkpointer``); this module only turns variables into arrays and back.
+core's (``hvdkit.core.checkpoint.state``); this module only turns variables into arrays and back.
 """
 
 import os
@@ -9,9 +9,9 @@ import warnings
 
 import numpy as np
 
-from ..core.checkpoint import Resumed
-from ..core.checkpoint_arrays import ArrayFile
-from ..core.checkpointer import CheckpointerBase, Snapshot
+from ..core.checkpoint.store import Resumed
+from ..core.checkpoint.arrays import ArrayFile
+from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.errors import CheckpointError
 from .runtime import communicator
 from .variables import broadcast_variables

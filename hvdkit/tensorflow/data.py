@@ -4,9 +4,9 @@ import numpy as np
 import tensorflow as tf
 
 from ..core.errors import ConfigError
-from ..core.global_batch import plan_batches
+from ..core.data import plan_batches
 from ..core.log import get_logger
-from ..core.sample_order import epoch_order, rank_batches, step_bounds
+from ..core.data import epoch_order, rank_batches, step_bounds
 from .runtime import rank as _rank
 from .runtime import size as _size
 
@@ -75,7 +75,7 @@ def epoch_dataset(
 
     Epoch e visits all n samples in an order drawn from (seed, e) alone; each optimizer step takes
     the next global batch of positions and splits it over the ranks x ``accumulation`` batches
-    (``hvdkit.core.sample_order``, the rule torch's ``hk.train_loader`` uses): every sample once
+    (``hvdkit.core.data``, the rule torch's ``hk.train_loader`` uses): every sample once
     per epoch (``drop_last`` skips the last ``n % global batch`` instead), every rank the same
     number of batches. The order depends only on the epoch, so a run resumed at epoch k sees the
     batches an uninterrupted run saw, and with ``global_batch_size`` (see ``batch_plan``) every

@@ -1,13 +1,13 @@
-"""Watching a TensorFlow job: experiment tracking on this job's communicator (``hvdkit.core.tracking``)."""
+"""Watching a TensorFlow job: experiment tracking on this job's communicator (``hvdkit.core.monitoring.tracking``)."""
 
-from ..core.tracking import RuntimeTracker
+from ..core.monitoring.tracking import RuntimeTracker
 from .runtime import _runtime
 
 __all__ = ["Tracker"]
 
 
 class Tracker(RuntimeTracker):
-    """``hvdkit.core.tracking.Tracker`` on this job's communicator: job-wide metrics to TensorBoard/MLflow from rank 0.
+    """``hvdkit.core.monitoring.tracking.Tracker`` on this job's communicator: job-wide metrics to TensorBoard/MLflow from rank 0.
 
         with htf.Tracker("runs/exp1", backends=("tensorboard", "mlflow"), params={"lr": 0.1}) as tracker:
             for epoch in range(epochs):

@@ -1,7 +1,7 @@
 """Rank-0 checkpoints of a torch training run, with automatic resume.
 
 The format, the RNG states of every rank, the scheduler and the order of the collectives are the
-core's (``hvdkit.core.checkpointer``); this module only turns torch state into arrays and back.
+core's (``hvdkit.core.checkpoint.state``); this module only turns torch state into arrays and back.
 """
 
 import os
@@ -10,9 +10,9 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..core.checkpoint import Resumed
-from ..core.checkpoint_tree import reseed_rng
-from ..core.checkpointer import CheckpointerBase, Snapshot
+from ..core.checkpoint.store import Resumed
+from ..core.checkpoint.tree import reseed_rng
+from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.errors import CheckpointError
 from .runtime import communicator
 from .state import share_state

@@ -6,9 +6,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from ..core.deprecation import renamed_argument
-from ..core.global_batch import plan_batches
+from ..core.data import plan_batches
 from ..core.log import get_logger
-from ..core.sample_order import epoch_order, position_after, rank_batches, step_bounds
+from ..core.data import epoch_order, position_after, rank_batches, step_bounds
 from . import runtime
 
 __all__ = ["train_sampler", "TrainSampler", "TrainLoader", "EvalSampler", "train_loader", "eval_loader"]
@@ -34,8 +34,8 @@ class TrainSampler(Sampler):
 
     Epoch ``e`` visits all ``n`` samples in an order drawn from ``(seed, e)``; each optimizer step
     takes the next ``global_batch_size`` positions of it and splits them over ``size`` ranks x
-    ``accumulation`` micro-batches (the rule of ``hvdkit.core.sample_order``). ``plan`` is the
-    ``hvdkit.core.global_batch.BatchPlan``: with ``global_batch_size`` given, the accumulation is
+    ``accumulation`` micro-batches (the rule of ``hvdkit.core.data``). ``plan`` is the
+    ``hvdkit.core.data.BatchPlan``: with ``global_batch_size`` given, the accumulation is
     chosen so the global batch is the same at any world size. Every sample is used exactly once
     per epoch (the last step may be smaller, or a little larger when a short remainder is merged
     into it; ``drop_last`` skips the last ``n % global_batch_size`` instead), and every rank yields
@@ -160,7 +160,7 @@ def train_loader(
                     opt.step(); opt.zero_grad()
 
     ``global_batch_size``: samples per optimizer step over all ranks, kept at any world size by
-    choosing ``loader.accumulation`` (``hvdkit.core.global_batch.plan_batches``; ConfigError on every
+    choosing ``loader.accumulation`` (``hvdkit.core.data.plan_batches``; ConfigError on every
     rank when ``batch_size`` x ranks does not divide it). Without it the accumulation is
     ``backward_passes_per_step`` and the global batch follows the world size. Rank 0 logs the plan
     ("world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps").

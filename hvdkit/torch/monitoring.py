@@ -1,14 +1,14 @@
 """Watching a torch job: straggler reports and experiment tracking on this job's communicator.
 
-The logic is in ``hvdkit.core.straggler`` and ``hvdkit.core.tracking``; these classes pass in the
+The logic is in ``hvdkit.core.monitoring.straggler`` and ``hvdkit.core.monitoring.tracking``; these classes pass in the
 job's communicator and, for the monitor, hook into ``hvdkit.torch.DistributedOptimizer``.
 """
 
 import time
 
 from ..core.errors import ConfigError
-from ..core.straggler import StragglerMonitor as _StragglerMonitor
-from ..core.tracking import RuntimeTracker
+from ..core.monitoring.straggler import StragglerMonitor as _StragglerMonitor
+from ..core.monitoring.tracking import RuntimeTracker
 from .runtime import _runtime, communicator
 
 __all__ = ["StragglerMonitor", "Tracker"]
@@ -51,7 +51,7 @@ def _exclude_synchronize(optimizer, monitor):
 
 
 class Tracker(RuntimeTracker):
-    """``hvdkit.core.tracking.Tracker`` on this job's communicator: job-wide metrics to TensorBoard/MLflow from rank 0.
+    """``hvdkit.core.monitoring.tracking.Tracker`` on this job's communicator: job-wide metrics to TensorBoard/MLflow from rank 0.
 
         with hk.Tracker("runs/exp1", backends=("tensorboard", "mlflow"), params={"lr": 0.1}) as tracker:
             for epoch in range(epochs):

@@ -1,7 +1,7 @@
 """A rank-0 progress bar over a PyTorch data loader: steps, samples per second (all ranks), ETA."""
 
 from ..core.errors import ConfigError
-from ..core.progress import Progress
+from ..core.monitoring.progress import Progress
 from .runtime import is_rank0, size
 
 __all__ = ["progress"]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, last_json_line, read_sample_logs, record_figures, run_example
-from hvdkit.core.checkpointer import read_newest
+from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
 KERAS = str(ROOT / "examples" / "keras_digits.py")

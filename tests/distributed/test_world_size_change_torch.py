@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import ROOT, last_json_line, read_sample_logs, record_figures, run_example, run_ranks
-from hvdkit.core.checkpointer import read_newest
+from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
 TORCH = str(ROOT / "examples" / "torch_digits.py")

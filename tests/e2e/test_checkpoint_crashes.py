@@ -13,7 +13,7 @@ from checkpoint_files import read
 from helpers import PYTHON, ROOT, record_figures, run_bounded
 from hvdkit.core import CheckpointError, CheckpointStore, LocalCommunicator
 from hvdkit.core.checkpoint import verify
-from hvdkit.core.checkpoint_folder import listing
+from hvdkit.core.checkpoint.folder import listing
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e" / "scripts"))
 from checkpoint_writer import RESAVED_STEP, payload, writer  # noqa: E402

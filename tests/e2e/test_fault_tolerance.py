@@ -15,7 +15,7 @@ import pytest
 
 from helpers import BIN, HVDKIT, PYTHON, ROOT, hvdkit_run, record_figures, result_line
 from helpers import fixed_compression  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
-from hvdkit.core.checkpointer import read_newest
+from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = pytest.mark.dist
 TORCH = "examples/torch_digits.py"

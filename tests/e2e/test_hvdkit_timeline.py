@@ -5,7 +5,7 @@ import json
 import pytest
 
 from helpers import HVDKIT, PYTHON, run_bounded
-from hvdkit.launch import timeline
+from hvdkit.diagnostics import timeline
 
 pytestmark = pytest.mark.dist
 JOB = "tests/e2e/scripts/timeline_job.py"

@@ -27,7 +27,7 @@ RANK_1_OF_2 = {
 def start_wrapper(job_id, folder):
     """A real rank wrapper of job ``job_id`` running ``sleep`` (in its own session, ended by the test)."""
     env = dict(os.environ, HVDKIT_JOB_ID=job_id, HVDKIT_STATUS_DIR=str(folder), **RANK_1_OF_2)
-    proc = subprocess.Popen([PYTHON, "-m", "hvdkit.launch.rankwrap", "--", "sleep", "300"], env=env, cwd=ROOT,
+    proc = subprocess.Popen([PYTHON, "-m", "hvdkit.launcher.rankwrap", "--", "sleep", "300"], env=env, cwd=ROOT,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 60
@@ -56,7 +56,7 @@ def test_a_symlink_planted_where_a_rank_record_would_go_is_not_followed(tmp_path
     for name in planted:
         (folder / name).symlink_to(victim)
     env = {"HVDKIT_JOB_ID": "j1", "HVDKIT_STATUS_DIR": str(folder), **RANK_1_OF_2}
-    proc = run_bounded([PYTHON, "-m", "hvdkit.launch.rankwrap", "--", PYTHON, "-c", "print('ran')"], 60, env=env)
+    proc = run_bounded([PYTHON, "-m", "hvdkit.launcher.rankwrap", "--", PYTHON, "-c", "print('ran')"], 60, env=env)
     assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
     assert victim.read_text() == "precious\n"
     assert sorted(os.listdir(folder)) == sorted(planted)
@@ -77,7 +77,7 @@ def test_a_record_of_another_jobs_rank_never_gets_it_signalled(tmp_path):
 
 
 def test_only_rank_wrappers_of_this_job_on_this_host_count_as_its_ranks(tmp_path):
-    from hvdkit.launch.execute import local_rank_pids
+    from hvdkit.launcher.execute import local_rank_pids
 
     ours, theirs = start_wrapper("job-1", tmp_path), start_wrapper("job-2", tmp_path)
     here = socket.gethostname()

@@ -3,7 +3,7 @@
 import io
 
 from hvdkit import engine
-from hvdkit.launch import doctor
+from hvdkit.diagnostics import doctor
 
 
 def test_check_build_and_doctor_name_the_fix_level_of_this_checkout():

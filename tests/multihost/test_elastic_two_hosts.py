@@ -182,7 +182,7 @@ def final_model(folder):
     """``step``, ``epoch`` and ``model`` (tensors by state-dict key) of the newest checkpoint in ``folder``."""
     import torch
 
-    from hvdkit.core.checkpointer import read_newest
+    from hvdkit.core.checkpoint.state import read_newest
 
     newest = read_newest(folder)
     return {"step": newest.step, "epoch": newest.epoch, "model": {k: torch.from_numpy(a) for k, a in newest.state["model"].items()}}

@@ -36,7 +36,7 @@ def hosts():
 
 def final_weights(folder):
     """The model weights of the newest checkpoint in ``folder``, by position (``model/<i>``)."""
-    from hvdkit.core.checkpointer import read_newest
+    from hvdkit.core.checkpoint.state import read_newest
 
     return {f"model/{i}": a for i, a in enumerate(read_newest(folder).state["model"])}
 

@@ -62,7 +62,7 @@ def newest(ckpt_dir):
 
 def params(ckpt_dir):
     """The model tensors of the newest checkpoint in ``ckpt_dir``, by state-dict key (the public reader)."""
-    from hvdkit.core.checkpointer import read_newest
+    from hvdkit.core.checkpoint.state import read_newest
 
     return {k: torch.from_numpy(a) for k, a in read_newest(ckpt_dir).state["model"].items()}
 

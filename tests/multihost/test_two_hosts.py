@@ -102,7 +102,7 @@ def test_sigterm_to_the_launcher_stops_ranks_on_another_host_at_a_checkpointed_s
     """Every rank on the other host, none on the launcher's: mpirun passes SIGUSR1 on; horovodrun passes
     nothing, so the launcher sends SIGTERM over ssh to the pids the rank wrappers reported (issue 21
     item 10). Either way the ranks stop together at one step, checkpoint it, and exit cleanly."""
-    from hvdkit.core.checkpointer import read_newest
+    from hvdkit.core.checkpoint.state import read_newest
 
     import os
     import signal

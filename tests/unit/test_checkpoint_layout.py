@@ -14,9 +14,9 @@ import torch
 
 from hvdkit.core import CheckpointError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore
-from hvdkit.core.checkpoint_arrays import ArrayFile, write_arrays
-from hvdkit.core.checkpoint_tree import decode, encode
-from hvdkit.core.checkpointer import read_newest
+from hvdkit.core.checkpoint.arrays import ArrayFile, write_arrays
+from hvdkit.core.checkpoint.tree import decode, encode
+from hvdkit.core.checkpoint.state import read_newest
 from hvdkit.torch.checkpoint import Checkpointer as TorchCheckpointer
 
 # torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test

@@ -9,7 +9,7 @@ import gc
 import threading
 import weakref
 
-from hvdkit.core import checkpoint_lock
+from hvdkit.core.checkpoint import lock as checkpoint_lock
 
 
 class Cycle:

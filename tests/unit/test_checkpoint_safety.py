@@ -13,8 +13,8 @@ import pytest
 
 from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator, env
 from hvdkit.core.checkpoint import CheckpointStore, verify
-from hvdkit.core.checkpoint_lock import LOCK_FILE
-from hvdkit.core.plain_data import check_json_plain
+from hvdkit.core.checkpoint.lock import LOCK_FILE
+from hvdkit.core.checkpoint.plain_data import check_json_plain
 
 from checkpoint_files import read, writer
 

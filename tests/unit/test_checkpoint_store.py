@@ -7,8 +7,8 @@ import pytest
 
 from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore, verify
-from hvdkit.core.checkpoint_lock import LOCK_FILE
-from hvdkit.core.manifest import seal
+from hvdkit.core.checkpoint.lock import LOCK_FILE
+from hvdkit.core.checkpoint.manifest import seal
 from checkpoint_files import read, writer
 
 

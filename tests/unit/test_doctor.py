@@ -7,8 +7,8 @@ from pathlib import Path
 from unittest.mock import ANY
 
 from hvdkit import engine
-from hvdkit.launch import doctor
-from hvdkit.launch.hosts import Host
+from hvdkit.diagnostics import doctor
+from hvdkit.launcher.hosts import Host
 
 
 def test_check_build_report_is_parsed():

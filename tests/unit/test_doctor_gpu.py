@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hvdkit.launch import doctor, doctor_gpu
-from hvdkit.launch.doctor_gpu import NO_GPU, GpuFacts, gpu_facts, gpu_rows, nccl_smoke_plan, parse_gpu_query
+from hvdkit.diagnostics import doctor, doctor_gpu
+from hvdkit.diagnostics.doctor_gpu import NO_GPU, GpuFacts, gpu_facts, gpu_rows, nccl_smoke_plan, parse_gpu_query
 
 QUERY = "NVIDIA H100 80GB HBM3, 81559 MiB, 570.86.15\nNVIDIA H100 80GB HBM3, 81559 MiB, 570.86.15\n"
 H100 = ("NVIDIA H100 80GB HBM3", "81559 MiB")

@@ -17,12 +17,12 @@ from hvdkit.core import env
 from hvdkit.core.comm import LocalCommunicator
 from hvdkit.core.errors import ConfigError, LaunchError
 from hvdkit.core.preemption import PreemptionGuard
-from hvdkit.launch import elastic_main, remote, slurm_nodes
-from hvdkit.launch.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery, parse_discovery_output
-from hvdkit.launch.elastic import ElasticSettings, History, can_grow, choose_world, lost_hosts, settings_from
-from hvdkit.launch.elastic_run import ElasticGaveUp, HostView, StopRequest, run_elastic, wait_for_world, watch
-from hvdkit.launch.execute import JobResult, RankReports
-from hvdkit.launch.hosts import Host
+from hvdkit.launcher import elastic_main, remote, slurm_nodes
+from hvdkit.launcher.elastic.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery, parse_discovery_output
+from hvdkit.launcher.elastic.rules import ElasticSettings, History, can_grow, choose_world, lost_hosts, settings_from
+from hvdkit.launcher.elastic.loop import ElasticGaveUp, HostView, StopRequest, run_elastic, wait_for_world, watch
+from hvdkit.launcher.execute import JobResult, RankReports
+from hvdkit.launcher.hosts import Host
 
 A, B, C = Host("a", 1), Host("b", 1), Host("c", 2)
 
@@ -558,7 +558,7 @@ def test_the_elastic_variables_are_read_and_the_flags_win(monkeypatch, tmp_path,
 
 def test_the_summary_says_unknown_when_ranks_report_no_steps():
     h = History()
-    from hvdkit.launch.elastic import Attempt
+    from hvdkit.launcher.elastic.rules import Attempt
 
     h.attempts = [Attempt((A, B), 0.0, 1.0, 5.0, "failed", "rank 1 died"), Attempt((A,), 6.0, 7.5, 9.0, "finished")]
     h.attempts[0].ended = 5.5
@@ -591,7 +591,7 @@ def test_a_hard_stop_finds_every_process_below_the_launcher_also_in_other_sessio
     import subprocess
     import time
 
-    from hvdkit.launch.execute import _tree
+    from hvdkit.launcher.execute import _tree
 
     code = "import os, subprocess, time; subprocess.Popen(['sleep', '60'], start_new_session=True); print(os.getpid(), flush=True); time.sleep(60)"
     proc = subprocess.Popen(["python3", "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)

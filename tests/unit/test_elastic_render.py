@@ -9,8 +9,8 @@ import yaml
 
 from hvdkit.cli import main
 from hvdkit.core import ConfigError
-from hvdkit.launch import render
-from hvdkit.launch.render import EXAMPLE, MPI_OPERATOR_DISCOVERY, RenderSpec
+from hvdkit.launcher.render import files as render
+from hvdkit.launcher.render.files import EXAMPLE, MPI_OPERATOR_DISCOVERY, RenderSpec
 
 ELASTIC = dataclasses.replace(EXAMPLE, min_np=2, max_np=6)
 COMMAND = list(EXAMPLE.command)

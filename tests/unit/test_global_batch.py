@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hvdkit.core import ConfigError
-from hvdkit.core.global_batch import plan_batches
-from hvdkit.core.sample_order import epoch_order, position_after, rank_batches, rank_seed, step_bounds
+from hvdkit.core.data import plan_batches
+from hvdkit.core.data import epoch_order, position_after, rank_batches, rank_seed, step_bounds
 
 FAST = settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -5,7 +5,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from hvdkit.core.sample_order import epoch_order, rank_batches, step_bounds  # noqa: E402
+from hvdkit.core.data import epoch_order, rank_batches, step_bounds  # noqa: E402
 from hvdkit.tensorflow.data import epoch_dataset  # noqa: E402
 
 

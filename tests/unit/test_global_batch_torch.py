@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hvdkit.core.sample_order import epoch_order  # noqa: E402
+from hvdkit.core.data import epoch_order  # noqa: E402
 from hvdkit.torch.data import TrainLoader, TrainSampler  # noqa: E402
 from hvdkit.torch.optim import ScaledLRScheduler  # noqa: E402
 

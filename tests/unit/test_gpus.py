@@ -8,11 +8,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hvdkit import cli
-from hvdkit.launch import gpus, plan
-from hvdkit.launch.gpus import gpu_count, physical_gpus, visible_devices
-from hvdkit.launch.hosts import Host
-from hvdkit.launch.plan import build, default_num_proc
-from hvdkit.launch.spec import JobSpec
+from hvdkit.launcher import gpus, plan
+from hvdkit.launcher.gpus import gpu_count, physical_gpus, visible_devices
+from hvdkit.launcher.hosts import Host
+from hvdkit.launcher.plan import build, default_num_proc
+from hvdkit.launcher.spec import JobSpec
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None)
 PY = "/venv/bin/python"

@@ -8,10 +8,10 @@ import pytest
 
 from helpers import BIN, HVDKIT, PYTHON, ROOT
 from hvdkit.core import ConfigError
-from hvdkit.launch import hosts
-from hvdkit.launch.hosts import Host
-from hvdkit.launch.plan import build, find_tool
-from hvdkit.launch.spec import JobSpec
+from hvdkit.launcher import hosts
+from hvdkit.launcher.hosts import Host
+from hvdkit.launcher.plan import build, find_tool
+from hvdkit.launcher.spec import JobSpec
 
 PY = "/venv/bin/python"
 TWO_BY_TWO = (Host("node1", 2), Host("node2", 2))
@@ -220,7 +220,7 @@ def test_mpirun_plan_from_a_hostfile_as_root_with_the_rank_wrapper(tmp_path):
     assert _mpirun_tail(plan.argv) == [
         "-np", "3", "-H", "a:1,b:3", "--allow-run-as-root", "--bind-to", "none", "--map-by", "slot",
         "--tag-output", "-x", "HVDKIT_JOB_ID", "-x", "LD_LIBRARY_PATH", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
-        PY, "-m", "hvdkit.launch.rankwrap", "--", "python", "t.py",
+        PY, "-m", "hvdkit.launcher.rankwrap", "--", "python", "t.py",
     ]  # fmt: skip
 
 

@@ -98,10 +98,10 @@ def test_the_checker_catches_a_core_module_importing_torch_lazily_or_an_adapter_
     table = rules()
     bad_core = PACKAGE / "core" / "_probe_bad.py"
     bad_torch = PACKAGE / "torch" / "_probe_bad.py"
-    fake = {bad_core: "def f():\n    import torch\n    from ..launch import plan\n",
+    fake = {bad_core: "def f():\n    import torch\n    from ..launcher import plan\n",
             bad_torch: "from ..keras import callbacks\nfrom .. import tensorflow\n"}
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: fake[self] if self in fake else Path.open(self).read())
-    assert violations(bad_core, table) == ["torch", "hvdkit.launch.plan"]  # also inside a function
+    assert violations(bad_core, table) == ["torch", "hvdkit.launcher.plan"]  # also inside a function
     assert violations(bad_torch, table) == ["hvdkit.keras.callbacks", "hvdkit.tensorflow"]
 
 

@@ -11,7 +11,7 @@ def _fresh_python(code):
 
 def test_import_hvdkit_loads_no_framework_and_no_horovod():
     out = _fresh_python(
-        "import sys, hvdkit, hvdkit.core, hvdkit.launch, hvdkit.launch.plan, hvdkit.launch.execute, hvdkit.cli;"
+        "import sys, hvdkit, hvdkit.core, hvdkit.launcher, hvdkit.launcher.plan, hvdkit.launcher.execute, hvdkit.cli;"
         "print(sorted(m for m in ('torch', 'tensorflow', 'horovod', 'keras') if m in sys.modules))"
     )
     assert out == "[]"
@@ -23,22 +23,22 @@ def test_hvdkit_torch_loads_horovod_torch():
 
 def test_job_spec_and_plan_load_the_timeline_flags_but_not_the_timeline_analyser():
     out = _fresh_python(
-        "import sys, hvdkit.launch.spec, hvdkit.launch.plan;"
-        "print(sorted(m for m in sys.modules if m.startswith('hvdkit.launch.timeline')))"
+        "import sys, hvdkit.launcher.spec, hvdkit.launcher.plan;"
+        "print(sorted(m for m in sys.modules if 'timeline' in m))"
     )
-    assert out == "['hvdkit.launch.timeline_flags']"
+    assert out == "['hvdkit.launcher.timeline_flags']"
 
 
 def test_tracking_and_timeline_are_split_into_modules_of_one_job_under_400_lines():
-    from hvdkit.core import tracking
-    from hvdkit.launch import timeline
+    from hvdkit.core.monitoring import tracking
+    from hvdkit.diagnostics import timeline
 
-    assert tracking.TensorBoardWriter.__module__ == "hvdkit.core.tensorboard_events"
-    assert tracking.MlflowRun.__module__ == "hvdkit.core.mlflow_store"
-    assert tracking.crc32c.__module__ == "hvdkit.core.tfrecord"
-    assert timeline.timeline_path.__module__ == "hvdkit.launch.timeline_flags"
-    split = ("core.tracking", "core.tfrecord", "core.tensorboard_events", "core.mlflow_store",
-             "launch.timeline", "launch.timeline_flags", "launch.timeline_plot")
+    assert tracking.TensorBoardWriter.__module__ == "hvdkit.core.monitoring.tensorboard_events"
+    assert tracking.MlflowRun.__module__ == "hvdkit.core.monitoring.mlflow_store"
+    assert tracking.crc32c.__module__ == "hvdkit.core.monitoring.tfrecord"
+    assert timeline.timeline_path.__module__ == "hvdkit.launcher.timeline_flags"
+    split = ("core.monitoring.tracking", "core.monitoring.tfrecord", "core.monitoring.tensorboard_events",
+             "core.monitoring.mlflow_store", "diagnostics.timeline", "launcher.timeline_flags", "diagnostics.timeline_plot")
     lines = {m: len(pathlib.Path(importlib.import_module(f"hvdkit.{m}").__file__).read_text().splitlines())
              for m in split}
     assert max(lines.values()) <= 400, lines

@@ -3,7 +3,7 @@ signals mpirun as well as hvdkit run): ranks that all ended cleanly make a clean
 
 import signal
 
-from hvdkit.launch import execute
+from hvdkit.launcher import execute
 
 
 def ended(rank, code=0, sig=None):

@@ -1,13 +1,13 @@
-"""hvdkit.launch: the pure planner, command checks and outcome reporting."""
+"""hvdkit.launcher: the pure planner, command checks and outcome reporting."""
 
 import signal
 
 import pytest
 
 from hvdkit.core import ConfigError
-from hvdkit.launch import execute
-from hvdkit.launch.plan import build
-from hvdkit.launch.spec import JobSpec, check_command
+from hvdkit.launcher import execute
+from hvdkit.launcher.plan import build
+from hvdkit.launcher.spec import JobSpec, check_command
 
 PY = "/venv/bin/python"
 
@@ -21,7 +21,7 @@ def test_mpirun_plan_as_root_with_more_ranks_than_cores():
     argv = list(plan.argv)
     assert argv[1:3] == ["-np", "4"]
     assert "--allow-run-as-root" in argv and "--oversubscribe" in argv and "--tag-output" in argv
-    assert tail(argv, 8) == [PY, "-m", "hvdkit.launch.rankwrap", "--", "python", "train.py", "--lr", "0.1"]
+    assert tail(argv, 8) == [PY, "-m", "hvdkit.launcher.rankwrap", "--", "python", "train.py", "--lr", "0.1"]
     assert plan.env["HVDKIT_JOB_ID"] == "j1"
     # every variable hvdkit sets is exported to remote ranks too
     assert argv[argv.index("HVDKIT_JOB_ID") - 1] == "-x"
@@ -121,7 +121,7 @@ def test_a_rank_killed_by_a_signal_gives_128_plus_the_signal():
 
 
 def test_rank_reports_of_this_job_are_read_from_the_stream_and_others_are_not():
-    from hvdkit.launch.rankwrap import report_line
+    from hvdkit.launcher.rankwrap import report_line
 
     reports = execute.RankReports("j1")
     exit_report = {"event": "exit", "rank": 0, "exit_code": None, "signal": 9, "host": "h", "seconds": 1.0}
@@ -133,7 +133,7 @@ def test_rank_reports_of_this_job_are_read_from_the_stream_and_others_are_not():
 
 
 def test_network_interface_reaches_both_launchers():
-    from hvdkit.launch.hosts import Host
+    from hvdkit.launcher.hosts import Host
 
     hosts = (Host("a", 1), Host("b", 1))
     mpi = list(build(JobSpec(["python", "t.py"], 2, hosts=hosts, network_interface="eth1"), is_root=False, cores=2).argv)
@@ -164,7 +164,7 @@ def test_bad_fault_tolerance_settings_are_clear_errors(args, message, capsys):
 
 
 def test_the_restart_summary_names_every_failed_attempt():
-    from hvdkit.launch.supervise import Report
+    from hvdkit.launcher.supervise import Report
 
     crash = execute.JobResult(137, 1, None, 9, message="rank 1 was killed by SIGKILL on h after 3.0 s; job stopped")
     report = Report([crash, execute.JobResult(0)])
@@ -175,8 +175,8 @@ def test_the_restart_summary_names_every_failed_attempt():
 
 def test_env_assignments_reach_every_rank_through_both_launchers(capsys):
     from hvdkit.cli import main
-    from hvdkit.launch.hosts import Host
-    from hvdkit.launch.spec import parse_env_vars
+    from hvdkit.launcher.hosts import Host
+    from hvdkit.launcher.spec import parse_env_vars
 
     env = parse_env_vars(["HVDKIT_NUM_THREADS=1", "A=x=y", "HOME"], {"HOME": "/h"})
     assert env == {"HVDKIT_NUM_THREADS": "1", "A": "x=y", "HOME": "/h"}
@@ -202,7 +202,7 @@ def test_env_assignments_reach_every_rank_through_both_launchers(capsys):
     ],
 )
 def test_bad_env_assignments_are_clear_errors(item, message):
-    from hvdkit.launch.spec import parse_env_vars
+    from hvdkit.launcher.spec import parse_env_vars
 
     with pytest.raises(ConfigError) as e:
         parse_env_vars([item], {})

@@ -1,10 +1,10 @@
-"""What `hvdkit run` leaves out of the output (hvdkit.launch.quiet): start-up chatter, and the
+"""What `hvdkit run` leaves out of the output (hvdkit.launcher.quiet): start-up chatter, and the
 launcher's own failure report when hvdkit names the failed rank itself."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hvdkit.launch.quiet import OutputFilter, is_startup_chatter
+from hvdkit.launcher.quiet import OutputFilter, is_startup_chatter
 
 ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
 ONEDNN = (

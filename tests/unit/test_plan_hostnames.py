@@ -1,9 +1,9 @@
 """Host names with a dot reach mpirun whole: Open MPI 4.1 cuts "w-0.svc" to "w-0" unless told not to
 (seen with the image as two hosts: ssh then went to the short name and failed)."""
 
-from hvdkit.launch import plan
-from hvdkit.launch.hosts import parse_host_list
-from hvdkit.launch.spec import JobSpec
+from hvdkit.launcher import plan
+from hvdkit.launcher.hosts import parse_host_list
+from hvdkit.launcher.spec import JobSpec
 
 
 def argv_for(hosts):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hvdkit.core.checkpoint_arrays import ArrayFile, write_arrays
+from hvdkit.core.checkpoint.arrays import ArrayFile, write_arrays
 
 DTYPES = st.sampled_from(["float64", "float32", "float16", "int64", "int8", "uint8", "bool", "complex64"])
 ORDERS = st.sampled_from(["C", "F", "strided"])

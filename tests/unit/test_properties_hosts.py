@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hvdkit.core import ConfigError
-from hvdkit.launch import hosts
-from hvdkit.launch.hosts import Host
-from hvdkit.launch.plan import build
-from hvdkit.launch.spec import JobSpec, parse_env_vars
+from hvdkit.launcher import hosts
+from hvdkit.launcher.hosts import Host
+from hvdkit.launcher.plan import build
+from hvdkit.launcher.spec import JobSpec, parse_env_vars
 
 FAST = settings(max_examples=40, deadline=None, derandomize=True, database=None)
 GARBAGE = settings(max_examples=100, deadline=None, derandomize=True, database=None)

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hvdkit import cli
-from hvdkit.launch import render
-from hvdkit.launch.hosts import Host, parse_hostfile
-from hvdkit.launch.plan import build
-from hvdkit.launch.render import SCRIPT_ENV, RenderSpec
-from hvdkit.launch.spec import JobSpec
+from hvdkit.launcher.render import files as render
+from hvdkit.launcher.hosts import Host, parse_hostfile
+from hvdkit.launcher.plan import build
+from hvdkit.launcher.render.files import SCRIPT_ENV, RenderSpec
+from hvdkit.launcher.spec import JobSpec
 from rendered_scripts import argv_the_script_runs, bash_syntax_ok
 
 FAST = settings(

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from hvdkit.launch.execute import _signal_remote, remote_rank_pids, remote_term_command
+from hvdkit.launcher.execute import _signal_remote, remote_rank_pids, remote_term_command
 
 
 def test_only_ranks_of_other_hosts_are_remote():
@@ -46,7 +46,7 @@ def test_every_remote_rank_is_asked_over_ssh_at_once():
 
 
 def test_guarded_ranks_need_one_signal_unguarded_ones_all():
-    from hvdkit.launch.execute import remote_ranks_to_stop
+    from hvdkit.launcher.execute import remote_ranks_to_stop
 
     remote = [("b", 11), ("b", 12), ("c", 13)]
     assert remote_ranks_to_stop(remote, local=[7], guarded=True) == []  # the local ranks' signal carries the stop

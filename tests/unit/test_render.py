@@ -11,11 +11,11 @@ import yaml
 from helpers import ROOT
 from hvdkit import cli
 from hvdkit.core import ConfigError
-from hvdkit.launch import render
-from hvdkit.launch.hosts import Host, parse_hostfile
-from hvdkit.launch.plan import build
-from hvdkit.launch.render import EXAMPLE, RenderSpec
-from hvdkit.launch.spec import JobSpec
+from hvdkit.launcher.render import files as render
+from hvdkit.launcher.hosts import Host, parse_hostfile
+from hvdkit.launcher.plan import build
+from hvdkit.launcher.render.files import EXAMPLE, RenderSpec
+from hvdkit.launcher.spec import JobSpec
 from rendered_scripts import argv_the_script_runs
 
 COMMAND = ("python", "examples/torch_digits.py")

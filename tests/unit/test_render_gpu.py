@@ -6,8 +6,8 @@ import yaml
 
 from hvdkit import cli
 from hvdkit.core import ConfigError
-from hvdkit.launch import render
-from hvdkit.launch.render import RenderSpec
+from hvdkit.launcher.render import files as render
+from hvdkit.launcher.render.files import RenderSpec
 
 COMMAND = ("python", "train.py")
 

@@ -13,8 +13,8 @@ from hvdkit.core import env, log
 from hvdkit.core.comm import LocalCommunicator
 from hvdkit.core.errors import ConfigError
 from hvdkit.core.preemption import PreemptionGuard
-from hvdkit.core.progress import Progress
-from hvdkit.core.straggler import straggler_threshold
+from hvdkit.core.monitoring.progress import Progress
+from hvdkit.core.monitoring.straggler import straggler_threshold
 
 RUN = ["run", "-np", "1"]
 COMMAND = ["--", "python", "-c", "pass"]

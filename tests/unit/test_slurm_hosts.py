@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdkit.launch import hosts
+from hvdkit.launcher import hosts
 
 
 @pytest.mark.parametrize(

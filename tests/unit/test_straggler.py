@@ -1,4 +1,4 @@
-"""hvdkit.core.straggler with a fake clock: exact step times, slowdowns and log lines."""
+"""hvdkit.core.monitoring.straggler with a fake clock: exact step times, slowdowns and log lines."""
 
 import logging
 import math
@@ -8,7 +8,7 @@ import pytest
 
 from fake_clock import FakeClock
 from hvdkit.core import ConfigError, LocalCommunicator, StragglerMonitor
-from hvdkit.core.straggler import RankTiming, build_report, straggler_threshold
+from hvdkit.core.monitoring.straggler import RankTiming, build_report, straggler_threshold
 
 
 class TwoRanks(LocalCommunicator):

@@ -12,7 +12,7 @@ keras = pytest.importorskip("keras")
 pytest.importorskip("tensorflow")
 
 from hvdkit.core import ConfigError, LocalCommunicator  # noqa: E402
-from hvdkit.core.checkpoint_lock import LOCK_FILE  # noqa: E402
+from hvdkit.core.checkpoint.lock import LOCK_FILE  # noqa: E402
 from hvdkit.tensorflow.checkpoint import Checkpointer  # noqa: E402
 
 

@@ -1,11 +1,11 @@
-"""hvdkit.launch.timeline: a hand-written Horovod timeline with a closed-form summary, cut files, garbage."""
+"""hvdkit.diagnostics.timeline: a hand-written Horovod timeline with a closed-form summary, cut files, garbage."""
 
 import json
 
 import pytest
 
 from hvdkit.core import ConfigError
-from hvdkit.launch import timeline
+from hvdkit.diagnostics import timeline
 
 # The shape Horovod 0.28.1 writes (records as it prints them). Two tensors, times in microseconds:
 #  a: negotiate 100..1100 (rank 1 ready at 100, rank 0 at 1100), allreduce 1200..1950 with

@@ -5,9 +5,9 @@ import os
 import pytest
 
 from hvdkit.core import ConfigError
-from hvdkit.launch.plan import build
-from hvdkit.launch.spec import JobSpec
-from hvdkit.launch.timeline import ensure_folder
+from hvdkit.launcher.plan import build
+from hvdkit.launcher.spec import JobSpec
+from hvdkit.diagnostics.timeline import ensure_folder
 
 CMD = ["python", "t.py"]
 

@@ -1,4 +1,4 @@
-"""hvdkit.core.tracking in one process: our CRC-32C and event files as TensorBoard reads them, MLflow runs, errors."""
+"""hvdkit.core.monitoring.tracking in one process: our CRC-32C and event files as TensorBoard reads them, MLflow runs, errors."""
 
 import os
 import random
@@ -13,7 +13,7 @@ import tensorboard.compat  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from hvdkit.core import ConfigError, LocalCommunicator, MissingDependencyError  # noqa: E402
-from hvdkit.core.tracking import Tracker, crc32c, masked_crc32c  # noqa: E402
+from hvdkit.core.monitoring.tracking import Tracker, crc32c, masked_crc32c  # noqa: E402
 
 # TensorBoard reads records with TensorFlow's reader (CRCs checked) when TensorFlow is installed.
 # Importing TensorFlow sets environment variables, so do it now, at collection, not inside a test.
@@ -211,7 +211,7 @@ def test_a_missing_backend_package_is_a_missing_dependency_error_with_the_fix(tm
 
 def test_importing_core_tracking_and_writing_loads_no_framework(tmp_path):
     code = (
-        "import sys; from hvdkit.core.tracking import Tracker; from hvdkit.core import LocalCommunicator\n"
+        "import sys; from hvdkit.core.monitoring.tracking import Tracker; from hvdkit.core import LocalCommunicator\n"
         f"with Tracker(LocalCommunicator(), {str(tmp_path)!r}) as t: t.log_metrics({{'loss': 1.0}}, step=0)\n"
         "print(sorted(m for m in ('torch', 'tensorflow', 'horovod', 'keras') if m in sys.modules))"
     )

@@ -1,0 +1,121 @@
+"""A checkpoint's arrays in one file: written one array at a time, read back one at a time.
+
+The file is an uncompressed ``.npz`` (a zip of ``.npy`` members, ``numpy.load`` reads it). The writer
+streams each array into its member in bounded chunks, so a save holds one array's worth of extra
+memory, never a second copy of the whole state. The reader maps each member's data into memory
+(copy-on-write): nothing is read from disk before it is used.
+"""
+
+import os
+import struct
+import zipfile
+
+import numpy as np
+
+from ..errors import CheckpointError
+
+__all__ = ["ARRAYS", "write_arrays", "ArrayFile"]
+
+ARRAYS = "arrays.npz"
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip member's local file header (30 bytes)
+
+
+def write_arrays(path, items):
+    """Write ``(name, array)`` pairs to the ``.npz`` file ``path``, one at a time.
+
+    ``items`` may be a generator: each array is converted and written before the next is asked
+    for, so only one is held at a time. Object arrays are refused (they would need pickle).
+    """
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, array in items:
+            array = np.asarray(array)
+            if array.dtype.hasobject:
+                raise CheckpointError(f"array {name!r} holds Python objects, which a checkpoint does not store")
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                _write_npy(f, array)
+            del array  # before the next one is made
+
+
+def _write_npy(f, array):
+    """``array`` in ``.npy`` format to the zip member ``f``, its data written straight from its memory.
+
+    ``numpy.lib.format.write_array`` copies a non-file target's data through fresh 16 MiB ``bytes``
+    chunks; here the zip member gets one view of the array (its CRC is computed over the same view):
+    a 64 MB checkpoint save went from 80 to 74 ms. A non-C-contiguous array is made contiguous first
+    (one copy of that array only).
+    """
+    if not array.flags.c_contiguous:  # (not np.ascontiguousarray always: it makes a 0-d array 1-d)
+        array = np.ascontiguousarray(array)
+    header = np.lib.format.header_data_from_array_1_0(array)
+    try:
+        np.lib.format.write_array_header_1_0(f, header)
+    except ValueError:  # a header over 64 KiB (a very long shape): format 2.0 allows 4 GiB
+        np.lib.format.write_array_header_2_0(f, header)
+    if array.size:
+        f.write(memoryview(array).cast("B"))
+
+
+class ArrayFile:
+    """The arrays of a ``.npz`` file written by ``write_arrays`` (or ``numpy.savez``), by name."""
+
+    def __init__(self, path):
+        self.path = path
+        self._members = {}  # name -> (shape, dtype, fortran, data offset) or None when compressed
+        with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
+            for info in zf.infolist():
+                name = info.filename.removesuffix(".npy")
+                self._members[name] = self._locate(zf, raw, info)
+
+    def _locate(self, zf, raw, info):
+        with zf.open(info) as f:
+            shape, fortran, dtype = _read_header(f, self.path, info.filename)
+        if info.compress_type != zipfile.ZIP_STORED:
+            return shape, dtype, fortran, None
+        raw.seek(info.header_offset)
+        fields = _LOCAL_HEADER.unpack(raw.read(_LOCAL_HEADER.size))
+        start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+        raw.seek(start)
+        _read_header(raw, self.path, info.filename)
+        return shape, dtype, fortran, raw.tell()
+
+    def names(self):
+        """The names of the arrays, in the order they were written."""
+        return list(self._members)
+
+    def spec(self, name):
+        """``(shape, dtype)`` of the array ``name``, read from its header."""
+        shape, dtype, _, _ = self._member(name)
+        return shape, dtype
+
+    def read(self, name, copy=False):
+        """The array ``name``: mapped from the file (copy-on-write), or with ``copy`` read into memory."""
+        shape, dtype, fortran, offset = self._member(name)
+        order = "F" if fortran else "C"
+        if offset is None:
+            with zipfile.ZipFile(self.path) as zf, zf.open(f"{name}.npy") as f:
+                return np.lib.format.read_array(f, allow_pickle=False)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if offset + nbytes > os.path.getsize(self.path):
+            raise CheckpointError(f"{self.path}: array {name!r} runs past the end of the file")
+        if nbytes == 0:
+            return np.empty(shape, dtype, order=order)
+        mapped = np.memmap(self.path, dtype=dtype, mode="c", offset=offset, shape=shape, order=order)
+        return np.array(mapped) if copy else mapped
+
+    def _member(self, name):
+        try:
+            return self._members[name]
+        except KeyError:
+            raise CheckpointError(f"{self.path} holds no array {name!r}") from None
+
+
+def _read_header(f, path, member):
+    try:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {member} is not a NumPy array ({e})") from None
+    if dtype.hasobject:
+        raise CheckpointError(f"{path}: {member} holds Python objects, which are not loaded")
+    return tuple(shape), fortran, dtype

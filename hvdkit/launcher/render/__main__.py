@@ -1,0 +1,5 @@
+import sys
+
+from .files import main
+
+sys.exit(main())
