@@ -17,12 +17,12 @@ from .errors import (
 from .log import get_logger
 from .lr import lr_scale, scaled_lr, warmup_factor
 from .metrics import MetricTracker, average_metrics, sum_states
-from .options import COMPRESSIONS, check_compression
-from .preemption import PreemptionGuard
 from .monitoring.progress import Progress
 from .monitoring.straggler import StragglerMonitor, StragglerReport
-from .topology import Topology, from_env
 from .monitoring.tracking import Tracker
+from .options import COMPRESSIONS, check_compression
+from .preemption import PreemptionGuard
+from .topology import Topology, from_env
 
 __all__ = [
     "CheckpointError",

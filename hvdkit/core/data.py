@@ -24,7 +24,8 @@ Only when fewer positions remain than ``slots`` (possible only after a restart a
 size without a fixed global batch) does a slot repeat a sample of that last step, so that no rank
 gets an empty micro-batch.
 
-**Global batch**: kept constant at any world size by choosing the gradient accumulation steps. One optimizer step of a job with ``size`` ranks, a per-rank batch of ``batch_size`` and
+**Global batch**: kept constant at any world size by choosing the gradient accumulation steps.
+One optimizer step of a job with ``size`` ranks, a per-rank batch of ``batch_size`` and
 ``accumulation`` backward passes per step trains on a global batch of
 ``batch_size * size * accumulation`` samples. When a job is resumed with another number of ranks
 (elastic shrink and grow), keeping that product fixed keeps the maths of every step: with
@@ -40,7 +41,16 @@ import numpy as np
 from .errors import ConfigError
 from .options import check_positive_int
 
-__all__ = ["epoch_order", "step_bounds", "slot_positions", "rank_batches", "position_after", "rank_seed", "BatchPlan", "plan_batches"]
+__all__ = [
+    "epoch_order",
+    "step_bounds",
+    "slot_positions",
+    "rank_batches",
+    "position_after",
+    "rank_seed",
+    "BatchPlan",
+    "plan_batches",
+]
 
 
 def epoch_order(n, seed, epoch, shuffle=True):
@@ -51,7 +61,7 @@ def epoch_order(n, seed, epoch, shuffle=True):
 
 
 def step_bounds(n, start, global_batch_size, slots, drop_last=False):
-    """``[(begin, end), ...]``: the positions of each optimizer step left in an epoch of ``n`` samples from ``start``."""
+    """``[(begin, end), ...]``: each optimizer step's positions left in an epoch of ``n`` samples from ``start``."""
     if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start <= n:
         raise ConfigError(
             f"the epoch's sample offset must be a whole number from 0 to {n}, the samples in the dataset "
@@ -134,7 +144,10 @@ class BatchPlan:
         return n
 
     def describe(self):
-        """One line for the log, e.g. ``world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps``."""
+        """One line for the log.
+
+        For example ``world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps``.
+        """
         ranks = "rank" if self.size == 1 else "ranks"
         steps = "accumulation step" if self.accumulation == 1 else "accumulation steps"
         kept = "" if self.fixed else " (no global_batch_size given: it changes with the world size)"
@@ -173,7 +186,8 @@ def plan_batches(batch_size, size, global_batch_size=None, accumulation=1):
     if global_batch_size % per_step:
         fits = _fitting_batch_sizes(global_batch_size, size, batch_size)
         fix = (
-            f"use a per-rank batch_size of {' or '.join(map(str, fits))}, or a global_batch_size that is a multiple of {per_step}"
+            f"use a per-rank batch_size of {' or '.join(map(str, fits))}, "
+            f"or a global_batch_size that is a multiple of {per_step}"
             if fits
             else f"use a global_batch_size that is a multiple of {per_step} (or of {size} ranks x a smaller batch_size)"
         )

@@ -28,7 +28,9 @@ def wants_cpu(env=None):
 def gpus_shared(env=None):
     """True when ranks may share GPUs: ``HVDKIT_SHARE_GPUS=1`` or NCCL's ``NCCL_MULTI_RANK_GPU_ENABLE=1``."""
     env = os.environ if env is None else env
-    return any(env.get(name, "").strip().lower() in _TRUE for name in ("HVDKIT_SHARE_GPUS", "NCCL_MULTI_RANK_GPU_ENABLE"))
+    return any(
+        env.get(name, "").strip().lower() in _TRUE for name in ("HVDKIT_SHARE_GPUS", "NCCL_MULTI_RANK_GPU_ENABLE")
+    )
 
 
 def choose_gpu(local_rank, local_size, gpu_count, env=None):
@@ -68,8 +70,15 @@ def shared_gpu_env(nccl_version):
     if tuple(nccl_version) >= (2, 30):
         env["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
         return env, False
-    env.update({"NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
-                "NCCL_NVLS_ENABLE": "0"})  # fmt: skip
+    env.update(
+        {
+            "NCCL_SOCKET_IFNAME": "lo",
+            "NCCL_IB_DISABLE": "1",
+            "NCCL_P2P_DISABLE": "1",
+            "NCCL_SHM_DISABLE": "1",
+            "NCCL_NVLS_ENABLE": "0",
+        }
+    )
     return env, True
 
 

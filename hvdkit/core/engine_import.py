@@ -22,5 +22,6 @@ def import_engine(framework, label, horovod_module, adapter):
         return importlib.import_module(horovod_module)
     except ImportError as e:
         raise MissingDependencyError(
-            f"Horovod with {label} support is not importable ({e}); it must be built against the installed {label}: {fix}"
+            f"Horovod with {label} support is not importable ({e}); "
+            f"it must be built against the installed {label}: {fix}"
         ) from e

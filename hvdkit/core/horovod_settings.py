@@ -19,8 +19,11 @@ from . import env as _env
 __all__ = ["DEFAULTS", "HOROVOD_DEFAULTS", "transport", "engine_settings"]
 
 # Horovod 0.28.1's own values, for comparison (docs/benchmarks.md runs both).
-HOROVOD_DEFAULTS = {_env.HOROVOD_CYCLE_TIME: "1", _env.HOROVOD_CACHE_CAPACITY: "1024",
-                    _env.HOROVOD_FUSION_THRESHOLD: str(128 << 20)}
+HOROVOD_DEFAULTS = {
+    _env.HOROVOD_CYCLE_TIME: "1",
+    _env.HOROVOD_CACHE_CAPACITY: "1024",
+    _env.HOROVOD_FUSION_THRESHOLD: str(128 << 20),
+}
 # hvdkit's, per transport: what Horovod's controller and data path run over.
 DEFAULTS = {
     "mpi": {_env.HOROVOD_CYCLE_TIME: "0.2"},

@@ -21,7 +21,10 @@ COMPRESSION_MODES = (*COMPRESSIONS, AUTO)  # what the adapters accept: "auto" me
 
 
 def check_compression(value, allow_auto=False):
-    """``value`` if it names a gradient compression hvdkit supports (and ``"auto"`` if ``allow_auto``), else ConfigError."""
+    """``value`` if it names a gradient compression hvdkit supports, else ConfigError.
+
+    ``"auto"`` is accepted only with ``allow_auto``.
+    """
     if value is None:
         return "none"
     choices = COMPRESSION_MODES if allow_auto else COMPRESSIONS

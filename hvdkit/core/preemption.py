@@ -90,7 +90,12 @@ class PreemptionGuard:
         """Tell ``hvdkit run`` (from rank 0) that ``step`` steps are done; ``resumed``: training
         resumes after step ``step`` (0 for a fresh start). Not collective: any rank may call it as
         often as it likes, only rank 0 reports."""
-        self._report(check_int_at_least("step", step, 0, "pass the number of optimizer steps done, e.g. int(optimizer.iterations)"), resumed)
+        self._report(
+            check_int_at_least(
+                "step", step, 0, "pass the number of optimizer steps done, e.g. int(optimizer.iterations)"
+            ),
+            resumed,
+        )
 
     def _report(self, step, resumed=False, stopping=False):
         if getattr(self.comm, "rank", 0) != 0:

@@ -27,8 +27,18 @@ class Runtime:
     ``hvdkit.<name>``. An adapter exports ``functions()`` under the names of ``FUNCTIONS``.
     """
 
-    FUNCTIONS = ("init", "topology", "communicator", "average_metrics", "rank", "size", "local_rank", "local_size",
-                 "is_rank0", "scaled_lr")  # fmt: skip
+    FUNCTIONS = (
+        "init",
+        "topology",
+        "communicator",
+        "average_metrics",
+        "rank",
+        "size",
+        "local_rank",
+        "local_size",
+        "is_rank0",
+        "scaled_lr",
+    )
 
     def __init__(self, engine, make_comm, on_start, name):
         self._engine = engine

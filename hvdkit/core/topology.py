@@ -23,7 +23,8 @@ class Topology:
             raise ConfigError(f"rank must be in [0, size) with size >= 1 (got rank={self.rank}, size={self.size})")
         if self.local_size < 1 or not 0 <= self.local_rank < self.local_size:
             raise ConfigError(
-                f"local_rank must be in [0, local_size) (got local_rank={self.local_rank}, local_size={self.local_size})"
+                "local_rank must be in [0, local_size) "
+                f"(got local_rank={self.local_rank}, local_size={self.local_size})"
             )
 
     @property

@@ -13,12 +13,21 @@ import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from . import manifest as _manifest
 from ..errors import CheckpointError
 from ..log import get_logger
+from . import manifest as _manifest
 
-__all__ = ["MANIFEST", "fsync_path", "place", "delete_later", "wait_for_deletions", "signature", "listing",
-           "sync_and_hash", "verify"]  # fmt: skip
+__all__ = [
+    "MANIFEST",
+    "fsync_path",
+    "place",
+    "delete_later",
+    "wait_for_deletions",
+    "signature",
+    "listing",
+    "sync_and_hash",
+    "verify",
+]
 
 MANIFEST = "manifest.json"
 _NAME = re.compile(r"^ckpt-(\d{12})(?:\.(\d{1,9}))?$")  # step, then the copy's generation (none: 0)

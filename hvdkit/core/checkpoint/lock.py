@@ -108,8 +108,11 @@ def _flock(fd, root):
             _log.warning(
                 "%s: the lock is still held for host %s (pid %s), an earlier attempt of this same elastic job; "
                 "its host is gone but the file system kept the lock. Going on without it: make sure nothing "
-                "runs there any more", root, holder.get("host", "?"), holder.get("pid", "?"),
-            )  # fmt: skip
+                "runs there any more",
+                root,
+                holder.get("host", "?"),
+                holder.get("pid", "?"),
+            )
             return False
         raise CheckpointError(_in_use(root, holder)) from None
     except OSError as e:

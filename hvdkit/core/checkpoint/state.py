@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .store import MANIFEST, CheckpointStore, Position, Resumed
-from .arrays import ARRAYS, ArrayFile, write_arrays
-from .folder import listing, verify
-from .tree import capture_rng, decode, encode, reseed_rng, restore_rng
 from ..errors import CheckpointError
 from ..log import get_logger
+from .arrays import ARRAYS, ArrayFile, write_arrays
+from .folder import listing, verify
+from .store import MANIFEST, CheckpointStore, Position, Resumed
+from .tree import capture_rng, decode, encode, reseed_rng, restore_rng
 
 __all__ = ["CheckpointerBase", "Snapshot", "read_newest", "LAYOUT"]
 
@@ -77,7 +77,9 @@ def read_newest(directory):
         except CheckpointError:
             continue
         if manifest.get("meta", {}).get("layout") != LAYOUT:
-            raise CheckpointError(f"{path} was written by an earlier hvdkit: restore it with the Checkpointer of its framework")
+            raise CheckpointError(
+                f"{path} was written by an earlier hvdkit: restore it with the Checkpointer of its framework"
+            )
         return read_layout(path, manifest, lambda array, tmeta, name: np.array(array))
     return None
 
@@ -205,7 +207,12 @@ class CheckpointerBase:
         def describe(snapshot, info):  # rank 0; what it raises fails every rank
             self._apply(snapshot)
             meta = {k: v for k, v in info.manifest.get("meta", {}).items() if k not in ("extra", "state", "rng")}
-            return {"extra": snapshot.extra, "scheduler": snapshot.state.get("scheduler"), "rng": snapshot.rng, "meta": meta}
+            return {
+                "extra": snapshot.extra,
+                "scheduler": snapshot.state.get("scheduler"),
+                "rng": snapshot.rng,
+                "meta": meta,
+            }
 
         loaded = self.store.load_on_rank0(self._read, describe)
         if loaded is None:
@@ -252,5 +259,8 @@ class CheckpointerBase:
             _log.warning(
                 "checkpoint was written by %d ranks, this job has %d: data is re-sharded by global sample "
                 "offset, RNG states re-seeded from (seed %d, step %d, rank)",
-                len(rngs), self.comm.size, self.seed, step,
-            )  # fmt: skip
+                len(rngs),
+                self.comm.size,
+                self.seed,
+                step,
+            )

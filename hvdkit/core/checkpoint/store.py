@@ -29,12 +29,22 @@ import uuid
 import weakref
 from dataclasses import dataclass
 
-from . import lock as checkpoint_lock
-from . import manifest as _manifest
-from .folder import MANIFEST, delete_later, fsync_path, listing, place, signature, sync_and_hash, verify, wait_for_deletions
 from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
 from ..preemption import report_to_launcher
+from . import lock as checkpoint_lock
+from . import manifest as _manifest
+from .folder import (
+    MANIFEST,
+    delete_later,
+    fsync_path,
+    listing,
+    place,
+    signature,
+    sync_and_hash,
+    verify,
+    wait_for_deletions,
+)
 
 __all__ = ["CheckpointStore", "CheckpointInfo", "Resumed", "MANIFEST", "verify"]
 
@@ -139,7 +149,12 @@ class CheckpointStore:
         try:
             dead = [n for n in os.listdir(self.root) if n.startswith(_TMP) and not n.startswith(mine)]
             if dead:
-                _log.info("removing %d leftover(s) of earlier jobs under %s: %s", len(dead), self.root, ", ".join(sorted(dead)))
+                _log.info(
+                    "removing %d leftover(s) of earlier jobs under %s: %s",
+                    len(dead),
+                    self.root,
+                    ", ".join(sorted(dead)),
+                )
                 self._delete([os.path.join(self.root, n) for n in dead])
         except OSError as e:  # only disk space is at stake: the job can go on
             _log.warning("could not remove the leftovers of earlier jobs under %s: %s", self.root, e)
@@ -175,8 +190,8 @@ class CheckpointStore:
         """Write a checkpoint of ``step`` on rank 0; ``write(folder)`` puts the files in ``folder``.
 
         ``meta`` goes into the manifest: a JSON-ready dict, or a function returning one (called on
-        rank 0 after ``check``). ``check()``, if given, runs on rank 0 before anything is written; a ConfigError it raises
-        (data that could not be read back, say) is raised on every rank as ConfigError. Returns
+        rank 0 after ``check``). ``check()``, if given, runs on rank 0 before anything is written; a
+        ConfigError it raises (data that could not be read back, say) is raised on every rank as ConfigError. Returns
         the checkpoint's path on every rank. Raises CheckpointError on every rank when rank 0
         could not write it; earlier checkpoints are then left untouched.
         Collective: every rank calls it; only rank 0 calls ``check`` and ``write``.
@@ -207,16 +222,18 @@ class CheckpointStore:
             meta = meta() if callable(meta) else meta
             write(tmp)
             files = sync_and_hash(tmp)
-            manifest = _manifest.seal({
-                "step": step,
-                "epoch": epoch,
-                "world_size": self.comm.size,
-                "framework": self.framework,
-                "hvdkit_version": _version(),
-                "created": time.time(),
-                "files": files,
-                "meta": meta,
-            })
+            manifest = _manifest.seal(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "world_size": self.comm.size,
+                    "framework": self.framework,
+                    "hvdkit_version": _version(),
+                    "created": time.time(),
+                    "files": files,
+                    "meta": meta,
+                }
+            )
             mpath = os.path.join(tmp, MANIFEST)
             with open(mpath, "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=1, sort_keys=True)
@@ -266,7 +283,9 @@ class CheckpointStore:
         try:
             verify(path)
         except CheckpointError as e:
-            _log.warning("removing a checkpoint that fails verification (it does not count toward keep=%d): %s", self.keep, e)
+            _log.warning(
+                "removing a checkpoint that fails verification (it does not count toward keep=%d): %s", self.keep, e
+            )
             return False
         self._verified[path] = now
         return True
@@ -314,8 +333,11 @@ class CheckpointStore:
             except CheckpointError as e:
                 outcome = ("error", str(e))
             except Exception as e:  # noqa: BLE001 - any failure must reach every rank
-                outcome = ("error", f"reading the checkpoints under {self.root!r} failed on rank 0 ({type(e).__name__}: {e}); "
-                           "pass a checkpoint directory that rank 0 can list and read (--checkpoint-dir)")
+                outcome = (
+                    "error",
+                    f"reading the checkpoints under {self.root!r} failed on rank 0 ({type(e).__name__}: {e}); "
+                    "pass a checkpoint directory that rank 0 can list and read (--checkpoint-dir)",
+                )
         status, value = self.comm.broadcast_object(outcome, name="hvdkit.checkpoint.load")
         if status == "error":
             raise CheckpointError(value)

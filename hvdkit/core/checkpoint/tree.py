@@ -13,9 +13,9 @@ import random
 
 import numpy as np
 
+from ..data import rank_seed
 from ..errors import CheckpointError
 from .plain_data import unsupported_error
-from ..data import rank_seed
 
 __all__ = ["encode", "decode", "capture_rng", "restore_rng", "reseed_rng"]
 
@@ -50,7 +50,9 @@ def encode(obj, name, found, is_tensor, describe=lambda t: None):
             items = []
             for key, v in value.items():
                 if type(key) not in _SCALARS:
-                    raise unsupported_error((path, key, "key"), _READER, "use keys that are None, bool, int, float or str")
+                    raise unsupported_error(
+                        (path, key, "key"), _READER, "use keys that are None, bool, int, float or str"
+                    )
                 items.append([key, walk(v, f"{path}[{key!r}]")])
             return ["D", *items]
         raise unsupported_error((path, value, "value"), _READER)

@@ -220,7 +220,9 @@ class StragglerMonitor:
         times = self._times
         if not times:
             return RankTiming(self.comm.rank, self.host, 0, math.nan, math.nan)
-        return RankTiming(self.comm.rank, self.host, len(times), statistics.median(times), math.fsum(times) / len(times))
+        return RankTiming(
+            self.comm.rank, self.host, len(times), statistics.median(times), math.fsum(times) / len(times)
+        )
 
     def epoch_end(self, epoch=None):
         """Gather every rank's step times; return the StragglerReport (the same on every rank).

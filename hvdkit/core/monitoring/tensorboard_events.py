@@ -30,8 +30,15 @@ def _protos():
     except ImportError as e:
         missing = e.name or "tensorboard"
         raise MissingDependencyError(f"the tensorboard tracking backend needs {missing}; {_INSTALL}") from e
-    return SimpleNamespace(event=event_pb2, summary=summary_pb2, tensor=tensor_pb2, types=types_pb2,
-                           hparams=plugin_data_pb2, hparams_meta=hparams_metadata, text_meta=text_metadata)
+    return SimpleNamespace(
+        event=event_pb2,
+        summary=summary_pb2,
+        tensor=tensor_pb2,
+        types=types_pb2,
+        hparams=plugin_data_pb2,
+        hparams_meta=hparams_metadata,
+        text_meta=text_metadata,
+    )
 
 
 def _cell(value):

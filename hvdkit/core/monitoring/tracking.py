@@ -25,8 +25,17 @@ from .mlflow_store import MlflowRun, resolve_mlflow_uri
 from .tensorboard_events import TensorBoardWriter
 from .tfrecord import crc32c, masked_crc32c
 
-__all__ = ["BACKENDS", "Tracker", "RuntimeTracker", "TensorBoardWriter", "MlflowRun", "crc32c", "masked_crc32c",
-           "resolve_mlflow_uri", "tracker_for"]
+__all__ = [
+    "BACKENDS",
+    "Tracker",
+    "RuntimeTracker",
+    "TensorBoardWriter",
+    "MlflowRun",
+    "crc32c",
+    "masked_crc32c",
+    "resolve_mlflow_uri",
+    "tracker_for",
+]
 
 BACKENDS = ("tensorboard", "mlflow")
 _log = get_logger("tracking")
@@ -107,8 +116,9 @@ class Tracker:
     Env: MLFLOW_TRACKING_URI; sets MLFLOW_ALLOW_FILE_STORE for a ``file:`` URI.
     """
 
-    def __init__(self, comm, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None,
-                 experiment="hvdkit", run_name=None):
+    def __init__(
+        self, comm, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
+    ):
         self.backends = _check_backends(backends)
         self.log_dir = os.fspath(log_dir)
         self.rank, self.size = comm.rank, comm.size
@@ -206,19 +216,37 @@ class RuntimeTracker(Tracker):
 
     runtime = None  # the adapter's hvdkit.core.runtime.Runtime
 
-    def __init__(self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit",
-                 run_name=None):
-        super().__init__(self.runtime.communicator(), log_dir, backends=backends, params=params, mlflow_uri=mlflow_uri,
-                         experiment=experiment, run_name=run_name)
+    def __init__(
+        self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
+    ):
+        super().__init__(
+            self.runtime.communicator(),
+            log_dir,
+            backends=backends,
+            params=params,
+            mlflow_uri=mlflow_uri,
+            experiment=experiment,
+            run_name=run_name,
+        )
 
 
 def tracker_for(communicator):
     """Deprecated (the adapters' ``Tracker`` are classes now): a ``Tracker`` constructor bound to ``communicator()``."""
-    warn_renamed("hvdkit.core.monitoring.tracking.tracker_for", "the adapters' Tracker class (hvdkit.torch.Tracker, ...)")
+    warn_renamed(
+        "hvdkit.core.monitoring.tracking.tracker_for", "the adapters' Tracker class (hvdkit.torch.Tracker, ...)"
+    )
 
-    def make_tracker(log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit",
-                     run_name=None):
-        return Tracker(communicator(), log_dir, backends=backends, params=params, mlflow_uri=mlflow_uri,
-                       experiment=experiment, run_name=run_name)
+    def make_tracker(
+        log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
+    ):
+        return Tracker(
+            communicator(),
+            log_dir,
+            backends=backends,
+            params=params,
+            mlflow_uri=mlflow_uri,
+            experiment=experiment,
+            run_name=run_name,
+        )
 
     return make_tracker
