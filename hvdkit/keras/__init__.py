@@ -13,9 +13,23 @@ Why not ``horovod.tensorflow.keras``: under Keras 3 its DistributedOptimizer hoo
 ``fit`` never calls, so ranks train apart without any error, and its callbacks crash.
 """
 
+# The runtime's and the deprecated names are exported through `*_RUNTIME` and `*_DEPRECATED` in `__all__`,
+# which ruff cannot follow (F401).
 from ..tensorflow import Resumed, Tracker, batch_plan, broadcast_variables, epoch_dataset, shard
+from ..tensorflow.runtime import (  # noqa: F401
+    PreemptionGuard,
+    average_metrics,
+    communicator,
+    init,
+    is_rank0,
+    local_rank,
+    local_size,
+    rank,
+    scaled_lr,
+    size,
+    topology,
+)
 from ..tensorflow.runtime import __all__ as _RUNTIME  # one runtime for TensorFlow and Keras
-from ..tensorflow.runtime import PreemptionGuard, average_metrics, communicator, init, is_rank0, local_rank, local_size, rank, scaled_lr, size, topology
 from .callbacks import (
     BroadcastInitialStateCallback,
     CheckpointCallback,
@@ -23,8 +37,17 @@ from .callbacks import (
     MetricAverageCallback,
     average_model_metrics,
 )
+from .deprecated import (  # noqa: F401
+    BroadcastInitialState,
+    Checkpoint,
+    LearningRateWarmup,
+    MetricAverage,
+    ProgressBar,
+    ScaledSchedule,
+    StragglerReport,
+    TrackMetrics,
+)
 from .deprecated import __all__ as _DEPRECATED
-from .deprecated import BroadcastInitialState, Checkpoint, LearningRateWarmup, MetricAverage, ProgressBar, ScaledSchedule, StragglerReport, TrackMetrics  # noqa: E501
 from .monitoring import StragglerMonitorCallback
 from .optimizer import DistributedOptimizer, ScaledLRSchedule, is_distributed
 from .progress import ProgressBarCallback

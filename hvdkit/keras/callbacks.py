@@ -3,12 +3,12 @@
 import keras
 import numpy as np
 
+from ..core.data import rank_seed
 from ..core.errors import ConfigError
 from ..core.log import get_logger
 from ..core.lr import check_rule, lr_scale
 from ..core.metrics import sum_states
 from ..core.options import check_int_at_least, check_number_above, check_positive_int
-from ..core.data import rank_seed
 from ..tensorflow.checkpoint import Checkpointer
 from ..tensorflow.runtime import communicator
 from ..tensorflow.variables import broadcast_variables
@@ -199,7 +199,11 @@ class CheckpointCallback(keras.callbacks.Callback):
                 lr.assign(configured)
             keras.utils.set_random_seed(rank_seed(self.seed, self.resumed.step, comm.rank) & 0xFFFFFFFF)
             if comm.is_rank0:
-                rate = "" if lr is None else f"learning rate {configured:.6g} as configured for this size (saved: {saved:.6g}), "
+                rate = (
+                    ""
+                    if lr is None
+                    else f"learning rate {configured:.6g} as configured for this size (saved: {saved:.6g}), "
+                )
                 _log.warning(
                     "checkpoint was written by %d ranks, this job has %d: resuming at epoch %d with %s"
                     "RNGs re-seeded from (seed %d, step %d, rank)",

@@ -36,7 +36,7 @@ class _AveragingMixin:
 
     @property
     def compression(self):
-        """What the gradients are averaged in: ``"none"`` or ``"fp16"`` (``"auto"`` until the first ``apply`` decides)."""
+        """What the gradients are averaged in: ``"none"``, ``"fp16"`` (``"auto"`` until the first ``apply`` decides)."""
         return self._hvdkit_compression
 
     def _hvdkit_average(self, grads):

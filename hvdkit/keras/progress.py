@@ -3,8 +3,8 @@
 import keras
 
 from ..core.log import get_logger
-from ..core.options import check_positive_int
 from ..core.monitoring.progress import Progress
+from ..core.options import check_positive_int
 from ..tensorflow.runtime import is_rank0, size
 
 __all__ = ["ProgressBarCallback"]

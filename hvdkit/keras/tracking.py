@@ -31,11 +31,18 @@ class TrackMetricsCallback(keras.callbacks.Callback):
     Env: MLFLOW_TRACKING_URI; sets MLFLOW_ALLOW_FILE_STORE for a ``file:`` URI.
     """
 
-    def __init__(self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit",
-                 run_name=None):
+    def __init__(
+        self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
+    ):
         super().__init__()
-        self._kwargs = dict(log_dir=log_dir, backends=backends, params=params, mlflow_uri=mlflow_uri,
-                            experiment=experiment, run_name=run_name)
+        self._kwargs = dict(
+            log_dir=log_dir,
+            backends=backends,
+            params=params,
+            mlflow_uri=mlflow_uri,
+            experiment=experiment,
+            run_name=run_name,
+        )
         self.tracker = None
 
     def on_train_begin(self, logs=None):

@@ -33,7 +33,9 @@ def _shapes(items):
             continue
         shape = tf.TensorShape(item.shape if hasattr(item, "shape") else item)
         if not shape.is_fully_defined():
-            raise ConfigError(f"compression='auto' needs fully known gradient shapes (got {shape}); build the model first")
+            raise ConfigError(
+                f"compression='auto' needs fully known gradient shapes (got {shape}); build the model first"
+            )
         shapes.append(tuple(shape.as_list()))
     return shapes
 
@@ -98,6 +100,7 @@ def resolve(compression, items):
     hvd = horovod_tf()
     size = hvd.size() if hvd.is_initialized() else 1
     log = _log.info if size == 1 or hvd.rank() == 0 else None
+
     def agree(wanted):
         with tf.init_scope():
             return hvd.broadcast_object(wanted, root_rank=0, name="hvdkit.autocompress.wanted")

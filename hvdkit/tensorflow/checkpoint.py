@@ -9,9 +9,9 @@ import warnings
 
 import numpy as np
 
-from ..core.checkpoint.store import Resumed
 from ..core.checkpoint.arrays import ArrayFile
 from ..core.checkpoint.state import CheckpointerBase, Snapshot
+from ..core.checkpoint.store import Resumed
 from ..core.errors import CheckpointError
 from .runtime import communicator
 from .variables import broadcast_variables
@@ -21,9 +21,23 @@ __all__ = ["Checkpointer", "Resumed"]
 LEGACY_STATE_FILE = "state.npz"  # hvdkit before the shared layout: model/<i> and optimizer/<i> arrays
 _ACCUMULATOR = "_gradient_accumulator"  # Keras 3 names its accumulators <variable>_gradient_accumulator
 _NUMPY_DTYPES = frozenset(
-    {"float64", "float32", "float16", "complex64", "complex128", "int64", "int32", "int16", "int8", "uint64",
-     "uint32", "uint16", "uint8", "bool"}
-)  # fmt: skip
+    {
+        "float64",
+        "float32",
+        "float16",
+        "complex64",
+        "complex128",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint64",
+        "uint32",
+        "uint16",
+        "uint8",
+        "bool",
+    }
+)
 
 
 def _dtype_name(v):
@@ -52,11 +66,23 @@ class Checkpointer(CheckpointerBase):
         import tensorflow as tf
 
         if isinstance(scheduler, int) and not isinstance(scheduler, bool):  # the signature before ``scheduler``
-            warnings.warn("Checkpointer(directory, model, optimizer, keep, comm): pass keep= and comm= by name; "
-                          "the fourth argument is the scheduler now", DeprecationWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                "Checkpointer(directory, model, optimizer, keep, comm): pass keep= and comm= by name; "
+                "the fourth argument is the scheduler now",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             scheduler, keep, comm = None, scheduler, keep if comm is None and not isinstance(keep, int) else comm
-        super().__init__(directory, model, optimizer, scheduler, keep, comm or communicator(), seed,
-                         framework=f"tensorflow {tf.__version__}")  # fmt: skip
+        super().__init__(
+            directory,
+            model,
+            optimizer,
+            scheduler,
+            keep,
+            comm or communicator(),
+            seed,
+            framework=f"tensorflow {tf.__version__}",
+        )
         self._opt_vars = []
 
     save = CheckpointerBase.save  # named here so that the API reference, made from own members, lists them
@@ -120,7 +146,7 @@ class Checkpointer(CheckpointerBase):
                     "checkpoints of this model, or at an empty directory"
                 )
         for what, vs in variables.items():
-            for v, array in zip(vs, snapshot.state[what]):
+            for v, array in zip(vs, snapshot.state[what], strict=True):
                 v.assign(array)
 
     def _share(self):
@@ -134,7 +160,8 @@ class Checkpointer(CheckpointerBase):
         bad = [(r, f"its variables {_mismatch(s, everyone[0])}") for r, s in enumerate(everyone) if s != everyone[0]]
         if bad:
             raise CheckpointError(
-                f"rank {bad[0][0]} cannot take rank 0's checkpoint: {bad[0][1]}; every rank must build the same model and optimizer"
+                f"rank {bad[0][0]} cannot take rank 0's checkpoint: {bad[0][1]}; "
+                "every rank must build the same model and optimizer"
             )
         broadcast_variables(variables["model"] + variables["optimizer"], root_rank=0)  # as at a fresh start
 
@@ -167,7 +194,7 @@ class Checkpointer(CheckpointerBase):
         tf.random.get_global_generator().reset(state["tf"])
         seeds = self._seed_generators()
         if len(seeds) == len(state["seeds"]):
-            for v, value in zip(seeds, state["seeds"]):
+            for v, value in zip(seeds, state["seeds"], strict=True):
                 v.assign(value)
 
     def _reseed_framework(self, value):
@@ -202,7 +229,8 @@ def _mismatch(mine, theirs):
     for what in mine:
         if len(mine[what]) != len(theirs[what]):
             return f"({what}) are {len(mine[what])} here, {len(theirs[what])} on rank 0"
-        for i, (a, b) in enumerate(zip(mine[what], theirs[what])):
+        for i, (a, b) in enumerate(zip(mine[what], theirs[what], strict=True)):
             if a != b:
-                return f"({what} variable {i}) is {a[0]} {np.dtype(a[1]).name} here, {b[0]} {np.dtype(b[1]).name} on rank 0"
+                here, there = f"{a[0]} {np.dtype(a[1]).name}", f"{b[0]} {np.dtype(b[1]).name}"
+                return f"({what} variable {i}) is {here} here, {there} on rank 0"
     return "differ"

@@ -25,7 +25,9 @@ class HorovodCommunicator(HorovodCommunicatorBase):
         is_root = self.rank == root
         for i, array in enumerate(tensors):
             if not array.flags.c_contiguous or not (is_root or array.flags.writeable):
-                raise ValueError(f"broadcast_tensors needs C-contiguous arrays, writable off the root (array {i} is not)")
+                raise ValueError(
+                    f"broadcast_tensors needs C-contiguous arrays, writable off the root (array {i} is not)"
+                )
             flat = array.reshape(-1).view("uint8")  # a view: reshape of a contiguous array copies nothing
             for j, start in enumerate(range(0, flat.size, CHUNK_BYTES)):
                 part = flat[start : start + CHUNK_BYTES]

@@ -3,10 +3,9 @@
 import numpy as np
 import tensorflow as tf
 
+from ..core.data import epoch_order, plan_batches, rank_batches, step_bounds
 from ..core.errors import ConfigError
-from ..core.data import plan_batches
 from ..core.log import get_logger
-from ..core.data import epoch_order, rank_batches, step_bounds
 from .runtime import rank as _rank
 from .runtime import size as _size
 

@@ -33,9 +33,12 @@ def allreduce_gradients(grads, compression="none", name="hvdkit.grads", groups=1
     compressor = _compressor(compression)
     for k, part in enumerate(_split(present, groups)):
         reduced = hvd.grouped_allreduce(
-            [grads[i] for i in part], op=hvd.Average, compression=compressor, name=name if groups == 1 else f"{name}.{k}"
+            [grads[i] for i in part],
+            op=hvd.Average,
+            compression=compressor,
+            name=name if groups == 1 else f"{name}.{k}",
         )
-        for i, g in zip(part, reduced):
+        for i, g in zip(part, reduced, strict=True):
             grads[i] = g
     return grads
 

@@ -7,7 +7,7 @@ __all__ = ["Tracker"]
 
 
 class Tracker(RuntimeTracker):
-    """``hvdkit.core.monitoring.tracking.Tracker`` on this job's communicator: job-wide metrics to TensorBoard/MLflow from rank 0.
+    """``hvdkit.core.monitoring.tracking.Tracker`` on the job's communicator: metrics to TensorBoard/MLflow from rank 0.
 
         with htf.Tracker("runs/exp1", backends=("tensorboard", "mlflow"), params={"lr": 0.1}) as tracker:
             for epoch in range(epochs):

@@ -43,10 +43,15 @@ def _on_start(topo, threads):
 
 
 _runtime = Runtime(horovod_tf, HorovodCommunicator, _on_start, "tensorflow")
-init, topology, communicator, average_metrics, rank, size, local_rank, local_size, is_rank0, scaled_lr = _runtime.functions()
+init, topology, communicator, average_metrics, rank, size, local_rank, local_size, is_rank0, scaled_lr = (
+    _runtime.functions()
+)
 
 
 class PreemptionGuard(RuntimePreemptionGuard):
-    """``hvdkit.core.PreemptionGuard`` on the TensorFlow job's communicator (``RuntimePreemptionGuard`` says how it behaves)."""
+    """``hvdkit.core.PreemptionGuard`` on the TensorFlow job's communicator.
+
+    How it behaves: ``hvdkit.core.runtime.RuntimePreemptionGuard``.
+    """
 
     runtime = _runtime

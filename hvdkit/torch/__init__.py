@@ -14,14 +14,29 @@ from ._engine import horovod_torch
 
 horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is missing
 
-from ..core.metrics import MetricTracker  # noqa: E402, F401
+# These imports come after that check (E402). The runtime's names are exported through `*_RUNTIME` in
+# `__all__`, which ruff cannot follow (F401).
+from ..core.metrics import MetricTracker  # noqa: E402
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, TrainLoader, TrainSampler, eval_loader, train_loader, train_sampler  # noqa: E402
 from .monitoring import StragglerMonitor, Tracker  # noqa: E402
 from .optim import DistributedOptimizer, ScaledLRScheduler, amp_step, autocast, scale_lr  # noqa: E402
 from .progress import progress  # noqa: E402
+from .runtime import (  # noqa: E402, F401
+    PreemptionGuard,
+    average_metrics,
+    communicator,
+    device,
+    init,
+    is_rank0,
+    local_rank,
+    local_size,
+    rank,
+    scaled_lr,
+    size,
+    topology,
+)
 from .runtime import __all__ as _RUNTIME  # noqa: E402
-from .runtime import PreemptionGuard, average_metrics, communicator, device, init, is_rank0, local_rank, local_size, rank, scaled_lr, size, topology  # noqa: E402
 from .state import broadcast_state  # noqa: E402
 
 # Names and the concepts they share with hvdkit.tensorflow and hvdkit.keras: docs/api/names.md.

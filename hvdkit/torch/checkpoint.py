@@ -10,9 +10,9 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.checkpoint.store import Resumed
 from ..core.checkpoint.tree import reseed_rng
-from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.errors import CheckpointError
 from .runtime import communicator
 from .state import share_state
@@ -21,9 +21,20 @@ __all__ = ["Checkpointer", "Resumed"]
 
 LEGACY_STATE_FILE = "state.pt"  # hvdkit before the shared layout: one torch.save of everything
 _NUMPY_DTYPES = frozenset(
-    {torch.float64, torch.float32, torch.float16, torch.complex64, torch.complex128, torch.int64, torch.int32,
-     torch.int16, torch.int8, torch.uint8, torch.bool}
-)  # fmt: skip
+    {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.complex64,
+        torch.complex128,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
+)
 
 
 def reseed(seed, step, rank):
@@ -49,8 +60,16 @@ class Checkpointer(CheckpointerBase):
     """
 
     def __init__(self, directory, model, optimizer=None, scheduler=None, keep=3, comm=None, seed=0):
-        super().__init__(directory, model, optimizer, scheduler, keep, comm or communicator(), seed,
-                         framework=f"torch {torch.__version__}")  # fmt: skip
+        super().__init__(
+            directory,
+            model,
+            optimizer,
+            scheduler,
+            keep,
+            comm or communicator(),
+            seed,
+            framework=f"torch {torch.__version__}",
+        )
 
     save = CheckpointerBase.save  # named here so that the API reference, made from own members, lists them
     restore = CheckpointerBase.restore
@@ -124,7 +143,9 @@ class Checkpointer(CheckpointerBase):
             state = torch.load(path, map_location="cpu", weights_only=True)
         trees = {k: state.get(k) for k in ("model", "optimizer", "scheduler")}
         rng = [_legacy_rng(r) for r in state["rng"]]
-        return Snapshot(manifest["step"], manifest["epoch"], manifest["world_size"], state.get("extra"), trees, rng, folder)
+        return Snapshot(
+            manifest["step"], manifest["epoch"], manifest["world_size"], state.get("extra"), trees, rng, folder
+        )
 
 
 def _with_metadata(model, metadata):

@@ -5,10 +5,9 @@ import math
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from ..core.data import epoch_order, plan_batches, position_after, rank_batches, step_bounds
 from ..core.deprecation import renamed_argument
-from ..core.data import plan_batches
 from ..core.log import get_logger
-from ..core.data import epoch_order, position_after, rank_batches, step_bounds
 from . import runtime
 
 __all__ = ["train_sampler", "TrainSampler", "TrainLoader", "EvalSampler", "train_loader", "eval_loader"]
@@ -48,8 +47,19 @@ class TrainSampler(Sampler):
     """
 
     def __init__(
-        self, n, batch_size, global_batch_size=None, accumulation=1, shuffle=True, seed=0, drop_last=False, rank=None,
-        size=None, *, rank_=None, size_=None
+        self,
+        n,
+        batch_size,
+        global_batch_size=None,
+        accumulation=1,
+        shuffle=True,
+        seed=0,
+        drop_last=False,
+        rank=None,
+        size=None,
+        *,
+        rank_=None,
+        size_=None,
     ):
         size = renamed_argument(size_, size, "TrainSampler(size_=)", "size=")
         rank = renamed_argument(rank_, rank, "TrainSampler(rank_=)", "rank=")
@@ -146,7 +156,14 @@ class EvalSampler(Sampler):
 
 
 def train_loader(
-    dataset, batch_size, shuffle=True, seed=0, drop_last=False, global_batch_size=None, backward_passes_per_step=1, **kwargs
+    dataset,
+    batch_size,
+    shuffle=True,
+    seed=0,
+    drop_last=False,
+    global_batch_size=None,
+    backward_passes_per_step=1,
+    **kwargs,
 ):
     """A ``TrainLoader`` over this rank's micro-batches of ``dataset`` (see ``TrainSampler``).
 
@@ -166,7 +183,9 @@ def train_loader(
     ("world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps").
     ``kwargs`` go to the DataLoader (``num_workers``, ``collate_fn``, ...).
     """
-    sampler = TrainSampler(len(dataset), batch_size, global_batch_size, backward_passes_per_step, shuffle, seed, drop_last)
+    sampler = TrainSampler(
+        len(dataset), batch_size, global_batch_size, backward_passes_per_step, shuffle, seed, drop_last
+    )
     if sampler.rank == 0:
         _log.info("%s", sampler.plan.describe())
     generator = torch.Generator().manual_seed(seed)

@@ -7,10 +7,10 @@ import torch
 
 from ..core.deprecation import deprecated_function
 from ..core.errors import ConfigError, MissingDependencyError
+from ..core.log import get_logger
 from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
 from ..core.options import check_positive_int
 from . import autocompress
-from ..core.log import get_logger
 from ._engine import horovod_torch
 
 __all__ = ["DistributedOptimizer", "ScaledLRScheduler", "amp_step", "autocast", "scale_lr"]

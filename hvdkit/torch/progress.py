@@ -35,7 +35,9 @@ def progress(loader, desc="", total=None, stream=None):
     """
     if total is None:
         if not hasattr(loader, "__len__"):
-            raise ConfigError(f"progress() needs the number of steps: {type(loader).__name__} has no len(); pass total=N")
+            raise ConfigError(
+                f"progress() needs the number of steps: {type(loader).__name__} has no len(); pass total=N"
+            )
         total = len(loader)
     return _iterate(loader, Progress(total, desc=desc, show=is_rank0(), stream=stream), size())
 

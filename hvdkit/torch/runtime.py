@@ -34,12 +34,15 @@ def _on_start(topo, threads):
 
 
 _runtime = Runtime(horovod_torch, HorovodCommunicator, _on_start, "torch")
-init, topology, communicator, average_metrics, rank, size, local_rank, local_size, is_rank0, scaled_lr = _runtime.functions()
+init, topology, communicator, average_metrics, rank, size, local_rank, local_size, is_rank0, scaled_lr = (
+    _runtime.functions()
+)
 
 
 def device():
-    """This rank's ``torch.device``: ``cuda:<local_rank>`` where the host has GPUs, else ``cpu`` (calls ``init()`` if needed).
+    """This rank's ``torch.device``: ``cuda:<local_rank>`` where the host has GPUs, else ``cpu``.
 
+    Calls ``init()`` if needed.
     Move the model there before wrapping the optimizer: ``model.to(hk.device())``.
     """
     _runtime.communicator()  # starts the job once
@@ -47,6 +50,9 @@ def device():
 
 
 class PreemptionGuard(RuntimePreemptionGuard):
-    """``hvdkit.core.PreemptionGuard`` on the torch job's communicator (``RuntimePreemptionGuard`` says how it behaves)."""
+    """``hvdkit.core.PreemptionGuard`` on the torch job's communicator.
+
+    How it behaves: ``hvdkit.core.runtime.RuntimePreemptionGuard``.
+    """
 
     runtime = _runtime

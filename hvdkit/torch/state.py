@@ -83,10 +83,14 @@ def _fit_error(header, model, optimizer, root):
         own, theirs = model.state_dict(), header["model"]
         if list(own) != list(theirs):
             missing, unexpected = sorted(set(theirs) - set(own)), sorted(set(own) - set(theirs))
-            return f"the model's entries differ from rank {root}'s (missing here: {missing[:5]}, only here: {unexpected[:5]})"
+            return (
+                f"the model's entries differ from rank {root}'s "
+                f"(missing here: {missing[:5]}, only here: {unexpected[:5]})"
+            )
         for key, spec in theirs.items():
             if isinstance(spec, _TensorSpec) and (tuple(own[key].shape), own[key].dtype) != (spec.shape, spec.dtype):
-                return f"model entry {key!r} is {tuple(own[key].shape)} {own[key].dtype} here, {spec.shape} {spec.dtype} on rank {root}"
+                here = f"{tuple(own[key].shape)} {own[key].dtype}"
+                return f"model entry {key!r} is {here} here, {spec.shape} {spec.dtype} on rank {root}"
     if optimizer is not None:
         own = [len(g["params"]) for g in optimizer.param_groups]
         theirs = [len(g["params"]) for g in header["optimizer"]["param_groups"]]
@@ -111,7 +115,9 @@ def receive_state(comm, header, tensors, model=None, optimizer=None, root=0, err
     bad = [(r, p) for r, p in enumerate(problems) if p]
     if bad:
         r, p = bad[0]
-        raise error(f"rank {r} cannot take rank {root}'s state: {p}; every rank must build the same model and optimizer")
+        raise error(
+            f"rank {r} cannot take rank {root}'s state: {p}; every rank must build the same model and optimizer"
+        )
     if not is_root:
         tensors = _targets(header, model)
     comm.broadcast_tensors(tensors, name="hvdkit.state.tensors", root=root)
