@@ -32,11 +32,21 @@ def parse_args(description, default_checkpoint_dir, argv=None):
     p.add_argument("--epochs", type=int, default=12, help="total epochs (a resumed run continues to this)")
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--lr-decay", type=float, default=None, metavar="GAMMA",
-                   help="keras_digits.py: decay the rate by GAMMA per epoch's worth of optimizer steps, smoothly "
-                   "(a Keras ExponentialDecay schedule; default: constant). torch_digits.py anneals by cosine per epoch")  # fmt: skip
+    p.add_argument(
+        "--lr-decay",
+        type=float,
+        default=None,
+        metavar="GAMMA",
+        help="keras_digits.py: decay the rate by GAMMA per epoch's worth of optimizer steps, smoothly "
+        "(a Keras ExponentialDecay schedule; default: constant). "
+        "torch_digits.py anneals by cosine per epoch",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compression", default="auto", help=f"gradient compression: {', '.join(COMPRESSIONS)} (auto: the faster, timed at start)")
+    p.add_argument(
+        "--compression",
+        default="auto",
+        help=f"gradient compression: {', '.join(COMPRESSIONS)} (auto: the faster, timed at start)",
+    )
     p.add_argument("--checkpoint-dir", default=default_checkpoint_dir, help="where rank 0 keeps checkpoints")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     p.add_argument(
@@ -46,7 +56,9 @@ def parse_args(description, default_checkpoint_dir, argv=None):
         help="samples per optimizer step over all ranks, kept at any world size by gradient accumulation "
         "(default: batch size x ranks)",
     )
-    p.add_argument("--sample-log", default=None, help="each rank appends the sample indices of every step to PATH.rank<r>")
+    p.add_argument(
+        "--sample-log", default=None, help="each rank appends the sample indices of every step to PATH.rank<r>"
+    )
     p.add_argument(
         "--stop-at-step", type=int, default=None, help="stop after this optimizer step as on SIGTERM (checkpoint, exit)"
     )

@@ -138,7 +138,16 @@ def train(args):
     final = hk.average_model_metrics(model)
     if topo.is_rank0:
         steps = int(model.optimizer.iterations)
-        line = result_line(topo.size, args, start_epoch, steps, final["accuracy"], final["loss"], preempted=stop.stopped, compression=optimizer.compression)
+        line = result_line(
+            topo.size,
+            args,
+            start_epoch,
+            steps,
+            final["accuracy"],
+            final["loss"],
+            preempted=stop.stopped,
+            compression=optimizer.compression,
+        )
         print(line, flush=True)
 
 

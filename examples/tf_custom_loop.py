@@ -15,8 +15,8 @@ import tensorflow as tf
 from digits_common import keras_model, load_split, log_epoch, result_line, run
 
 import hvdkit.tensorflow as htf
-from hvdkit.tensorflow import autocompress
 from hvdkit.core import MetricTracker, Progress, get_logger
+from hvdkit.tensorflow import autocompress
 
 log = get_logger("examples.tf_custom_loop")
 
@@ -57,13 +57,15 @@ def train(args):
             loss = tf.reduce_mean(per_sample(y, model(x, training=True)))
         tape = htf.DistributedGradientTape(tape, compression=compression)
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     for epoch in range(start_epoch, args.epochs):
         t0 = time.perf_counter()
         # epoch e's order depends on (seed, e) only: a resumed run sees the same batches
-        train_ds, steps_per_epoch = htf.epoch_dataset((x_train, y_train), args.batch_size, epoch + 1, epoch, seed=args.seed)
+        train_ds, steps_per_epoch = htf.epoch_dataset(
+            (x_train, y_train), args.batch_size, epoch + 1, epoch, seed=args.seed
+        )
         tracker = MetricTracker(["loss"])
         progress = Progress(steps_per_epoch, desc=f"epoch {epoch + 1}/{args.epochs}", show=topo.is_rank0)
         for x, y in train_ds:
@@ -80,7 +82,12 @@ def train(args):
     final = evaluate(model, val_ds, per_sample)
     if topo.is_rank0:
         steps = int(optimizer.iterations)
-        print(result_line(topo.size, args, start_epoch, steps, final["val_accuracy"], final["val_loss"], compression=compression), flush=True)
+        print(
+            result_line(
+                topo.size, args, start_epoch, steps, final["val_accuracy"], final["val_loss"], compression=compression
+            ),
+            flush=True,
+        )
 
 
 def main(argv=None):

@@ -107,11 +107,27 @@ def train(args):
             indices = []
             if guard.should_stop(step=step) or step == args.stop_at_step:  # every rank stops after this same step
                 totals = job_totals(tracker)
-                ckpt.save(step, epoch, extra={"samples_done": train_loader.position(steps_done), "train_totals": totals})
+                ckpt.save(
+                    step, epoch, extra={"samples_done": train_loader.position(steps_done), "train_totals": totals}
+                )
                 if topo.is_rank0:
                     offset = train_loader.position(steps_done)
-                    log.info("stopped at epoch %d after %d samples (step %d): checkpoint saved", epoch + 1, offset, step)
-                    print(result_line(topo.size, args, start_epoch, step, None, None, preempted=True, compression=optimizer.compression), flush=True)
+                    log.info(
+                        "stopped at epoch %d after %d samples (step %d): checkpoint saved", epoch + 1, offset, step
+                    )
+                    print(
+                        result_line(
+                            topo.size,
+                            args,
+                            start_epoch,
+                            step,
+                            None,
+                            None,
+                            preempted=True,
+                            compression=optimizer.compression,
+                        ),
+                        flush=True,
+                    )
                 return
         scheduler.step()
         metrics = {**hk.average_metrics(tracker), **evaluate(model, val_loader)}
@@ -121,7 +137,18 @@ def train(args):
 
     final = evaluate(model, val_loader)
     if topo.is_rank0:
-        print(result_line(topo.size, args, start_epoch, step, final["val_accuracy"], final["val_loss"], compression=optimizer.compression), flush=True)
+        print(
+            result_line(
+                topo.size,
+                args,
+                start_epoch,
+                step,
+                final["val_accuracy"],
+                final["val_loss"],
+                compression=optimizer.compression,
+            ),
+            flush=True,
+        )
 
 
 def job_totals(tracker):

@@ -2,4 +2,5 @@
 
 ``import hvdkit`` is cheap and framework-free; ``import hvdkit.torch`` loads torch and Horovod.
 """
+
 __version__ = "0.1.0"

@@ -20,10 +20,10 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from . import doctor_gpu
 from ..launcher.hosts import format_hosts
 from ..launcher.plan import find_tool
 from ..launcher.remote import is_this_machine, remote_json
+from . import doctor_gpu
 
 __all__ = ["diagnose", "check_build", "engine_fix_level", "local_versions"]
 
@@ -34,7 +34,9 @@ _FIX_SETUP = (
 # check-build imports TensorFlow and torch several times: about 25 s on a quiet machine, minutes on a busy one.
 _CHECK_BUILD_TIMEOUT = 300
 _CPU_SMOKE = ("-m", "hvdkit.torch.smoke")  # rank r contributes r+1 to a CPU tensor
-_FIX_ENGINE = "run `hvdkit engine install` (it builds Horovod for this environment; in an hvdkit checkout `make setup` does it)"
+_FIX_ENGINE = (
+    "run `hvdkit engine install` (it builds Horovod for this environment; in an hvdkit checkout `make setup` does it)"
+)
 
 
 def _version(*names):
@@ -158,7 +160,11 @@ def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None
     if smoke and not problems:
         for controller in ("mpi", "gloo"):
             ok, detail = _smoke(python, controller)
-            row(f"2-rank allreduce ({controller})", detail if ok else None, f"{detail}; try `hvdkit run -np 2 ...` by hand")
+            row(
+                f"2-rank allreduce ({controller})",
+                detail if ok else None,
+                f"{detail}; try `hvdkit run -np 2 ...` by hand",
+            )
     if smoke and not problems and nccl_check:
         _nccl_smoke(python, facts, row)
     if hosts and not problems:
@@ -177,7 +183,11 @@ def _engine_fixes_row(installed, row):
         shipped = None
         row("hvdkit engine recipe", None, f"cannot read its fix level ({e}); reinstall hvdkit")
     if installed is None:
-        row("horovod engine fixes", None, f"an unpatched upstream engine (Horovod's own TF/Keras API fails on Keras 3): {_FIX_ENGINE}")
+        row(
+            "horovod engine fixes",
+            None,
+            f"an unpatched upstream engine (Horovod's own TF/Keras API fails on Keras 3): {_FIX_ENGINE}",
+        )
     elif shipped and not installed.startswith(f"{shipped} "):
         row("horovod engine fixes", None, f"the engine carries {installed}, this hvdkit ships {shipped}: {_FIX_ENGINE}")
     else:

@@ -25,8 +25,19 @@ from dataclasses import asdict, dataclass, field
 from ..core.errors import ConfigError
 from ..launcher.timeline_flags import MARK_CYCLES, TIMELINE, ensure_folder, timeline_path
 
-__all__ = ["TIMELINE", "MARK_CYCLES", "CATEGORIES", "TensorStats", "Summary", "timeline_path", "ensure_folder",
-           "parse", "summarise", "format_summary", "write_json"]
+__all__ = [
+    "TIMELINE",
+    "MARK_CYCLES",
+    "CATEGORIES",
+    "TensorStats",
+    "Summary",
+    "timeline_path",
+    "ensure_folder",
+    "parse",
+    "summarise",
+    "format_summary",
+    "write_json",
+]
 
 COMM_PREFIXES = ("MPI_", "GLOO_", "NCCL_", "CCL_", "DDL_")  # activities that move data between ranks
 OTHER = "(other)"  # time inside an operation that no activity covers
@@ -38,8 +49,19 @@ _LABELS = {
     "negotiation": "negotiation (waiting until every rank is ready)",
     "outside_horovod": "outside Horovod (no tensor in flight)",
 }
-_DTYPE_BYTES = {"uint8": 1, "int8": 1, "bool": 1, "uint16": 2, "int16": 2, "float16": 2, "bfloat16": 2,
-                "int32": 4, "float32": 4, "int64": 8, "float64": 8}
+_DTYPE_BYTES = {
+    "uint8": 1,
+    "int8": 1,
+    "bool": 1,
+    "uint16": 2,
+    "int16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "float32": 4,
+    "int64": 8,
+    "float64": 8,
+}
 
 
 def parse(path):
@@ -61,8 +83,10 @@ def parse(path):
         raise ConfigError(f"cannot read timeline {path!r}: {e.strerror}") from None
     pos = _skip_space(text, 0)
     if pos == len(text):
-        raise ConfigError(f"timeline {path!r} is empty: rank 0 writes it once the first collective runs (and a running "
-                          "job may not have flushed it yet); check that the job called Horovod collectives")
+        raise ConfigError(
+            f"timeline {path!r} is empty: rank 0 writes it once the first collective runs (and a running "
+            "job may not have flushed it yet); check that the job called Horovod collectives"
+        )
     if text[pos] != "[":
         raise _garbage(path, text, pos, "expected '[' that starts a Chrome-trace JSON array")
     decoder, records, pos = json.JSONDecoder(), [], pos + 1
@@ -104,8 +128,10 @@ def _garbage(path, text, pos, what):
     line = text.count("\n", 0, pos) + 1
     column = pos - (text.rfind("\n", 0, pos) + 1) + 1
     offset = len(text[:pos].encode("utf-8"))
-    return ConfigError(f"timeline {path!r} is not a Horovod timeline at line {line}, column {column} (byte {offset}): "
-                       f"{what}; give the file written by hvdkit run --timeline (HOROVOD_TIMELINE)")
+    return ConfigError(
+        f"timeline {path!r} is not a Horovod timeline at line {line}, column {column} (byte {offset}): "
+        f"{what}; give the file written by hvdkit run --timeline (HOROVOD_TIMELINE)"
+    )
 
 
 @dataclass
@@ -291,19 +317,23 @@ def _size(n):
     if n is None or n < 1024:
         return "-" if n is None else f"{n} B"
     exp = min(3, (n.bit_length() - 1) // 10)
-    return f"{n / 1024 ** exp:.1f} {('KiB', 'MiB', 'GiB')[exp - 1]}"
+    return f"{n / 1024**exp:.1f} {('KiB', 'MiB', 'GiB')[exp - 1]}"
 
 
 def format_summary(s, top=10):
     """A plain-text report of Summary ``s``: the span breakdown, the ``top`` tensors, readiness."""
     ops = sum(t.ops for t in s.tensors)
-    lines = [f"Horovod timeline {s.path} (written by rank 0): {len(s.tensors)} tensors, {ops} operations, "
-             f"span {format_ms(s.span_us)} ms" + (f", {s.cycles} cycles marked" if s.cycles else "")]
+    lines = [
+        f"Horovod timeline {s.path} (written by rank 0): {len(s.tensors)} tensors, {ops} operations, "
+        f"span {format_ms(s.span_us)} ms" + (f", {s.cycles} cycles marked" if s.cycles else "")
+    ]
     if s.truncated:
         lines.append("note: the file is cut off mid-record (rank 0 stopped while writing); read up to the cut")
     if s.unfinished:
-        lines.append(f"note: {s.unfinished} spans never end in the file and are left out (Horovod drops the records "
-                     "still queued when it shuts down, so the last operations of a job often lack their end)")
+        lines.append(
+            f"note: {s.unfinished} spans never end in the file and are left out (Horovod drops the records "
+            "still queued when it shuts down, so the last operations of a job often lack their end)"
+        )
     lines.append("where the span went (each instant counted once, in this order):")
     for c in CATEGORIES:
         lines.append(f"  {_LABELS[c]:<50} {format_ms(s.breakdown[c]):>10} ms {100 * s.fractions[c]:6.1f}%")
@@ -313,8 +343,10 @@ def format_summary(s, top=10):
     lines.append(f"  {'tensor':<{width}} {'ops':>5} {'size':>10} {'negotiate':>10} {'op total':>10}  activities")
     for t in shown:
         acts = ", ".join(f"{k} {format_ms(v)}" for k, v in sorted(t.activities.items(), key=lambda kv: -kv[1]))
-        lines.append(f"  {t.name:<{width}} {t.ops:>5} {_size(t.bytes):>10} {format_ms(t.negotiate_us):>10} "
-                     f"{format_ms(t.op_us):>10}  {acts}")
+        lines.append(
+            f"  {t.name:<{width}} {t.ops:>5} {_size(t.bytes):>10} {format_ms(t.negotiate_us):>10} "
+            f"{format_ms(t.op_us):>10}  {acts}"
+        )
     big = s.largest(top)
     if big:
         lines.append("largest tensors: " + ", ".join(f"{t.name} {_size(t.bytes)}" for t in big))
@@ -324,15 +356,21 @@ def format_summary(s, top=10):
 
 def _readiness_lines(rd):
     if not rd["with_ticks"]:
-        return [f"negotiation readiness: none of {rd['negotiations']} negotiations recorded per-rank ticks "
-                "(the response cache answered them; HOROVOD_CACHE_CAPACITY=0 records every one)"]
+        return [
+            f"negotiation readiness: none of {rd['negotiations']} negotiations recorded per-rank ticks "
+            "(the response cache answered them; HOROVOD_CACHE_CAPACITY=0 records every one)"
+        ]
     cached = f"; {rd['without_ticks']} answered by the response cache had none" if rd["without_ticks"] else ""
-    lines = [f"negotiation readiness ({rd['with_ticks']} of {rd['negotiations']} negotiations recorded per-rank ticks"
-             f"{cached}):"]
+    lines = [
+        f"negotiation readiness ({rd['with_ticks']} of {rd['negotiations']} negotiations recorded per-rank ticks"
+        f"{cached}):"
+    ]
     for r in rd["ranks"]:
         n = rd["last"][str(r)]
-        lines.append(f"  rank {r} was ready last {n} time{'s' * (n != 1)} (the first-ready rank waited "
-                     f"{format_ms(rd['late_us'][str(r)])} ms in all)")
+        lines.append(
+            f"  rank {r} was ready last {n} time{'s' * (n != 1)} (the first-ready rank waited "
+            f"{format_ms(rd['late_us'][str(r)])} ms in all)"
+        )
     lines.append(f"  every rank ready within {rd['same_cycle_us']} us (the same cycle): {rd['together']} times")
     return lines
 

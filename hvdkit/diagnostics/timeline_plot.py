@@ -18,14 +18,15 @@ def plot(summary, out, top=10):
         raise MissingDependencyError("--plot needs matplotlib: pip install matplotlib (or hvdkit[bench])") from None
     shown = summary.tensors[:top][::-1]  # matplotlib draws the first bar at the bottom
     names = sorted({a for t in shown for a in t.activities}, key=lambda a: (a == OTHER, a))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 2.5 + 0.45 * max(len(shown), 4)),
-                                      gridspec_kw={"width_ratios": [3, 1]})
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12, 2.5 + 0.45 * max(len(shown), 4)), gridspec_kw={"width_ratios": [3, 1]}
+    )
     segments = [("negotiation", [t.negotiate_us / 1000 for t in shown])]
     segments += [(a, [t.activities.get(a, 0) / 1000 for t in shown]) for a in names]
     base = [0.0] * len(shown)
     for label, widths in segments:
         left.barh([t.name for t in shown], widths, left=base, label=label)
-        base = [b + w for b, w in zip(base, widths)]
+        base = [b + w for b, w in zip(base, widths, strict=True)]
     left.set_xlabel("ms (per tensor; fused tensors share time)")
     left.set_title(f"top {len(shown)} tensors: negotiation and operation activities")
     left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)

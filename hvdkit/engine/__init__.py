@@ -15,7 +15,17 @@ from pathlib import Path
 
 from ..core.errors import HvdkitError
 
-__all__ = ["RECIPE", "BUILD_SCRIPT", "APPLY_SCRIPT", "FIXES", "EngineError", "fix_level", "wheel_dir", "plan", "install"]
+__all__ = [
+    "RECIPE",
+    "BUILD_SCRIPT",
+    "APPLY_SCRIPT",
+    "FIXES",
+    "EngineError",
+    "fix_level",
+    "wheel_dir",
+    "plan",
+    "install",
+]
 
 RECIPE = Path(__file__).resolve().with_name("recipe")
 BUILD_SCRIPT = RECIPE / "build-horovod.sh"
@@ -30,7 +40,9 @@ class EngineError(HvdkitError, RuntimeError):
 def _script(argv, python, env=None):
     """Run a recipe script for ``python``; its stdout. Raises EngineError with its last error line."""
     full_env = {**os.environ, "PYTHON": str(python or sys.executable), **(env or {})}
-    done = subprocess.run(["bash", *map(str, argv)], capture_output=True, text=True, env=full_env, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        ["bash", *map(str, argv)], capture_output=True, text=True, env=full_env, stdin=subprocess.DEVNULL
+    )
     if done.returncode != 0:
         raise EngineError(_last_error(done.stderr) or f"{argv[0]} failed (exit {done.returncode})")
     return done.stdout.strip()
@@ -92,11 +104,19 @@ def install(python=None, jobs=None, out=None, gpu=None, cuda_archs=None):
     """
     out = out or sys.stderr
     python = str(python or sys.executable)
-    env = {**os.environ, "PYTHON": python, **({"HVDKIT_BUILD_JOBS": str(jobs)} if jobs else {}),
-           **_variant_env(gpu, cuda_archs)}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHON": python,
+        **({"HVDKIT_BUILD_JOBS": str(jobs)} if jobs else {}),
+        **_variant_env(gpu, cuda_archs),
+    }
     started = time.monotonic()
     proc = subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        ["bash", str(BUILD_SCRIPT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
         stdin=subprocess.DEVNULL,
     )
     lines = []

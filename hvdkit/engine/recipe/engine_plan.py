@@ -132,8 +132,12 @@ def plan(facts, gpu="auto", archs=None):
         ("HOROVOD_NCCL_INCLUDE", facts["nccl_include"]),
         ("HOROVOD_NCCL_LINK", "SHARED"),
     ]
-    key += [f"gpu-cuda{torch_cuda}", f"nvcc{facts.get('nvcc_version')}", f"nccl{facts.get('nccl_version')}",
-            f"archs{cc_list}"]  # fmt: skip
+    key += [
+        f"gpu-cuda{torch_cuda}",
+        f"nvcc{facts.get('nvcc_version')}",
+        f"nccl{facts.get('nccl_version')}",
+        f"archs{cc_list}",
+    ]
     notes.append(f"CUDA architectures {cc_list} (from {source})")
     return {"variant": "gpu", "settings": settings, "key": "|".join(key), "nccl_so": facts["nccl_so"], "notes": notes}
 
@@ -164,9 +168,14 @@ def find_cuda_home(environ, site_dirs, which=shutil.which, isfile=os.path.isfile
         home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
         # An nvcc that is a wrapper script (e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc)
         # does not sit in its toolkit: only a folder with the runtime headers is one.
-        if any(isfile(os.path.join(home, *inc, "cuda_runtime.h")) for inc in (("include",), ("targets", "x86_64-linux", "include"), ("targets", "sbsa-linux", "include"))):
+        if any(
+            isfile(os.path.join(home, *inc, "cuda_runtime.h"))
+            for inc in (("include",), ("targets", "x86_64-linux", "include"), ("targets", "sbsa-linux", "include"))
+        ):
             return home
-    for home in ["/usr/local/cuda"] + [os.path.join(s, "nvidia", d) for s in site_dirs for d in ("cu13", "cu12", "cuda_nvcc")]:
+    for home in ["/usr/local/cuda"] + [
+        os.path.join(s, "nvidia", d) for s in site_dirs for d in ("cu13", "cu12", "cuda_nvcc")
+    ]:
         if isfile(os.path.join(home, "bin", "nvcc")):
             return home
     return None
