@@ -22,11 +22,24 @@ PAGES = {
 }
 
 
+class _Annotation(str):
+    """An annotation kept as text (``from __future__ import annotations``), shown without quotes."""
+
+    def __repr__(self):
+        return str(self)
+
+
 def _signature(obj):
     try:
-        return str(inspect.signature(obj))
+        sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return "(...)"
+    params = [
+        p.replace(annotation=_Annotation(p.annotation)) if isinstance(p.annotation, str) else p
+        for p in sig.parameters.values()
+    ]
+    ret = sig.return_annotation
+    return str(sig.replace(parameters=params, return_annotation=_Annotation(ret) if isinstance(ret, str) else ret))
 
 
 def _kind(obj):

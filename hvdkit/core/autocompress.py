@@ -11,8 +11,12 @@ one place the precedence is written down: an explicit ``"none"``/``"fp16"`` argu
 Env: HVDKIT_COMPRESSION (``none``, ``fp16`` or ``auto``; read only when the argument is ``"auto"``).
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from . import env as _env
 from .errors import ConfigError
@@ -35,19 +39,19 @@ DEFAULT_REPS = 5  # timed repetitions of each variant (at least), interleaved, a
 MAX_REPS = 25
 
 
-def fp32_bytes(shapes):
+def fp32_bytes(shapes: Iterable[Sequence[int]]) -> int:
     """Bytes of fp32 tensors of ``shapes`` (what one grouped allreduce of the gradients sends)."""
     return sum(4 * math.prod(int(d) for d in shape) for shape in shapes)
 
 
-def median(values):
+def median(values: Sequence[float]) -> float:
     """The median of ``values`` (the mean of the middle two for an even count)."""
     values = sorted(values)
     mid = len(values) // 2
     return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
 
 
-def reps_for(nbytes, budget_bytes=64 << 20):
+def reps_for(nbytes: int, budget_bytes: int = 64 << 20) -> int:
     """Timed repetitions of each variant for gradients of ``nbytes``: more for small ones, which are cheap and noisy.
 
     Depends on the size alone, so every rank runs the same number of collectives.
@@ -73,16 +77,16 @@ class Decision:
     source: str = "measured"
 
     @property
-    def speedup(self):
+    def speedup(self) -> float:
         """fp32 time / fp16 time (> 1 when fp16 is faster); NaN when nothing was timed."""
         if not self.fp16_s or math.isnan(self.fp16_s) or math.isnan(self.fp32_s):
             return math.nan
         return self.fp32_s / self.fp16_s
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "speedup": self.speedup}
 
-    def message(self):
+    def message(self) -> str:
         """The line rank 0 logs."""
         if self.source != "measured":
             return f"compression='auto' -> {self.choice!r} ({self.source})"
@@ -100,7 +104,7 @@ def _check_seconds(name, value):
     return float(value)
 
 
-def decide(fp32_s, fp16_s, margin=DEFAULT_MARGIN):
+def decide(fp32_s: float, fp16_s: float, margin: float = DEFAULT_MARGIN) -> str:
     """``"fp16"`` if ``fp16_s < fp32_s * (1 - margin)``, else ``"none"``: pure, no collective.
 
     The margin keeps exact fp32 averaging unless fp16 clearly pays, so timing noise between two
@@ -114,7 +118,7 @@ def decide(fp32_s, fp16_s, margin=DEFAULT_MARGIN):
     return "fp16" if fp16_s < fp32_s * (1.0 - margin) else "none"
 
 
-def wanted_compression(value, environ=None):
+def wanted_compression(value: str | None, environ: Mapping[str, str] | None = None) -> str:
     """``value`` checked; when it is ``"auto"``, HVDKIT_COMPRESSION if set (none/fp16/auto), else ``"auto"``.
 
     ``None`` means ``"none"``. Raises ConfigError naming the bad value and the choices.
@@ -126,7 +130,14 @@ def wanted_compression(value, environ=None):
     return _env.read_choice(_env.COMPRESSION, _env.COMPRESSION_CHOICES, AUTO, environ=environ)
 
 
-def resolve_compression(value, measure, size, log=None, environ=None, agree=None):
+def resolve_compression(
+    value: str | None,
+    measure: Callable[[], tuple[float, float, int, int]],
+    size: int,
+    log: Callable[[str], Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    agree: Callable[[str], str] | None = None,
+) -> tuple[str, Decision]:
     """The compression to use (``"none"`` or ``"fp16"``) and the Decision behind it.
 
     ``measure()`` returns ``(fp32_s, fp16_s, nbytes, tensors)`` identical on every rank; it is called

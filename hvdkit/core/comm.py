@@ -4,8 +4,13 @@ The framework adapters implement it over Horovod; ``LocalCommunicator`` is the s
 for single-process use and tests.
 """
 
+from __future__ import annotations
+
 import abc
 import copy
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
 
 __all__ = ["Communicator", "LocalCommunicator", "HorovodCommunicatorBase"]
 
@@ -28,26 +33,26 @@ class Communicator(abc.ABC):
     def size(self) -> int: ...
 
     @property
-    def is_rank0(self):
+    def is_rank0(self) -> bool:
         return self.rank == 0
 
     @abc.abstractmethod
-    def allreduce_sum(self, values, name):
+    def allreduce_sum(self, values: Sequence[float], name: str) -> list[float]:
         """Element-wise float64 sum of ``values`` (a sequence of numbers) over all ranks."""
 
     @abc.abstractmethod
-    def broadcast_object(self, obj, name, root=0):
+    def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
         """``root``'s ``obj`` on every rank (what other ranks pass is ignored)."""
 
     @abc.abstractmethod
-    def allgather_object(self, obj, name):
+    def allgather_object(self, obj: Any, name: str) -> list[Any]:
         """The list of every rank's ``obj``, indexed by rank."""
 
     @abc.abstractmethod
-    def barrier(self):
+    def barrier(self) -> None:
         """Return once every rank has called it."""
 
-    def broadcast_tensors(self, tensors, name, root=0):
+    def broadcast_tensors(self, tensors: Sequence[Any], name: str, root: int = 0) -> None:
         """Overwrite each of ``tensors`` in place with ``root``'s, bitwise.
 
         ``tensors`` are the framework's writable buffers (torch tensors, or numpy arrays for
@@ -63,19 +68,19 @@ class LocalCommunicator(Communicator):
     rank = 0
     size = 1
 
-    def allreduce_sum(self, values, name):
+    def allreduce_sum(self, values: Sequence[float], name: str) -> list[float]:
         return [float(v) for v in values]
 
-    def broadcast_object(self, obj, name, root=0):
+    def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
         return copy.deepcopy(obj)
 
-    def allgather_object(self, obj, name):
+    def allgather_object(self, obj: Any, name: str) -> list[Any]:
         return [copy.deepcopy(obj)]
 
-    def barrier(self):
+    def barrier(self) -> None:
         pass
 
-    def broadcast_tensors(self, tensors, name, root=0):
+    def broadcast_tensors(self, tensors: Sequence[Any], name: str, root: int = 0) -> None:
         pass  # the only rank is the root: its tensors already hold the values
 
 
@@ -87,29 +92,29 @@ class HorovodCommunicatorBase(Communicator):
     float64 tensor of a list of floats, and adds ``broadcast_tensors``.
     """
 
-    def __init__(self, hvd, float64):
+    def __init__(self, hvd: ModuleType, float64: Callable[[list[float]], Any]) -> None:
         self._hvd = hvd
         self._float64 = float64
 
-    def allreduce_sum(self, values, name):
+    def allreduce_sum(self, values: Sequence[float], name: str) -> list[float]:
         import numpy as np  # here, not at the top: ``hvdkit run`` imports the core and starts faster without numpy
 
         summed = self._hvd.allreduce(self._float64([float(v) for v in values]), op=self._hvd.Sum, name=name)
         return np.asarray(summed).tolist()
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self._hvd.rank()
 
     @property
-    def size(self):
+    def size(self) -> int:
         return self._hvd.size()
 
-    def broadcast_object(self, obj, name, root=0):
+    def broadcast_object(self, obj: Any, name: str, root: int = 0) -> Any:
         return self._hvd.broadcast_object(obj, root_rank=root, name=name)
 
-    def allgather_object(self, obj, name):
+    def allgather_object(self, obj: Any, name: str) -> list[Any]:
         return self._hvd.allgather_object(obj, name=name)
 
-    def barrier(self):
+    def barrier(self) -> None:
         self._hvd.barrier()

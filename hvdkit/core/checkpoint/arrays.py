@@ -6,9 +6,13 @@ memory, never a second copy of the whole state. The reader maps each member's da
 (copy-on-write): nothing is read from disk before it is used.
 """
 
+from __future__ import annotations
+
 import os
 import struct
 import zipfile
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +24,7 @@ ARRAYS = "arrays.npz"
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip member's local file header (30 bytes)
 
 
-def write_arrays(path, items):
+def write_arrays(path: str, items: Iterable[tuple[str, Any]]) -> None:
     """Write ``(name, array)`` pairs to the ``.npz`` file ``path``, one at a time.
 
     ``items`` may be a generator: each array is converted and written before the next is asked
@@ -58,7 +62,7 @@ def _write_npy(f, array):
 class ArrayFile:
     """The arrays of a ``.npz`` file written by ``write_arrays`` (or ``numpy.savez``), by name."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
         self._members = {}  # name -> (shape, dtype, fortran, data offset) or None when compressed
         with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
@@ -78,16 +82,16 @@ class ArrayFile:
         _read_header(raw, self.path, info.filename)
         return shape, dtype, fortran, raw.tell()
 
-    def names(self):
+    def names(self) -> list[str]:
         """The names of the arrays, in the order they were written."""
         return list(self._members)
 
-    def spec(self, name):
+    def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         """``(shape, dtype)`` of the array ``name``, read from its header."""
         shape, dtype, _, _ = self._member(name)
         return shape, dtype
 
-    def read(self, name, copy=False):
+    def read(self, name: str, copy: bool = False) -> np.ndarray:
         """The array ``name``: mapped from the file (copy-on-write), or with ``copy`` read into memory."""
         shape, dtype, fortran, offset = self._member(name)
         order = "F" if fortran else "C"

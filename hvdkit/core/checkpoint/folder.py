@@ -5,13 +5,17 @@
 a background thread; ``signature`` tells whether a folder changed since it was last verified.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import re
 import shutil
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..errors import CheckpointError
 from ..log import get_logger
@@ -36,7 +40,7 @@ _log = get_logger("checkpoint")
 _DELETERS = {}  # root -> the thread deleting that root's pruned checkpoints
 
 
-def fsync_path(path, directory=False):
+def fsync_path(path: str, directory: bool = False) -> None:
     """fsync a file (or, with ``directory``, a folder's entries) so it survives a crash."""
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
@@ -45,7 +49,7 @@ def fsync_path(path, directory=False):
         os.close(fd)
 
 
-def place(tmp, final, older, trash_path):
+def place(tmp: str, final: str, older: Sequence[tuple[int, str]], trash_path: Callable[[], str]) -> str:
     """Rename the finished, fsynced folder ``tmp`` in as ``final``; the path it ends under.
 
     ``older`` lists ``(generation, path)`` of the copies of the same step already there (a step
@@ -81,7 +85,9 @@ def _remove_all(paths, previous):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def delete_later(root, paths, trash_path, is_trash):
+def delete_later(
+    root: str, paths: Iterable[str], trash_path: Callable[[], str], is_trash: Callable[[str], bool]
+) -> None:
     """Rename ``paths`` under ``root`` to ``trash_path()`` names now, delete them in a thread.
 
     Paths for which ``is_trash(name)`` holds are out of the way already and only deleted. The
@@ -105,14 +111,14 @@ def delete_later(root, paths, trash_path, is_trash):
         deleter.start()
 
 
-def wait_for_deletions(root):
+def wait_for_deletions(root: str) -> None:
     """Block until what ``delete_later`` took from ``root`` is deleted."""
     deleter = _DELETERS.get(root)
     if deleter is not None:
         deleter.join()
 
 
-def signature(path):
+def signature(path: str) -> tuple | None:
     """What changes when a checkpoint folder's files change: (name, inode, size, mtime) of each."""
     try:
         return tuple(sorted((e.name, e.inode(), e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(path)))
@@ -120,7 +126,7 @@ def signature(path):
         return None
 
 
-def listing(root):
+def listing(root: str) -> list[tuple[int, int, str]]:
     """``(step, generation, path)`` of every ``ckpt-`` folder under ``root``, newest first, unverified."""
     try:
         names = os.listdir(root)
@@ -138,7 +144,7 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def sync_and_hash(folder):
+def sync_and_hash(folder: str) -> dict[str, dict[str, Any]]:
     """{name: {size, sha256}} of every file in ``folder``, each fsynced.
 
     The fsyncs (disk writes) run in a thread while this one hashes the files (page-cache reads);
@@ -157,7 +163,7 @@ def sync_and_hash(folder):
     return files
 
 
-def verify(path):
+def verify(path: str) -> dict[str, Any]:
     """The manifest of the checkpoint folder ``path`` after checking every file; else CheckpointError."""
     if os.path.islink(path) or not os.path.isdir(path):
         raise CheckpointError(f"{path} is not a checkpoint folder (links are not followed)")

@@ -13,6 +13,8 @@ host (the lost rank 0 of an earlier attempt) goes on without it, saying so, inst
 "in use" at every relaunch.
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import json
@@ -71,7 +73,7 @@ def _in_use(root, holder):
     )
 
 
-def acquire(root):
+def acquire(root: str) -> FolderLock:
     """This process's exclusive lock on the folder ``root`` (rank 0 only; no collective).
 
     Raises CheckpointError naming the holder (host, pid, job) when another process holds it, and
@@ -136,7 +138,7 @@ def _write_holder(fd, job):
     os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
 
 
-def release(held):
+def release(held: FolderLock) -> None:
     """Give back one ``acquire``; the last one closes the file, which drops the lock."""
     with _GUARD:
         held.users -= 1

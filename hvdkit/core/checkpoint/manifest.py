@@ -6,8 +6,11 @@ canonical JSON of every other field, so a changed step, world size or meta is fo
 Format 1 manifests (hvdkit before the seal) carry no seal and are read with type checks only.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
+from typing import Any
 
 from ..errors import CheckpointError
 
@@ -25,7 +28,7 @@ def _digest(body):
     return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
-def seal(manifest):
+def seal(manifest: dict[str, Any]) -> dict[str, Any]:
     """``manifest`` with its format set to FORMAT and its seal added (a new dict)."""
     body = {k: v for k, v in manifest.items() if k != SEAL}
     body["format"] = FORMAT
@@ -36,7 +39,7 @@ def _whole_number(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check(path, manifest):
+def check(path: str, manifest: Any) -> None:
     """Raise CheckpointError unless ``manifest`` (parsed JSON of checkpoint ``path``) is intact and well-formed."""
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path}: unreadable manifest (a JSON object expected, got {type(manifest).__name__})")

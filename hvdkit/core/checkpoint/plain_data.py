@@ -6,6 +6,11 @@ checkpoint of the run useless, and nobody learns it until the resume. The adapte
 time with these walkers and reject such data with an error naming the key path, the type and the fix.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 from ..errors import ConfigError
 
 __all__ = ["first_unsupported", "unsupported_error", "check_json_plain"]
@@ -18,7 +23,13 @@ def _type_name(value):
     return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
-def first_unsupported(obj, name, leaf_ok, containers=(dict, list, tuple), key_ok=None):
+def first_unsupported(
+    obj: Any,
+    name: str,
+    leaf_ok: Callable[[Any], bool],
+    containers: tuple[type, ...] = (dict, list, tuple),
+    key_ok: Callable[[Any], bool] | None = None,
+) -> tuple[str, Any, str] | None:
     """``(path, value, what)`` of the first part of ``obj`` that would not read back, or None.
 
     Containers are walked when their type is exactly one of ``containers`` (a subclass such as a
@@ -65,7 +76,7 @@ def _hint(value):
     return "store plain data instead: None, bool, int, float, str, lists and dicts of them"
 
 
-def unsupported_error(found, reader, fix=None):
+def unsupported_error(found: tuple[str, Any, str], reader: str, fix: str | None = None) -> ConfigError:
     """A ConfigError for ``first_unsupported``'s finding: names the path, the type and the fix.
 
     ``reader`` ends the sentence "<path> is a <type>, which ..."; ``fix`` defaults to a hint for
@@ -81,7 +92,7 @@ def unsupported_error(found, reader, fix=None):
     return ConfigError(f"{subject}, which {reader}; {fix or _hint(value)} (nothing was written)")
 
 
-def check_json_plain(obj, name):
+def check_json_plain(obj: Any, name: str) -> None:
     """Raise ConfigError unless ``obj`` comes back from JSON equal and of the same types.
 
     Allowed: None, bool, int, float, str, lists, and dicts with string keys. Tuples (they come back
