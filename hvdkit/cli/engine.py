@@ -13,24 +13,43 @@ def register(sub):
     actions = p.add_subparsers(dest="engine_cmd", required=True, metavar="{install}")
     i = actions.add_parser(
         "install",
-        help="build Horovod 0.28.1 with hvdkit's engine fixes for this environment (or reuse the cached wheel) and install it",
+        help="build Horovod 0.28.1 with hvdkit's engine fixes for this environment (or reuse the cached wheel) "
+        "and install it",
         description="Build Horovod 0.28.1 from its PyPI sdist with hvdkit's engine fixes against the torch and "
         "TensorFlow installed here, cache the wheel (~/.cache/hvdkit/wheels or $HVDKIT_WHEEL_CACHE, the cache "
         "`make setup` uses) and install it. A cache miss compiles for about 6 minutes on 2 cores; a hit takes "
         "seconds. Needs Open MPI with headers, g++, cmake, make and patch. Example: hvdkit engine install",
     )
     i.add_argument("--python", metavar="PY", help="interpreter of the environment to install into (default: this one)")
-    i.add_argument("--jobs", type=int, metavar="N", help="parallel compile jobs (default: $HVDKIT_BUILD_JOBS or all cores)")
+    i.add_argument(
+        "--jobs", type=int, metavar="N", help="parallel compile jobs (default: $HVDKIT_BUILD_JOBS or all cores)"
+    )
     variant = i.add_mutually_exclusive_group()
-    variant.add_argument("--gpu", action="store_const", const=True, dest="gpu",
-                         help="build with NCCL for CUDA tensors (default: when torch is a CUDA build); an error says why not")  # fmt: skip
-    variant.add_argument("--cpu", action="store_const", const=False, dest="gpu",
-                         help="build a CPU engine even where torch is a CUDA build")  # fmt: skip
-    i.add_argument("--cuda-archs", metavar="LIST",
-                   help="CUDA architectures of a GPU build, e.g. 90 (H100) or 80,90,100 (default: the visible GPUs', "
-                   "else 75,80,86,89,90,100,120)")  # fmt: skip
-    i.add_argument("--dry-run", action="store_true",
-                   help="print the build plan (variant, exact build settings, wheel cache folder) and build nothing")  # fmt: skip
+    variant.add_argument(
+        "--gpu",
+        action="store_const",
+        const=True,
+        dest="gpu",
+        help="build with NCCL for CUDA tensors (default: when torch is a CUDA build); an error says why not",
+    )
+    variant.add_argument(
+        "--cpu",
+        action="store_const",
+        const=False,
+        dest="gpu",
+        help="build a CPU engine even where torch is a CUDA build",
+    )
+    i.add_argument(
+        "--cuda-archs",
+        metavar="LIST",
+        help="CUDA architectures of a GPU build, e.g. 90 (H100) or 80,90,100 (default: the visible GPUs', "
+        "else 75,80,86,89,90,100,120)",
+    )
+    i.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the build plan (variant, exact build settings, wheel cache folder) and build nothing",
+    )
 
 
 def main(args):

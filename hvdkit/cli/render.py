@@ -16,17 +16,29 @@ def register(sub):
     job.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of ranks (default: all slots)")
     job.add_argument("--nodes", type=int, help="number of machines (default 1, or the number of -H hosts)")
     job.add_argument("--slots-per-node", dest="slots_per_node", type=int, help="ranks per machine (default 1)")
-    job.add_argument("--gpus-per-node", dest="gpus_per_node", metavar="N",
-                     help="slurm, mpijob: GPUs each machine gives the job, one rank per GPU (slurm: --gres=gpu:N; "
-                     "mpijob: nvidia.com/gpu: N); --slots-per-node defaults to it")  # fmt: skip
+    job.add_argument(
+        "--gpus-per-node",
+        dest="gpus_per_node",
+        metavar="N",
+        help="slurm, mpijob: GPUs each machine gives the job, one rank per GPU (slurm: --gres=gpu:N; "
+        "mpijob: nvidia.com/gpu: N); --slots-per-node defaults to it",
+    )
     job.add_argument("--image", default="hvdkit:cpu", help="container image for mpijob (default hvdkit:cpu)")
     job.add_argument("--name", default="hvdkit-job", help="job name (default hvdkit-job)")
     job.add_argument("--cpu", type=int, help="whole CPUs per worker machine (default: one per slot)")
     job.add_argument("--memory", default="2Gi", help="memory per worker machine, e.g. 4Gi (default 2Gi)")
     job.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...", help="hosts for mpirun/horovodrun")
     job.add_argument("--hostfile", metavar="FILE", help="read the hosts for mpirun/horovodrun from FILE")
-    job.add_argument("--min-np", dest="min_np", type=int, metavar="MIN", help="slurm, mpijob: elastic, the fewest ranks to train with")
-    job.add_argument("--max-np", dest="max_np", type=int, metavar="MAX", help="slurm, mpijob: elastic, the most ranks to grow to")
+    job.add_argument(
+        "--min-np",
+        dest="min_np",
+        type=int,
+        metavar="MIN",
+        help="slurm, mpijob: elastic, the fewest ranks to train with",
+    )
+    job.add_argument(
+        "--max-np", dest="max_np", type=int, metavar="MAX", help="slurm, mpijob: elastic, the most ranks to grow to"
+    )
     job.add_argument("-o", "--output", metavar="FILE", help="write here instead of to stdout")
     job.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
     r = sub.add_parser(
@@ -72,7 +84,10 @@ def main(args):
         gpus_per_node=args.gpus_per_node,
     )
     if spec.elastic and args.target not in ("slurm", "mpijob"):
-        raise ConfigError(f"--min-np/--max-np render only slurm and mpijob files (got {args.target}); for a plain script use hvdkit run")
+        raise ConfigError(
+            f"--min-np/--max-np render only slurm and mpijob files (got {args.target}); for a plain script use "
+            "hvdkit run"
+        )
     text = render.render(args.target, spec)
     if args.output:
         render.save(args.output, text)

@@ -46,13 +46,35 @@ def register(sub):
         help="network interface the ranks talk over across hosts, e.g. eth0 (mpirun: btl/oob_tcp_if_include; "
         "horovodrun: --network-interface)",
     )
-    _env_option(r, "--max-restarts", env.MAX_RESTARTS, env.integer(0), "K", env.DEFAULT_MAX_RESTARTS,
-                "relaunch the whole job after a rank fails, at most K times; ranks resume from their newest checkpoint")
+    _env_option(
+        r,
+        "--max-restarts",
+        env.MAX_RESTARTS,
+        env.integer(0),
+        "K",
+        env.DEFAULT_MAX_RESTARTS,
+        "relaunch the whole job after a rank fails, at most K times; ranks resume from their newest checkpoint",
+    )
     _elastic_options(r)
-    _env_option(r, "--stall-timeout", env.STALL_TIMEOUT, env.SECONDS, "SECONDS", None,
-                "end the job when a rank stays out of a collective this long, naming it", shown="600")
-    _env_option(r, "--grace-period", env.GRACE_PERIOD, env.SECONDS, "SECONDS", env.DEFAULT_GRACE_PERIOD,
-                "after SIGTERM/SIGINT, how long ranks get to checkpoint and exit before they are killed")
+    _env_option(
+        r,
+        "--stall-timeout",
+        env.STALL_TIMEOUT,
+        env.SECONDS,
+        "SECONDS",
+        None,
+        "end the job when a rank stays out of a collective this long, naming it",
+        shown="600",
+    )
+    _env_option(
+        r,
+        "--grace-period",
+        env.GRACE_PERIOD,
+        env.SECONDS,
+        "SECONDS",
+        env.DEFAULT_GRACE_PERIOD,
+        "after SIGTERM/SIGINT, how long ranks get to checkpoint and exit before they are killed",
+    )
     r.add_argument(
         "--timeline",
         metavar="FILE",
@@ -81,8 +103,15 @@ def _env_option(parser, flag, var, kind, metavar, default, text, shown=None):
     """An option the variable ``var`` also sets (the flag wins; ``env.FromEnv``); its help ends with
     "(default: $VAR or DEFAULT)", DEFAULT shown as ``shown`` or ``default``."""
     shown = f"{default:g}" if shown is None else shown
-    parser.add_argument(flag, action=env.FromEnv, env_var=var, kind=kind, default=default, metavar=metavar,
-                        help=f"{text} (default: ${var} or {shown})")
+    parser.add_argument(
+        flag,
+        action=env.FromEnv,
+        env_var=var,
+        kind=kind,
+        default=default,
+        metavar=metavar,
+        help=f"{text} (default: ${var} or {shown})",
+    )
 
 
 def _elastic_options(r):
@@ -94,7 +123,9 @@ def _elastic_options(r):
         "discovery lists more), between MIN and MAX ranks; the ranks resume from their newest checkpoint. Every "
         "launch is a plain fixed-size mpirun/horovodrun job: Horovod's elastic driver is never started.",
     )
-    g.add_argument("--min-np", dest="min_np", type=int, metavar="MIN", help="fewest ranks to keep training with (default: -np)")
+    g.add_argument(
+        "--min-np", dest="min_np", type=int, metavar="MIN", help="fewest ranks to keep training with (default: -np)"
+    )
     g.add_argument("--max-np", dest="max_np", type=int, metavar="MAX", help="most ranks to grow to (default: -np)")
     g.add_argument(
         "--host-discovery-script",
@@ -102,98 +133,111 @@ def _elastic_options(r):
         help="executable printing the hosts there now, one 'host:slots' line each (as horovodrun's); run at every "
         "poll. Without it the hosts of -H/--hostfile/SLURM/the MPI Operator are fixed and ssh decides which are up",
     )
-    g.add_argument("--slots-per-host", dest="slots_per_host", action=env.FromEnv, env_var=env.SLOTS_PER_HOST,
-                   kind=env.POSITIVE_INT, default=None, metavar="N",
-                   help=f"slots of a host the discovery script lists without ':slots' (default: ${env.SLOTS_PER_HOST}, "
-                   f"else Open MPI's ${env.OMPI_DEFAULT_SLOTS}, which the MPI Operator sets to slotsPerWorker, else 1)")  # fmt: skip
-    _env_option(g, "--discovery-interval", env.DISCOVERY_INTERVAL, env.SECONDS, "SECONDS", DEFAULT_DISCOVERY_INTERVAL,
-                "seconds between discovery polls")
-    _env_option(g, "--elastic-timeout", env.ELASTIC_TIMEOUT, env.SECONDS, "SECONDS", DEFAULT_ELASTIC_TIMEOUT,
-                "with fewer than MIN slots, wait this long for hosts, then fail naming what is missing")
+    g.add_argument(
+        "--slots-per-host",
+        dest="slots_per_host",
+        action=env.FromEnv,
+        env_var=env.SLOTS_PER_HOST,
+        kind=env.POSITIVE_INT,
+        default=None,
+        metavar="N",
+        help=f"slots of a host the discovery script lists without ':slots' (default: ${env.SLOTS_PER_HOST}, "
+        f"else Open MPI's ${env.OMPI_DEFAULT_SLOTS}, which the MPI Operator sets to slotsPerWorker, else 1)",
+    )
+    _env_option(
+        g,
+        "--discovery-interval",
+        env.DISCOVERY_INTERVAL,
+        env.SECONDS,
+        "SECONDS",
+        DEFAULT_DISCOVERY_INTERVAL,
+        "seconds between discovery polls",
+    )
+    _env_option(
+        g,
+        "--elastic-timeout",
+        env.ELASTIC_TIMEOUT,
+        env.SECONDS,
+        "SECONDS",
+        DEFAULT_ELASTIC_TIMEOUT,
+        "with fewer than MIN slots, wait this long for hosts, then fail naming what is missing",
+    )
 
 
 def main(args):
     """Run ``hvdkit run`` from parsed arguments; the exit code."""
-    import dataclasses
-    import time
+    from ..launcher import plan
+    from ..launcher.job import run_job
+    from ..launcher.spec import check_command
 
-    from ..launcher import execute, hosts, plan, remote, supervise
-    from ..launcher.spec import JobSpec, check_command, parse_env_vars
+    spec, options = job_of(args)
+    check_command(spec.command)
+    if not spec.hosts and not options.discovery_script and spec.num_proc > _cores():  # said once, not per restart
+        sys.stderr.write(f"hvdkit run: {plan.oversubscribed(spec.num_proc, _cores())}\n")
+    if spec.timeline and not options.dry_run:
+        from ..launcher.timeline_flags import ensure_folder
+
+        ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
+    return run_job(spec, options)
+
+
+def job_of(args):
+    """The frozen ``(JobSpec, RunOptions)`` that ``hvdkit run``'s flags ask for (flag > HVDKIT_* variable >
+    default). Raises ConfigError naming a flag that cannot work."""
+    from ..launcher import hosts, plan
+    from ..launcher.job import RunOptions
+    from ..launcher.spec import JobSpec, parse_env_vars
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     found, origin = hosts.resolve(host_list=args.hosts, hostfile=args.hostfile, environ=os.environ)
     script = args.host_discovery_script
     if script and (args.hosts or args.hostfile):
         raise ConfigError("--host-discovery-script lists the hosts: give it without -H/--hostfile (or drop it)")
-    cores = len(os.sched_getaffinity(0))
-    if args.num_proc is None:
+    num_proc = args.num_proc
+    if num_proc is None:
         if script:
             raise ConfigError("-np is required with --host-discovery-script: the ranks to start with, e.g. -np 4")
         from ..launcher.gpus import gpu_count
 
-        args.num_proc, why = plan.default_num_proc(found, cores, 0 if found else gpu_count())
+        num_proc, why = plan.default_num_proc(found, _cores(), 0 if found else gpu_count())
         sys.stderr.write(f"hvdkit run: no -np given: {why}\n")
     if not script:
-        hosts.check_slots(found, args.num_proc, origin)
-    controller = "gloo" if args.gloo else "mpi"
+        hosts.check_slots(found, num_proc, origin)
     restarts_given = env.given(args.max_restarts)
     env.resolve(args)  # flag > HVDKIT_* variable > default
-    elastic_settings = _elastic_settings(args, found, origin)
-    restarts, stall, grace = args.max_restarts, args.stall_timeout, args.grace_period
+    elastic_settings = _elastic_settings(args, num_proc, found, origin)
+    restarts = args.max_restarts
     if elastic_settings and not restarts_given:  # an elastic job is meant to survive failures
-        from ..launcher.elastic import rules as elastic
+        from ..launcher.elastic.rules import DEFAULT_ELASTIC_MAX_RESTARTS
 
-        restarts = elastic.DEFAULT_ELASTIC_MAX_RESTARTS
-    extra_env = parse_env_vars(args.env_vars, os.environ)
-    if stall:
-        extra_env[env.STALL_TIMEOUT] = f"{stall:g}"
+        restarts = DEFAULT_ELASTIC_MAX_RESTARTS
     spec = JobSpec(
         command=command,
-        num_proc=args.num_proc,
-        controller=controller,
+        num_proc=num_proc,
+        controller="gloo" if args.gloo else "mpi",
         hosts=() if script else found,
-        env=extra_env,
+        env=parse_env_vars(args.env_vars, os.environ),
         network_interface=args.network_interface,
         timeline=args.timeline,
         timeline_mark_cycles=args.timeline_mark_cycles,
     )
-    check_command(spec.command)
-    is_root = os.geteuid() == 0
-    if not found and not script and spec.num_proc > cores:  # said once, not per restart; discovery: ranks run elsewhere
-        sys.stderr.write(f"hvdkit run: {plan.oversubscribed(spec.num_proc, cores)}\n")
-    if spec.timeline and not args.dry_run:
-        from ..launcher.timeline_flags import ensure_folder
-
-        ensure_folder(spec.timeline)  # Horovod only logs an error and records nothing without it
-    if elastic_settings:
-        return _run_elastic(args, spec, elastic_settings, restarts, is_root, cores)
-    if args.dry_run:
-        built = plan.build(spec, is_root=is_root, cores=cores)
-        print(" ".join(_quote(a) for a in built.argv))
-        return 0
-    if not (controller == "mpi" and hosts.mpirun_uses_srun(os.environ)):  # in SLURM, mpirun reaches nodes by srun
-        remote.check_reachable(found)  # an unreachable host is an error before anything starts
-
-    def build_plan(job_id, attempt):
-        attempt_spec = dataclasses.replace(spec, env={**spec.env, env.RESTART: str(attempt), env.WORLD_SIZE: str(spec.num_proc)})
-        return plan.build(attempt_spec, is_root=is_root, cores=cores, job_id=job_id, progress=sys.stderr.isatty())
-
-    started = time.time()
-    report = supervise.supervise(build_plan, restarts, grace=grace, forward_usr1=controller == "mpi")
-    final = report.final
-    if final.interrupted_by is not None and final.exit_code == 0:
-        name = execute.signal_name(final.interrupted_by)
-        sys.stderr.write(f"hvdkit run: stopped by {name}: every rank exited cleanly (exit code {128 + final.interrupted_by})\n")
-        return 128 + final.interrupted_by
-    summary = report.summary()
-    if summary:
-        sys.stderr.write(f"hvdkit run: {summary}\n")
-    if spec.timeline and os.path.exists(spec.timeline) and os.path.getmtime(spec.timeline) >= started - 1:
-        sys.stderr.write(f"hvdkit run: timeline written; summarise it: hvdkit timeline {_quote(spec.timeline)}\n")
-    return final.exit_code
+    options = RunOptions(
+        max_restarts=restarts,
+        grace=args.grace_period,
+        stall_timeout=args.stall_timeout,
+        elastic=elastic_settings,
+        discovery_script=script,
+        default_slots=env.discovered_host_slots(args.slots_per_host),
+        dry_run=args.dry_run,
+    )
+    return spec, options
 
 
-def _elastic_settings(args, found, origin):
+def _cores():
+    return len(os.sched_getaffinity(0))
+
+
+def _elastic_settings(args, num_proc, found, origin):
     from ..core.options import check_positive_int
     from ..launcher.elastic import rules as elastic
     from ..launcher.elastic.discovery import ScriptDiscovery
@@ -205,21 +249,12 @@ def _elastic_settings(args, found, origin):
     if script:
         ScriptDiscovery(script).check()
     return elastic.settings_from(
-        args.num_proc, args.min_np, args.max_np, script=script and os.path.abspath(script), hosts=found, origin=origin,
-        interval=args.discovery_interval, timeout=args.elastic_timeout,
-    )  # fmt: skip
-
-
-def _run_elastic(args, spec, settings, restarts, is_root, cores):
-    """``hvdkit run`` with --min-np/--max-np: attempts of fixed size on the hosts there (hvdkit.launcher.elastic_main)."""
-    from ..launcher import elastic_main
-
-    return elastic_main.main(spec, settings, script=args.host_discovery_script, restarts=restarts, grace=args.grace_period,
-                             dry_run=args.dry_run, is_root=is_root, cores=cores,
-                             default_slots=env.discovered_host_slots(args.slots_per_host))  # fmt: skip
-
-
-def _quote(arg):
-    import shlex
-
-    return shlex.quote(arg)
+        num_proc,
+        args.min_np,
+        args.max_np,
+        script=script and os.path.abspath(script),
+        hosts=found,
+        origin=origin,
+        interval=args.discovery_interval,
+        timeout=args.elastic_timeout,
+    )

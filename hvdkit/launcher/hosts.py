@@ -156,11 +156,12 @@ def _expand_range_set(body, where):
     for item in body.split(","):
         lo, dash, hi = item.partition("-")
         if not _COUNT.fullmatch(lo) or (dash and not _COUNT.fullmatch(hi)) or (dash and int(hi) < int(lo)):
-            raise ConfigError(
-                f"bad range {item!r} in SLURM node list {where!r}; expected e.g. node[01-03,07]"
-            )
+            raise ConfigError(f"bad range {item!r} in SLURM node list {where!r}; expected e.g. node[01-03,07]")
         if int(hi if dash else lo) - int(lo) >= MAX_NODES:
-            raise ConfigError(f"range {item!r} in SLURM node list {where!r} names more than {MAX_NODES} nodes; check {SLURM_NODELIST} or pass -H")
+            raise ConfigError(
+                f"range {item!r} in SLURM node list {where!r} names more than {MAX_NODES} nodes; check "
+                f"{SLURM_NODELIST} or pass -H"
+            )
         width = len(lo) if lo.startswith("0") else 1
         out += [str(i).zfill(width) for i in range(int(lo), int(hi if dash else lo) + 1)]
     return out
@@ -178,7 +179,8 @@ def _expand_one(pattern, where):
     numbers = _expand_range_set(body, where)
     if len(numbers) * len(tails) > MAX_NODES:
         raise ConfigError(
-            f"entry {pattern!r} in SLURM node list {where!r} names more than {MAX_NODES} nodes; check {SLURM_NODELIST} or pass -H"
+            f"entry {pattern!r} in SLURM node list {where!r} names more than {MAX_NODES} nodes; check "
+            f"{SLURM_NODELIST} or pass -H"
         )
     return [f"{head}{n}{tail}" for n in numbers for tail in tails]
 
@@ -192,7 +194,9 @@ def expand_nodelist(text):
             raise ConfigError(f"bad entry {entry!r} in SLURM node list {text!r}; expected e.g. node[01-03,07]")
         names += expanded
         if len(names) > MAX_NODES:
-            raise ConfigError(f"SLURM node list {text!r} names more than {MAX_NODES} nodes; check {SLURM_NODELIST} or pass -H")
+            raise ConfigError(
+                f"SLURM node list {text!r} names more than {MAX_NODES} nodes; check {SLURM_NODELIST} or pass -H"
+            )
     return tuple(names)
 
 
@@ -228,7 +232,7 @@ def slurm_hosts(environ):
             f"{SLURM_TASKS_PER_NODE}={per_node!r} gives {len(counts)} counts for the {len(names)} nodes in "
             f"{SLURM_NODELIST}={nodelist!r}; run inside the allocation as SLURM set it, or pass -H"
         )
-    return _unique([Host(n, c) for n, c in zip(names, counts)], f"{SLURM_NODELIST}={nodelist!r}")
+    return _unique([Host(n, c) for n, c in zip(names, counts, strict=True)], f"{SLURM_NODELIST}={nodelist!r}")
 
 
 def mpirun_uses_srun(environ):

@@ -31,9 +31,20 @@ FORWARDED_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
 # ... except a process's place in a job, which a launcher sets for each rank (a launcher started from
 # inside another job's rank must not hand its own rank to all of its ranks).
 NOT_FORWARDED = frozenset(
-    f"HOROVOD_{name}" for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME",
-                                   "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT", "GLOO_IFACE")
-)  # fmt: skip
+    f"HOROVOD_{name}"
+    for name in (
+        "RANK",
+        "SIZE",
+        "LOCAL_RANK",
+        "LOCAL_SIZE",
+        "CROSS_RANK",
+        "CROSS_SIZE",
+        "HOSTNAME",
+        "GLOO_RENDEZVOUS_ADDR",
+        "GLOO_RENDEZVOUS_PORT",
+        "GLOO_IFACE",
+    )
+)
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 
 
@@ -89,8 +100,8 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
     ``progress`` (True/False/None) sets HVDKIT_PROGRESS for the ranks unless the user set it.
     ``spec.timeline`` sets HOROVOD_TIMELINE (and HOROVOD_TIMELINE_MARK_CYCLES) for every rank,
     over any value of the user's: only rank 0 writes the file.
-    Every ``NCCL_*``, ``HOROVOD_*`` and ``HVDKIT_*`` variable of ``base_env`` reaches every rank (mpirun ``-x NAME``; horovodrun
-    passes the launcher's environment on), and ``spec.network_interface`` also sets
+    Every ``NCCL_*``, ``HOROVOD_*`` and ``HVDKIT_*`` variable of ``base_env`` reaches every rank
+    (mpirun ``-x NAME``; horovodrun passes the launcher's environment on), and ``spec.network_interface`` also sets
     NCCL_SOCKET_IFNAME for the ranks, unless the user set it (in ``base_env`` or ``spec.env``).
     """
     python = python or sys.executable
@@ -127,7 +138,9 @@ def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=N
     if spec.network_interface:  # both the data path (btl) and mpirun's own control channel (oob)
         nic = spec.network_interface
         argv += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic]
-    exported = set(env) | {name for name in base_env if name.startswith(FORWARDED_PREFIXES) and name not in NOT_FORWARDED}
+    exported = set(env) | {
+        name for name in base_env if name.startswith(FORWARDED_PREFIXES) and name not in NOT_FORWARDED
+    }
     if not is_local(spec.hosts):
         exported.update(name for name in FORWARDED if name in base_env)
     for name in sorted(exported):

@@ -21,7 +21,9 @@ __all__ = ["OutputFilter", "is_startup_chatter"]
 _CXX_INFO = re.compile(r"^I\d{4} [\d:.]+\s+\d+ [\w.-]+:\d+\] ")
 _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 # cpu_feature_guard's INFO message goes on over a second line without a prefix.
-_CPU_FEATURES = re.compile(r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.$")
+_CPU_FEATURES = re.compile(
+    r"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.$"
+)
 _RANK_PREFIX = re.compile(r"^\[rank \d+(?:/\d+)?\] ")
 
 _DASHES = re.compile(r"^-{20,}$")
@@ -35,7 +37,9 @@ _MPIRUN_FAILURE = (
 )
 _HOROVODRUN_ERROR = "RuntimeError: Horovod detected that one or more processes exited with non-zero status"
 _HOROVODRUN_TAIL = re.compile(r"^(Process name: \d+|Exit code: -?\d+|)$")
-_HOROVODRUN_LINE = re.compile(r"^(Process \d+ exit with status code -?\d+\.|Terminating remaining workers after failure of Process \d+\.)$")
+_HOROVODRUN_LINE = re.compile(
+    r"^(Process \d+ exit with status code -?\d+\.|Terminating remaining workers after failure of Process \d+\.)$"
+)
 
 
 def is_startup_chatter(text):

@@ -120,15 +120,18 @@ def main(argv=None):
             threading.Thread(target=_kill_when_unread, args=(child, fds), daemon=True).start()
         returncode = child.wait()
     if job:
-        _report(job, {
-            "event": "exit",
-            "rank": rank,
-            "exit_code": returncode if returncode >= 0 else None,
-            "signal": -returncode if returncode < 0 else None,
-            "seconds": time.time() - started,
-            "host": host,
-            "pid": os.getpid(),
-        })  # fmt: skip
+        _report(
+            job,
+            {
+                "event": "exit",
+                "rank": rank,
+                "exit_code": returncode if returncode >= 0 else None,
+                "signal": -returncode if returncode < 0 else None,
+                "seconds": time.time() - started,
+                "host": host,
+                "pid": os.getpid(),
+            },
+        )
     return returncode if returncode >= 0 else 128 - returncode
 
 

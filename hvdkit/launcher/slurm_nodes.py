@@ -41,8 +41,13 @@ def unavailable(hosts, timeout=15, run=subprocess.run):
     if not names:
         return {}
     try:
-        p = run(["sinfo", "--noheader", f"--nodes={','.join(names)}", f"--format={SINFO_FORMAT}"],
-                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        p = run(
+            ["sinfo", "--noheader", f"--nodes={','.join(names)}", f"--format={SINFO_FORMAT}"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {}
     if p.returncode != 0:

@@ -20,14 +20,18 @@ def timeline_path(path):
         raise ConfigError(f"--timeline needs a file name, e.g. --timeline out/timeline.json (got {path!r})")
     full = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(full):
-        raise ConfigError(f"--timeline {path!r} is a directory; give a file in it, e.g. {os.path.join(path, 'timeline.json')}")
+        raise ConfigError(
+            f"--timeline {path!r} is a directory; give a file in it, e.g. {os.path.join(path, 'timeline.json')}"
+        )
     folder = probe = os.path.dirname(full)
     while not os.path.exists(probe):  # the nearest existing ancestor decides whether mkdir -p can work
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         why = "is not a directory" if not os.path.isdir(probe) else "is not writable"
-        raise ConfigError(f"--timeline {path!r}: folder {folder!r} cannot be created or written ({probe!r} {why}); "
-                          "choose a path in a writable folder")
+        raise ConfigError(
+            f"--timeline {path!r}: folder {folder!r} cannot be created or written ({probe!r} {why}); "
+            "choose a path in a writable folder"
+        )
     if os.path.exists(full) and not os.access(full, os.W_OK):
         raise ConfigError(f"--timeline {path!r}: the file exists and is not writable; remove it or choose another path")
     return full

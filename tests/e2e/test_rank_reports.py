@@ -77,7 +77,7 @@ def test_a_record_of_another_jobs_rank_never_gets_it_signalled(tmp_path):
 
 
 def test_only_rank_wrappers_of_this_job_on_this_host_count_as_its_ranks(tmp_path):
-    from hvdkit.launcher.execute import local_rank_pids
+    from hvdkit.launcher.rank_signals import local_rank_pids
 
     ours, theirs = start_wrapper("job-1", tmp_path), start_wrapper("job-2", tmp_path)
     here = socket.gethostname()

@@ -17,11 +17,11 @@ from hvdkit.core import env
 from hvdkit.core.comm import LocalCommunicator
 from hvdkit.core.errors import ConfigError, LaunchError
 from hvdkit.core.preemption import PreemptionGuard
-from hvdkit.launcher import elastic_main, remote, slurm_nodes
+from hvdkit.launcher import job, remote, slurm_nodes
 from hvdkit.launcher.elastic.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery, parse_discovery_output
 from hvdkit.launcher.elastic.rules import ElasticSettings, History, can_grow, choose_world, lost_hosts, settings_from
 from hvdkit.launcher.elastic.loop import ElasticGaveUp, HostView, StopRequest, run_elastic, wait_for_world, watch
-from hvdkit.launcher.execute import JobResult, RankReports
+from hvdkit.launcher.execute import JobResult, RankProgress, RankReports
 from hvdkit.launcher.hosts import Host
 
 A, B, C = Host("a", 1), Host("b", 1), Host("c", 2)
@@ -212,10 +212,36 @@ class Ended:
         return self.polls < 0
 
 
+class Ranks:
+    """What a running attempt's ranks have reported so far; the watcher reads it through ``progress``."""
+
+    def __init__(self, training=False, started=None, last_step=None, resumed=None):
+        self.training, self.started, self.last_step, self.resumed = training, started, last_step, resumed
+
+    def progress(self):
+        return RankProgress(self.started, self.last_step, self.training, self.resumed)
+
+
+def attempts(fn):
+    """A ``launch`` for run_elastic from ``fn(world, attempt, changes, stop) -> JobResult``, called when the attempt runs."""
+
+    class Attempt:
+        def __init__(self, *args):
+            self.args = args
+
+        def progress(self):
+            return RankProgress()
+
+        def run(self, stop):
+            return fn(*self.args, stop)
+
+    return lambda world, attempt, changes: Attempt(world, attempt, changes)
+
+
 def _watch(view, running, polls=5, step=3, started=None):
     stop, record, said = StopRequest(), type("R", (), {"noticed": None})(), []
-    stop.training, stop.ranks_started_at = step is not None, started
-    watch(view, running, settings(hi=2), stop, Ended(polls), record, clock=lambda: 7.0, log=said.append)
+    ranks = Ranks(training=step is not None, started=started)
+    watch(view, running, settings(hi=2), stop, Ended(polls), record, clock=lambda: 7.0, log=said.append, progress=ranks.progress)
     return stop, record, said
 
 
@@ -230,7 +256,7 @@ def test_the_watcher_asks_to_grow_when_a_reachable_host_comes_and_not_before():
 def test_the_watcher_asks_at_the_first_poll_the_ranks_train_with_the_ssh_check_made_while_they_started():
     clock, checks = FakeClock(), []
     view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: checks.append(clock.now) or {})
-    stop, record = StopRequest(), type("R", (), {"noticed": None})()
+    stop, record, ranks = StopRequest(), type("R", (), {"noticed": None})(), Ranks()
 
     class Ended:  # the ranks report their guard after the third poll
         polls = 0
@@ -238,10 +264,10 @@ def test_the_watcher_asks_at_the_first_poll_the_ranks_train_with_the_ssh_check_m
         def wait(self, timeout):
             clock.advance(timeout)
             self.polls += 1
-            stop.training = self.polls > 3
+            ranks.training = self.polls > 3
             return self.polls > 10
 
-    watch(view, (A,), settings(interval=0.5), stop, Ended(), record, clock=clock, log=lambda _: None)
+    watch(view, (A,), settings(interval=0.5), stop, Ended(), record, clock=clock, log=lambda _: None, progress=ranks.progress)
     assert stop.reason == "b:1 came" and record.noticed == 2.0
     assert checks == [0.5]  # one ssh check while starting (fresh for 2 s), none when the gate opened
 
@@ -286,13 +312,13 @@ def test_a_running_host_that_stops_answering_twice_ends_the_attempt_at_once():
 class SteppingEnded(TickingEnded):
     """A TickingEnded during each wait of which rank 0 reports a new step (when ``stepping``)."""
 
-    def __init__(self, clock, polls, stop, stepping=True):
+    def __init__(self, clock, polls, ranks, stepping=True):
         super().__init__(clock, polls)
-        self.stop, self.stepping = stop, stepping
-        stop.last_step = 100
+        self.ranks, self.stepping = ranks, stepping
+        ranks.last_step = 100
 
     def wait(self, timeout):
-        self.stop.last_step += self.stepping
+        self.ranks.last_step += self.stepping
         return super().wait(timeout)
 
 
@@ -302,9 +328,9 @@ def test_failed_ssh_checks_end_the_attempt_only_while_the_ranks_report_no_new_st
     checkpoint were lost); a host that fails the checks while the job is silent ends it, as before."""
     clock, said = FakeClock(), []
     view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: {"b": "timeout"} if hosts == [A, B] else {})
-    stop = StopRequest()
-    watch(view, (A, B), settings(interval=5.0), stop, SteppingEnded(clock, 9, stop, stepping), type("R", (), {"noticed": None})(),
-          clock=clock, log=said.append)  # fmt: skip
+    stop, ranks = StopRequest(), Ranks(training=True)
+    watch(view, (A, B), settings(interval=5.0), stop, SteppingEnded(clock, 9, ranks, stepping), type("R", (), {"noticed": None})(),
+          clock=clock, log=said.append, progress=ranks.progress)  # fmt: skip
     assert stop.is_set() is not stepping
     kept = [line for line in said if "failed two ssh checks, but the ranks keep training" in line]
     assert kept == (["b (timeout) failed two ssh checks, but the ranks keep training (step 104): not ending the attempt"] if stepping else [])
@@ -342,7 +368,7 @@ def test_a_shrink_then_a_grow_relaunch_at_the_sizes_discovery_allows_and_are_sum
         clock.advance(3)
         return script[attempt]()
 
-    history, final = run_elastic(settings(n=2, lo=1, hi=2), view, launch, max_restarts=3, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    history, final = run_elastic(settings(n=2, lo=1, hi=2), view, attempts(launch), max_restarts=3, clock=clock, sleep=clock.sleep, log=lambda _: None)
     assert launched == [((A, B), 0, 0), ((A,), 1, 1), ((A, B), 2, 2)]
     assert final.exit_code == 0
     changes = history.changes()
@@ -364,7 +390,7 @@ def test_failures_beyond_max_restarts_end_the_job_and_growth_does_not_count():
         launched.append(attempt)
         return _result(1, message="rank 0 exited with code 1")
 
-    history, final = run_elastic(settings(), view_of((A, B)), launch, max_restarts=2, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    history, final = run_elastic(settings(), view_of((A, B)), attempts(launch), max_restarts=2, clock=clock, sleep=clock.sleep, log=lambda _: None)
     assert launched == [0, 1, 2] and final.exit_code == 1 and len(history.attempts) == 3
 
 
@@ -377,7 +403,7 @@ def test_a_rank_ended_by_the_stop_signal_of_a_grow_is_no_failure_but_one_killed_
     def launch(world, attempt, changes, stop):
         return results[attempt]
 
-    history, final = run_elastic(settings(), view_of((A, B)), launch, max_restarts=0, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    history, final = run_elastic(settings(), view_of((A, B)), attempts(launch), max_restarts=0, clock=clock, sleep=clock.sleep, log=lambda _: None)
     assert [a.outcome for a in history.attempts] == ["stopped to grow", "failed"] and final.exit_code == 137
     assert history.attempts[0].detail == "b:1 came; rank 0 was killed by SIGTERM"
 
@@ -392,7 +418,7 @@ def test_ranks_that_finish_after_a_late_grow_request_end_the_job_instead_of_runn
         launched.append(attempt)
         return JobResult(0, stop_reason="b:1 came", guarded=True, stopped_as_asked=False, last_step=90)
 
-    history, final = run_elastic(settings(), view_of((A, B)), launch, max_restarts=3, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    history, final = run_elastic(settings(), view_of((A, B)), attempts(launch), max_restarts=3, clock=clock, sleep=clock.sleep, log=lambda _: None)
     assert launched == [0] and final.exit_code == 0 and [a.outcome for a in history.attempts] == ["finished"]
 
 
@@ -400,7 +426,7 @@ def test_ranks_without_a_guard_that_end_0_after_a_request_still_count_as_stopped
     """Scripts without a PreemptionGuard say nothing: their clean exit after a request is taken as the stop."""
     clock = FakeClock()
     results = [_result(0, stop="b:1 came", guarded=False), _result(0)]
-    history, _ = run_elastic(settings(), view_of((A, B)), lambda w, attempt, c, s: results[attempt], max_restarts=0,
+    history, _ = run_elastic(settings(), view_of((A, B)), attempts(lambda w, attempt, c, s: results[attempt]), max_restarts=0,
                              clock=clock, sleep=clock.sleep, log=lambda _: None)  # fmt: skip
     assert [a.outcome for a in history.attempts] == ["stopped to grow", "finished"]
 
@@ -591,17 +617,17 @@ def test_a_hard_stop_finds_every_process_below_the_launcher_also_in_other_sessio
     import subprocess
     import time
 
-    from hvdkit.launcher.execute import _tree
+    from hvdkit.launcher.rank_signals import process_tree
 
     code = "import os, subprocess, time; subprocess.Popen(['sleep', '60'], start_new_session=True); print(os.getpid(), flush=True); time.sleep(60)"
     proc = subprocess.Popen(["python3", "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         proc.stdout.readline()
         time.sleep(0.2)
-        found = _tree(proc.pid)
+        found = process_tree(proc.pid)
         assert found[0] == proc.pid and len(found) == 2  # the sleep, though in a session of its own
     finally:
-        for pid in _tree(proc.pid)[::-1]:
+        for pid in process_tree(proc.pid)[::-1]:
             os.kill(pid, signal.SIGKILL)
         proc.wait()
 
@@ -621,9 +647,9 @@ def test_a_discovery_script_run_says_nothing_of_oversubscribing_this_host(tmp_pa
 def test_inside_slurm_an_mpi_elastic_job_asks_slurm_which_nodes_are_up_and_gloo_or_outside_asks_ssh():
     """Fixed-size runs need no ssh between SLURM nodes (mpirun goes through srun); elastic ones ssh-checked
     every node, so without ssh they trained on the batch node alone."""
-    assert elastic_main.host_check("mpi", {"SLURM_JOBID": "42"}) is slurm_nodes.unavailable
-    assert elastic_main.host_check("gloo", {"SLURM_JOBID": "42"}) is remote.unreachable  # horovodrun starts ranks over ssh
-    assert elastic_main.host_check("mpi", {}) is remote.unreachable
+    assert job.host_check("mpi", {"SLURM_JOBID": "42"}) is slurm_nodes.unavailable
+    assert job.host_check("gloo", {"SLURM_JOBID": "42"}) is remote.unreachable  # horovodrun starts ranks over ssh
+    assert job.host_check("mpi", {}) is remote.unreachable
 
 
 def test_slurm_node_states_leave_out_down_drained_and_not_responding_nodes_with_slurms_word():
@@ -646,7 +672,7 @@ def test_slurm_node_states_leave_out_down_drained_and_not_responding_nodes_with_
 def test_the_first_attempt_says_which_hosts_it_leaves_out_and_why():
     said = []
     view = view_of((A, B), unreachable={"b": "SLURM reports it drained"})
-    run_elastic(settings(n=1, lo=1), view, lambda *a: _result(0), 0, clock=FakeClock(), sleep=lambda s: None, log=said.append)
+    run_elastic(settings(n=1, lo=1), view, attempts(lambda *a: _result(0)), 0, clock=FakeClock(), sleep=lambda s: None, log=said.append)
     assert said[0] == "host b left out: SLURM reports it drained"
 
 
@@ -660,7 +686,7 @@ def test_a_relaunch_that_resumes_below_the_last_checkpointed_step_ends_the_job_l
         JobResult(137, 1, None, 9, message="rank 1 was killed by SIGKILL", resumed_step=0, last_step=40, saved_step=40),
         JobResult(0, resumed_step=0, last_step=90, guarded=True),  # ran to the end, from scratch
     ]
-    history, final = run_elastic(settings(), view_of((A, B)), lambda w, attempt, c, s: results[attempt], max_restarts=3,
+    history, final = run_elastic(settings(), view_of((A, B)), attempts(lambda w, attempt, c, s: results[attempt]), max_restarts=3,
                                  clock=clock, sleep=clock.sleep, log=said.append)  # fmt: skip
     assert [a.outcome for a in history.attempts] == ["failed", "resumed behind its checkpoints"]
     assert final.exit_code == 1
@@ -672,15 +698,15 @@ def test_a_relaunch_that_resumes_below_the_last_checkpointed_step_ends_the_job_l
 def test_a_relaunch_that_resumes_at_the_last_checkpointed_step_goes_on():
     results = [JobResult(0, stop_reason="b:1 came", guarded=True, stopped_as_asked=True, resumed_step=0, saved_step=40),
                JobResult(0, resumed_step=40, last_step=90, guarded=True)]  # fmt: skip
-    history, final = run_elastic(settings(), view_of((A, B)), lambda w, attempt, c, s: results[attempt], max_restarts=0,
+    history, final = run_elastic(settings(), view_of((A, B)), attempts(lambda w, attempt, c, s: results[attempt]), max_restarts=0,
                                  clock=FakeClock(), sleep=lambda s: None, log=lambda _: None)  # fmt: skip
     assert [a.outcome for a in history.attempts] == ["stopped to grow", "finished"] and final.exit_code == 0
 
 
 def test_the_watcher_ends_an_attempt_as_soon_as_its_ranks_say_they_resumed_behind_the_checkpoints():
     stop, record = StopRequest(), type("R", (), {"noticed": None})()
-    stop.resumed_step = 12
-    watch(view_of((A,)), (A,), settings(hi=1), stop, Ended(3), record, clock=lambda: 7.0, log=lambda _: None, saved=40)
+    watch(view_of((A,)), (A,), settings(hi=1), stop, Ended(3), record, clock=lambda: 7.0, log=lambda _: None, saved=40,
+          progress=Ranks(resumed=12).progress)
     assert stop.is_set() and stop.hard and stop.reason.startswith("the ranks resumed at step 12, but an earlier attempt")
 
 

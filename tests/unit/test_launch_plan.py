@@ -164,13 +164,51 @@ def test_bad_fault_tolerance_settings_are_clear_errors(args, message, capsys):
 
 
 def test_the_restart_summary_names_every_failed_attempt():
-    from hvdkit.launcher.supervise import Report
+    from hvdkit.launcher.elastic.loop import FixedMembership, run_attempts
 
     crash = execute.JobResult(137, 1, None, 9, message="rank 1 was killed by SIGKILL on h after 3.0 s; job stopped")
-    report = Report([crash, execute.JobResult(0)])
-    assert report.restarts == 1
-    assert report.summary() == "job finished after 1 restart used (attempt 1: rank 1 was killed by SIGKILL on h after 3.0 s; job stopped)"
-    assert Report([execute.JobResult(0)]).summary() == ""
+    said = []
+    history, final = run_attempts(FixedMembership((), 2), _ran(crash, execute.JobResult(0)), 1, log=said.append)
+    assert len(history.attempts) == 2 and said == [f"{crash.message}; restarting (1/1)"]
+    assert history.summary(final, elastic=False) == [
+        "job finished after 1 restart used (attempt 1: rank 1 was killed by SIGKILL on h after 3.0 s; job stopped)"
+    ]
+    history, final = run_attempts(FixedMembership((), 2), _ran(crash, crash, crash), 2, log=said.append)
+    assert final.exit_code == 137 and history.summary(final, elastic=False) == [
+        f"{crash.message} (exit code 137; 2 restarts used); earlier: attempt 1: {crash.message}; attempt 2: {crash.message}"
+    ]
+    history, final = run_attempts(FixedMembership((), 2), _ran(execute.JobResult(0)), 3, log=said.append)
+    assert history.summary(final, elastic=False) == []
+
+
+def test_a_fixed_size_job_stops_restarting_at_a_signal_to_the_launcher_and_exits_as_the_signal_would():
+    from hvdkit.launcher.elastic.loop import FixedMembership, run_attempts
+    from hvdkit.launcher.job import exit_code
+
+    stopped = execute.JobResult(0, interrupted_by=15)
+    history, final = run_attempts(FixedMembership((), 2), _ran(stopped, execute.JobResult(0)), 3, log=print)
+    assert len(history.attempts) == 1 and exit_code(final) == 143 and history.summary(final, elastic=False) == []
+    failed = execute.JobResult(1, 0, 1, message="rank 0 exited with code 1", interrupted_by=15)
+    history, final = run_attempts(FixedMembership((), 2), _ran(failed, execute.JobResult(0)), 3, log=print)
+    assert len(history.attempts) == 1 and exit_code(final) == 1
+
+
+def _ran(*results):
+    """A ``launch`` for run_attempts whose attempts end with ``results``, in turn; each sees the same hosts."""
+    results = iter(results)
+
+    class Ran:
+        def __init__(self, world):
+            assert world == ()
+            self.result = next(results)
+
+        def progress(self):
+            return execute.RankProgress()
+
+        def run(self, stop):
+            return self.result
+
+    return lambda world, attempt, changes: Ran(world)
 
 
 def test_env_assignments_reach_every_rank_through_both_launchers(capsys):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from hvdkit.launcher.execute import _signal_remote, remote_rank_pids, remote_term_command
+from hvdkit.launcher.rank_signals import remote_rank_pids, remote_term_command, signal_remote
 
 
 def test_only_ranks_of_other_hosts_are_remote():
@@ -37,16 +37,16 @@ def test_the_remote_command_terminates_the_jobs_wrapper_and_nothing_else():
 
 def test_every_remote_rank_is_asked_over_ssh_at_once():
     asked = []
-    thread = _signal_remote([("b", 11), ("c", 12)], "job-1", ssh=lambda host, argv, timeout: asked.append((host, argv)))
+    thread = signal_remote([("b", 11), ("c", 12)], "job-1", ssh=lambda host, argv, timeout: asked.append((host, argv)))
     thread.join(5)
     time.sleep(0.2)  # the per-host threads
     assert sorted(h for h, _ in asked) == ["b", "c"]
     assert all(argv[:2] == ["sh", "-c"] and "kill -TERM" in argv[2] for _, argv in asked)
-    assert _signal_remote([], "job-1") is None and _signal_remote([("b", 1)], None) is None
+    assert signal_remote([], "job-1") is None and signal_remote([("b", 1)], None) is None
 
 
 def test_guarded_ranks_need_one_signal_unguarded_ones_all():
-    from hvdkit.launcher.execute import remote_ranks_to_stop
+    from hvdkit.launcher.rank_signals import remote_ranks_to_stop
 
     remote = [("b", 11), ("b", 12), ("c", 13)]
     assert remote_ranks_to_stop(remote, local=[7], guarded=True) == []  # the local ranks' signal carries the stop

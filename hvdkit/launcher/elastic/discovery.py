@@ -42,7 +42,9 @@ def parse_discovery_output(text, source="the host discovery script", default_slo
         if not _NAME.fullmatch(name) or slots is None:
             raise DiscoveryError(f"{source}, line {number}: bad entry {line!r}; {_FORMAT}")
         if name in seen:
-            raise DiscoveryError(f"{source}, line {number}: host {name!r} is listed twice; list it once with all its slots")
+            raise DiscoveryError(
+                f"{source}, line {number}: host {name!r} is listed twice; list it once with all its slots"
+            )
         seen.add(name)
         hosts.append(Host(name, slots))
     return tuple(hosts)
@@ -59,7 +61,9 @@ class ScriptDiscovery:
     def check(self):
         """Raise ConfigError when the script is missing or not executable (before anything starts)."""
         if not os.path.isfile(self.path):
-            raise ConfigError(f"--host-discovery-script {self.path!r} is not a file; give the path of an executable script")
+            raise ConfigError(
+                f"--host-discovery-script {self.path!r} is not a file; give the path of an executable script"
+            )
         if not os.access(self.path, os.X_OK):
             raise ConfigError(f"--host-discovery-script {self.path!r} is not executable; chmod +x it")
 
@@ -69,15 +73,23 @@ class ScriptDiscovery:
         The script runs in a process group of its own, ended whole when it hangs: what it started
         (an ``sleep``, an ``ssh``, a ``kubectl``) does not outlive the poll."""
         try:
-            p = subprocess.Popen([self.path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                 text=True, start_new_session=True)  # fmt: skip
+            p = subprocess.Popen(
+                [self.path],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,
+            )
         except OSError as e:
             raise DiscoveryError(f"cannot run host discovery script {self.path}: {e.strerror}") from None
         try:
             out, err = p.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             _end_group(p)
-            raise DiscoveryError(f"host discovery script {self.path} gave no answer within {self.timeout:g} s") from None
+            raise DiscoveryError(
+                f"host discovery script {self.path} gave no answer within {self.timeout:g} s"
+            ) from None
         if p.returncode != 0:
             tail = (err.strip().splitlines() or [""])[-1]
             raise DiscoveryError(f"host discovery script {self.path} exited with code {p.returncode}: {tail}")

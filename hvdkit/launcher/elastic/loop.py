@@ -16,11 +16,33 @@ import time
 
 from ...core.errors import LaunchError
 from .. import remote
+from ..execute import RankProgress
+from ..hosts import format_hosts, total_slots
 from .discovery import DiscoveryError
-from .rules import FAILED, FINISHED, GROW, INTERRUPTED, Attempt, History, below_min_message, can_grow, choose_world, lost_hosts
-from ..hosts import format_hosts
+from .rules import (
+    FAILED,
+    FINISHED,
+    GROW,
+    INTERRUPTED,
+    Attempt,
+    History,
+    below_min_message,
+    can_grow,
+    choose_world,
+    lost_hosts,
+)
 
-__all__ = ["HostView", "ElasticGaveUp", "StopRequest", "wait_for_world", "watch", "run_elastic"]
+__all__ = [
+    "HostView",
+    "ElasticGaveUp",
+    "StopRequest",
+    "ElasticMembership",
+    "FixedMembership",
+    "wait_for_world",
+    "watch",
+    "run_elastic",
+    "run_attempts",
+]
 
 LEFT = "stopped: hosts left"
 BEHIND = "resumed behind its checkpoints"  # fatal: the checkpoint folder is not what the last attempt wrote
@@ -38,10 +60,6 @@ class StopRequest:
         self._event = threading.Event()
         self.reason = None
         self.hard = False
-        self.ranks_started_at = None  # what ``run`` has seen so far: time.monotonic() of the newest start report
-        self.last_step = None  # and the newest step reported
-        self.training = False  # True once a PreemptionGuard reported: the ranks can stop cleanly
-        self.resumed_step = None  # the step the ranks resumed at, once rank 0 said it
 
     def request(self, reason, hard=False):
         """Ask once; ``hard``: a host is gone, so no rank can finish a step: end the job now."""
@@ -102,8 +120,10 @@ def wait_for_world(view, settings, previous=(), first=False, clock=time.monotoni
         if waited >= settings.timeout:
             raise LaunchError(below_min_message(settings, available, previous, bad, waited))
         if said != available:
-            log(f"only {format_hosts(available) or 'no slots'} available, fewer than --min-np {settings.min_np}: "
-                f"waiting up to {settings.timeout - waited:.0f} s for hosts")  # fmt: skip
+            log(
+                f"only {format_hosts(available) or 'no slots'} available, fewer than --min-np {settings.min_np}: "
+                f"waiting up to {settings.timeout - waited:.0f} s for hosts"
+            )
             said = available
         sleep(min(settings.interval, max(0.0, settings.timeout - waited)))
 
@@ -122,25 +142,31 @@ def _behind(resumed, saved):
     return resumed is not None and saved is not None and resumed < saved
 
 
-def watch(view, running, settings, stop, ended, record, clock=time.monotonic, log=print, saved=None):
+def watch(
+    view, running, settings, stop, ended, record, clock=time.monotonic, log=print, saved=None, progress=RankProgress
+):
     """Poll discovery until ``ended`` is set; ask ``stop`` to end the attempt when a host of
     ``running`` is no longer listed, or when slots were added, the job may grow and its ranks are
     training (see ``_training``); end it at once when its ranks resumed below ``saved``, the newest
-    step an earlier attempt checkpointed."""
+    step an earlier attempt checkpointed. ``progress()`` is the running attempt's RankProgress."""
     said = {}  # the hosts last said to be unreachable, and why
     failing = None  # the discovery error last said, while discovery fails
     checked = ()  # (when, names) of the joining hosts the last ssh check found reachable
-    alive = _Liveness(view, running, clock, progress=lambda: stop.last_step, log=log)
+    alive = _Liveness(view, running, clock, progress=lambda: progress().last_step, log=log)
     while not ended.wait(settings.interval):
-        if _behind(stop.resumed_step, saved):  # run_elastic says why once the attempt has ended
+        resumed = progress().resumed_step
+        if _behind(resumed, saved):  # run_attempts says why once the attempt has ended
             record.noticed = clock()
-            stop.request(behind_message(stop.resumed_step, saved), hard=True)
+            stop.request(behind_message(resumed, saved), hard=True)
             return
         dead = alive.check()
         if dead:
             record.noticed = clock()
             stop.request(f"{', '.join(dead)} stopped answering over ssh", hard=True)
-            log(f"membership change: {', '.join(f'{n} ({why})' for n, why in dead.items())} stopped answering; ending the attempt")
+            log(
+                f"membership change: {', '.join(f'{n} ({why})' for n, why in dead.items())} stopped answering; "
+                "ending the attempt"
+            )
             return
         listed, error = view.listed()
         failing = _say_discovery(error, failing, log, running=True)
@@ -153,12 +179,18 @@ def watch(view, running, settings, stop, ended, record, clock=time.monotonic, lo
             log(f"membership change: {', '.join(gone)} left; stopping the ranks to relaunch without them")
             return
         used = {h.name for h in running}
-        extra = [h for h in listed if h.name not in used or h.slots > next(r.slots for r in running if r.name == h.name)]
+        extra = [
+            h for h in listed if h.name not in used or h.slots > next(r.slots for r in running if r.name == h.name)
+        ]
         if not extra:
             continue
         joining = [h for h in extra if h.name not in used]
-        training = _training(stop, clock)
-        if checked and clock() - checked[0] < (FRESH if training else RECHECK) and {h.name for h in joining} <= checked[1]:
+        training = _training(progress(), clock)
+        if (
+            checked
+            and clock() - checked[0] < (FRESH if training else RECHECK)
+            and {h.name for h in joining} <= checked[1]
+        ):
             bad = {}  # checked a moment ago, while the ranks were still starting: ask them at once
         else:
             bad = view.check(joining, view.ssh_timeout)
@@ -207,8 +239,10 @@ class _Liveness:
         if dead and step is not None and step != self.step:
             new = {n: why for n, why in dead.items() if n not in self.excused}
             if new:
-                self.log(f"{', '.join(f'{n} ({why})' for n, why in new.items())} failed two ssh checks, but the ranks "
-                         f"keep training (step {step}): not ending the attempt")  # fmt: skip
+                self.log(
+                    f"{', '.join(f'{n} ({why})' for n, why in new.items())} failed two ssh checks, but the ranks "
+                    f"keep training (step {step}): not ending the attempt"
+                )
             self.excused |= set(dead)
             dead = {}
         self.excused &= set(bad)
@@ -216,12 +250,12 @@ class _Liveness:
         return dead
 
 
-def _training(stop, clock):
+def _training(progress, clock):
     """True once the ranks can take a stop request: their PreemptionGuard reported (its first
     ``should_stop``), or, for scripts without one, GROW_SETTLE seconds after they started. A stop
     asked earlier would kill ranks still loading, before they can checkpoint."""
-    started = stop.ranks_started_at
-    return stop.training or (started is not None and clock() - started >= GROW_SETTLE)
+    started = progress.started_at
+    return progress.training or (started is not None and clock() - started >= GROW_SETTLE)
 
 
 def _ended(record, result, stop, clock, saved=None):
@@ -249,40 +283,103 @@ def _ended(record, result, stop, clock, saved=None):
     return record.outcome
 
 
-def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, sleep=time.sleep, log=print):
-    """Run attempts until one finishes; ``(history, final JobResult)``.
+class ElasticMembership:
+    """Which hosts each attempt of an elastic job gets: re-discovered between attempts (waiting for
+    ``min_np`` slots), and watched while one runs (``watch``)."""
 
-    ``launch(hosts, attempt, changes, stop)`` runs one attempt on ``hosts`` (``changes``: the
-    membership changes so far; ``stop``: a StopRequest) and returns its JobResult. Failures beyond
-    ``max_restarts`` end the job; a stop to grow is not a failure. An attempt whose ranks resumed
-    below the newest step an earlier one checkpointed ends the job (exit code 1 at least). Raises
-    ElasticGaveUp when fewer than ``min_np`` slots stay available for ``timeout`` seconds.
+    elastic = True
+
+    def __init__(self, settings, view, clock=time.monotonic, sleep=time.sleep, log=print):
+        self.settings, self.view, self.clock, self.sleep, self.log = settings, view, clock, sleep, log
+
+    def first(self):
+        return self._wait(first=True)
+
+    def next(self, previous, record, failed):
+        world = self._wait(previous=previous)
+        gone = [h.name for h in record.hosts if h.name in self._bad]
+        if failed and gone:  # what the launcher's own message could not say
+            record.detail += f"; then {', '.join(gone)} could not be reached"
+        return world
+
+    def _wait(self, previous=(), first=False):
+        world, self._bad = wait_for_world(self.view, self.settings, previous, first, self.clock, self.sleep, self.log)
+        for name, why in self._bad.items():  # attempt 1 too: a job that starts on fewer hosts says which and why
+            self.log(f"host {name} left out: {why}")
+        return world
+
+    def size(self, world):
+        return total_slots(world)
+
+    def watch(self, world, stop, ended, record, progress, saved):
+        args = (self.view, world, self.settings, stop, ended, record, self.clock, self.log, saved, progress)
+        thread = threading.Thread(target=watch, args=args, daemon=True)
+        thread.start()
+        return thread
+
+
+class FixedMembership:
+    """The same hosts and number of ranks for every attempt, nothing polled: a fixed-size job
+    (``hosts`` ``()`` is this machine)."""
+
+    elastic = False
+
+    def __init__(self, hosts, num_proc):
+        self.hosts, self.num_proc = tuple(hosts), num_proc
+
+    def first(self):
+        return self.hosts
+
+    def next(self, previous, record, failed):
+        return self.hosts
+
+    def size(self, world):
+        return self.num_proc
+
+    def watch(self, world, stop, ended, record, progress, saved):
+        return None
+
+
+def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, sleep=time.sleep, log=print):
+    """``run_attempts`` with the hosts of ``view`` re-discovered and watched (ElasticMembership)."""
+    return run_attempts(ElasticMembership(settings, view, clock, sleep, log), launch, max_restarts, clock, log)
+
+
+def run_attempts(membership, launch, max_restarts, clock=time.monotonic, log=print):
+    """Run attempts until one finishes; ``(history, final JobResult)``. The one restart loop of
+    every ``hvdkit run``: fixed-size jobs (FixedMembership) and elastic ones (ElasticMembership).
+
+    ``launch(hosts, attempt, changes)`` returns the attempt (``changes``: the membership changes so
+    far) ready to run: an ``execute.Execution``, whose ``run(stop)`` returns its JobResult and whose
+    ``progress()`` the watcher reads. Failures beyond ``max_restarts`` end the job; a stop to grow
+    is not a failure, nor is a signal to the launcher (it ends the job). An attempt whose ranks
+    resumed below the newest step an earlier one checkpointed ends the job (exit code 1 at least):
+    they would train again from an older state. Raises ElasticGaveUp when fewer than ``min_np``
+    slots stay available for ``timeout`` seconds.
     """
     history = History()
     try:
-        world, bad = wait_for_world(view, settings, first=True, clock=clock, sleep=sleep, log=log)
+        world = membership.first()
     except LaunchError as e:
         raise ElasticGaveUp(str(e), history) from None
-    for name, why in bad.items():  # attempt 1 too: a job that starts on fewer hosts says which and why
-        log(f"host {name} left out: {why}")
     failures = changes = 0
     saved = None  # the newest step any attempt checkpointed
     while True:
+        size = membership.size(world)
         if history.attempts and world != history.attempts[-1].hosts:
             changes += 1
-            log(f"membership change {changes}: {history.attempts[-1].size} -> {sum(h.slots for h in world)} rank(s) "
-                f"on {format_hosts(world)}")  # fmt: skip
-        record = Attempt(hosts=world, launched=clock())
+            log(f"membership change {changes}: {history.attempts[-1].size} -> {size} rank(s) on {format_hosts(world)}")
+        record = Attempt(hosts=world, launched=clock(), ranks=size)
         history.attempts.append(record)
+        job = launch(world, len(history.attempts) - 1, changes)
         stop, ended = StopRequest(), threading.Event()
-        watcher = threading.Thread(target=watch, args=(view, world, settings, stop, ended, record, clock, log, saved),
-                                   daemon=True)  # fmt: skip
-        watcher.start()
+        watcher = membership.watch(world, stop, ended, record, job.progress, saved)
         try:
-            result = launch(world, len(history.attempts) - 1, changes, stop)
+            result = job.run(stop)
         finally:
             ended.set()
-            watcher.join()
+            if watcher is not None:
+                watcher.join()
         outcome = _ended(record, result, stop, clock, saved)
         if outcome == BEHIND:
             log(record.detail)
@@ -294,15 +391,17 @@ def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, slee
         if outcome == FAILED:
             failures += 1
             if failures > max_restarts:
-                log(f"{result.message}; {failures - 1} restart(s) after failures used of --max-restarts {max_restarts}")
+                if membership.elastic:
+                    log(
+                        f"{result.message}; {failures - 1} restart(s) after failures used of --max-restarts "
+                        f"{max_restarts}"
+                    )
                 return history, result
-            log(f"{result.message}; re-discovering the hosts ({failures}/{max_restarts} restarts after failures)")
+            if membership.elastic:
+                log(f"{result.message}; re-discovering the hosts ({failures}/{max_restarts} restarts after failures)")
+            else:
+                log(f"{result.message}; restarting ({failures}/{max_restarts})")
         try:
-            world, bad = wait_for_world(view, settings, previous=world, clock=clock, sleep=sleep, log=log)
+            world = membership.next(world, record, outcome == FAILED)
         except LaunchError as e:
             raise ElasticGaveUp(str(e), history) from None
-        for name, why in bad.items():
-            log(f"host {name} left out: {why}")
-        gone = [h.name for h in record.hosts if h.name in bad]
-        if outcome == FAILED and gone:  # what the launcher's own message could not say
-            record.detail += f"; then {', '.join(gone)} could not be reached"

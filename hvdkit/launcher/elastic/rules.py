@@ -67,9 +67,13 @@ def settings_from(num_proc, min_np, max_np, *, script, hosts, origin, interval, 
     if min_np < 1:
         raise ConfigError(f"--min-np must be >= 1 (got {min_np}): the fewest ranks the job may run with")
     if min_np > num_proc:
-        raise ConfigError(f"--min-np {min_np} is more than -np {num_proc}; lower --min-np or raise -np (min <= np <= max)")
+        raise ConfigError(
+            f"--min-np {min_np} is more than -np {num_proc}; lower --min-np or raise -np (min <= np <= max)"
+        )
     if num_proc > max_np:
-        raise ConfigError(f"-np {num_proc} is more than --max-np {max_np}; raise --max-np or lower -np (min <= np <= max)")
+        raise ConfigError(
+            f"-np {num_proc} is more than --max-np {max_np}; raise --max-np or lower -np (min <= np <= max)"
+        )
     if script is None:
         if not hosts:
             raise ConfigError(
@@ -79,10 +83,13 @@ def settings_from(num_proc, min_np, max_np, *, script, hosts, origin, interval, 
         known = total_slots(hosts)
         if max_np > known:
             raise ConfigError(
-                f"--max-np {max_np} needs {max_np} slots but {origin} gives {known} ({format_hosts(hosts)}) and without "
+                f"--max-np {max_np} needs {max_np} slots but {origin} gives {known} ({format_hosts(hosts)}) "
+                "and without "
                 f"--host-discovery-script no host can join; lower --max-np to {known} or give a discovery script"
             )
-    return ElasticSettings(num_proc, min_np, max_np, interval, timeout, script and f"--host-discovery-script {script}" or origin)
+    return ElasticSettings(
+        num_proc, min_np, max_np, interval, timeout, script and f"--host-discovery-script {script}" or origin
+    )
 
 
 def choose_world(available, settings, previous=(), first=False):
@@ -129,13 +136,14 @@ def below_min_message(settings, available, previous, unreachable, waited):
         f"for {waited:.0f} s (--elastic-timeout {settings.timeout:g})"
         + (f"; missing: {why}" if missing else "")
         + (f"; host discovery failed: {unreachable['discovery']}" if unreachable.get("discovery") else "")
-        + f"; hosts from {settings.discovery}. The newest checkpoint is kept: bring the hosts back and run the job again"
+        + f"; hosts from {settings.discovery}. "
+        "The newest checkpoint is kept: bring the hosts back and run the job again"
     )
 
 
 @dataclass
 class Attempt:
-    """One launch of an elastic job, with the launcher's clock readings (seconds)."""
+    """One launch of a job (fixed-size or elastic), with the launcher's clock readings (seconds)."""
 
     hosts: tuple
     launched: float  # when the launcher started it
@@ -146,22 +154,23 @@ class Attempt:
     ended: float | None = None  # when its launcher (mpirun/horovodrun) had exited
     resumed_step: int | None = None  # the step the ranks resumed at, when they report steps
     last_step: int | None = None  # the last step they reported
+    ranks: int | None = None  # its number of ranks, when not every slot of ``hosts`` (a fixed-size job)
 
     @property
     def size(self):
-        return total_slots(self.hosts)
+        return total_slots(self.hosts) if self.ranks is None else self.ranks
 
 
 @dataclass
 class History:
-    """Every attempt of an elastic job; ``summary()`` is what ``hvdkit run`` prints at the end."""
+    """Every attempt of a job; ``summary(final, elastic)`` is what ``hvdkit run`` prints at the end."""
 
     attempts: list = field(default_factory=list)
 
     def changes(self):
         """One dict per relaunch: sizes, why, seconds from noticing to the new ranks running, steps recomputed."""
         out = []
-        for before, after in zip(self.attempts, self.attempts[1:]):
+        for before, after in zip(self.attempts, self.attempts[1:], strict=False):
             lost = None
             if before.noticed is not None and after.running is not None:
                 lost = round(after.running - before.noticed, 2)
@@ -171,22 +180,70 @@ class History:
             stopping = None
             if before.noticed is not None and before.ended is not None:
                 stopping = round(max(0.0, before.ended - before.noticed), 2)
-            out.append({"from": before.size, "to": after.size, "why": before.outcome, "seconds": lost,
-                        "stopping_seconds": stopping, "steps_recomputed": redo})  # fmt: skip
+            out.append(
+                {
+                    "from": before.size,
+                    "to": after.size,
+                    "why": before.outcome,
+                    "seconds": lost,
+                    "stopping_seconds": stopping,
+                    "steps_recomputed": redo,
+                }
+            )
         return out
 
-    def summary(self):
-        """Lines: attempts, world size over time, and per change the time lost and steps recomputed."""
+    def summary(self, final=None, elastic=True):
+        """The closing lines. Elastic: attempts, world size over time, and per change the time lost
+        and steps recomputed. Fixed-size: one line, only when something failed: what failed, how,
+        and how many restarts were used. With ``final`` (the last JobResult) an elastic summary also
+        ends with its failure, if it failed."""
+        if not elastic:
+            line = self._restarts_line(final)
+            return [line] if line else []
+        lines = self._elastic_lines()
+        if final is not None and final.exit_code != 0:
+            lines.append(final.message)
+        return lines
+
+    def _restarts_line(self, final):
+        if final is None or (final.interrupted_by is not None and final.exit_code == 0):
+            return ""
+        failed = [(i, a) for i, a in enumerate(self.attempts, start=1) if a.outcome == FAILED]
+        restarts = len(self.attempts) - 1
+        used = f"{restarts} restart{'s' if restarts != 1 else ''} used"
+        if final.exit_code == 0:
+            return (
+                f"job finished after {used} ({'; '.join(f'attempt {i}: {a.detail}' for i, a in failed)})"
+                if failed
+                else ""
+            )
+        line = f"{final.message} (exit code {final.exit_code}{f'; {used}' if restarts else ''})"
+        if len(failed) > 1:
+            line += f"; earlier: {'; '.join(f'attempt {i}: {a.detail}' for i, a in failed[:-1])}"
+        return line
+
+    def _elastic_lines(self):
         sizes = " -> ".join(str(a.size) for a in self.attempts)
         lines = [f"elastic summary: {len(self.attempts)} attempt(s), world size {sizes}"]
         for i, a in enumerate(self.attempts, start=1):
             took = f", {a.noticed - a.launched:.1f} s" if a.noticed is not None else ""
-            lines.append(f"  attempt {i}: {a.size} rank(s) on {format_hosts(a.hosts)}{took}: {a.outcome}" + (f" ({a.detail})" if a.detail else ""))
+            lines.append(
+                f"  attempt {i}: {a.size} rank(s) on {format_hosts(a.hosts)}{took}: {a.outcome}"
+                + (f" ({a.detail})" if a.detail else "")
+            )
         for c in self.changes():
             secs = "unknown" if c["seconds"] is None else f"{c['seconds']:.2f} s"
-            redo = "unknown (the ranks reported no steps)" if c["steps_recomputed"] is None else str(c["steps_recomputed"])
+            redo = (
+                "unknown (the ranks reported no steps)" if c["steps_recomputed"] is None else str(c["steps_recomputed"])
+            )
             kind = "shrink" if c["to"] < c["from"] else "grow" if c["to"] > c["from"] else "relaunch"
-            stop = "" if c["stopping_seconds"] is None else f" ({c['stopping_seconds']:.2f} s of it for the old ranks to end)"
-            lines.append(f"  {kind} {c['from']} -> {c['to']} ({c['why']}): {secs} from noticing to the new ranks running{stop}, "
-                         f"steps recomputed: {redo}")  # fmt: skip
+            stop = (
+                ""
+                if c["stopping_seconds"] is None
+                else f" ({c['stopping_seconds']:.2f} s of it for the old ranks to end)"
+            )
+            lines.append(
+                f"  {kind} {c['from']} -> {c['to']} ({c['why']}): {secs} from noticing to the new ranks running{stop}, "
+                f"steps recomputed: {redo}"
+            )
         return lines

@@ -12,8 +12,8 @@ import sys
 from ...core.errors import ConfigError
 from .. import plan as _plan
 from ..hosts import format_hosts
-from .spec import MEMORY_PATTERN, RenderSpec
 from ..spec import JobSpec
+from .spec import MEMORY_PATTERN, RenderSpec
 
 __all__ = [
     "RenderSpec",
@@ -147,7 +147,7 @@ def _slurm_gpus(spec):
 def _slurm_elastic(lines, spec):
     """The batch script's lines made elastic: --no-kill, what elastic means there, the flags."""
     mem = next(i for i, line in enumerate(lines) if line.startswith("#SBATCH --mem="))
-    run = lines[-1].replace(' -- ', f" {_line(spec.elastic_flags)} -- ", 1)
+    run = lines[-1].replace(" -- ", f" {_line(spec.elastic_flags)} -- ", 1)
     return [*lines[: mem + 1], "#SBATCH --no-kill", *lines[mem + 1 : -1], *_SLURM_ELASTIC, run]
 
 
@@ -207,7 +207,8 @@ def _mpijob(spec):
     ]
     if spec.gpus_per_node:
         header += [
-            f"# GPUs: each worker asks for {spec.gpus_per_node} (nvidia.com/gpu, the NVIDIA device plugin's resource) and",
+            f"# GPUs: each worker asks for {spec.gpus_per_node} (nvidia.com/gpu, the NVIDIA device plugin's "
+            "resource) and",
             "# runs one rank per GPU (slotsPerWorker); the image needs a CUDA build of torch and an engine",
             "# built with NCCL. The launcher needs no GPU.",
         ]
@@ -299,7 +300,13 @@ EXAMPLE_ELASTIC = dataclasses.replace(EXAMPLE, name="hvdkit-digits-elastic", min
 EXAMPLE_ELASTIC_FILES = {"mpijob-elastic.yaml": "mpijob"}
 # The same job on GPU nodes: 2 nodes x 4 GPUs, one rank per GPU.
 EXAMPLE_GPU = dataclasses.replace(
-    EXAMPLE, name="hvdkit-digits-gpu", num_proc=8, slots_per_node=None, gpus_per_node=4, cpu=8, memory="32Gi",
+    EXAMPLE,
+    name="hvdkit-digits-gpu",
+    num_proc=8,
+    slots_per_node=None,
+    gpus_per_node=4,
+    cpu=8,
+    memory="32Gi",
     image="hvdkit:gpu",
 )
 EXAMPLE_GPU_FILES = {"slurm-gpu.sbatch": "slurm", "mpijob-gpu.yaml": "mpijob"}
@@ -332,5 +339,3 @@ def main(argv=None):
         save(os.path.join(folder, name), text)
         print(os.path.join(folder, name))
     return 0
-
-

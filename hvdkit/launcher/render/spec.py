@@ -112,7 +112,12 @@ class RenderSpec:
         """``--min-np MIN --max-np MAX`` for ``hvdkit run`` (empty when the job is not elastic)."""
         if not self.elastic:
             return []
-        return ["--min-np", str(_default(self.min_np, self.num_proc)), "--max-np", str(_default(self.max_np, self.num_proc))]
+        return [
+            "--min-np",
+            str(_default(self.min_np, self.num_proc)),
+            "--max-np",
+            str(_default(self.max_np, self.num_proc)),
+        ]
 
     @property
     def launch_hosts(self):
@@ -137,7 +142,10 @@ def _check_elastic(spec):
     lo = _count(_default(spec.min_np, spec.num_proc), "--min-np")
     hi = _count(_default(spec.max_np, spec.num_proc), "--max-np")
     if not lo <= spec.num_proc <= hi:
-        raise ConfigError(f"elastic bounds need --min-np <= -np <= --max-np (got {lo} <= {spec.num_proc} <= {hi}); fix the one out of order")
+        raise ConfigError(
+            f"elastic bounds need --min-np <= -np <= --max-np (got {lo} <= {spec.num_proc} <= {hi}); fix the "
+            "one out of order"
+        )
 
 
 def _check_word(word):

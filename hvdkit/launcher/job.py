@@ -1,0 +1,196 @@
+"""Running a job to its end: ``run_job(spec, options)``, the one path of every ``hvdkit run``.
+
+A job is a sequence of attempts, each one plain mpirun / horovodrun --gloo run of ``spec``
+(``plan.build`` -> ``execute.Execution``). A fixed-size job relaunches the same hosts and size
+after a failure, up to ``max_restarts`` times, and polls nothing (``FixedMembership``); an elastic
+one (``options.elastic``) re-discovers its hosts between attempts and watches them during one
+(``ElasticMembership``). Both go through ``elastic.loop.run_attempts``: one attempt builder, one
+restart loop, one summary, one exit rule. Usable from code as from the command line::
+
+    from hvdkit.launcher import JobSpec, RunOptions, run_job
+    code = run_job(JobSpec(command=["python", "train.py"], num_proc=2), RunOptions(max_restarts=1))
+"""
+
+import dataclasses
+import os
+import secrets
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+
+from ..core import env
+from . import execute, plan, remote, slurm_nodes
+from .elastic.discovery import FixedDiscovery, ScriptDiscovery
+from .elastic.loop import ElasticGaveUp, ElasticMembership, FixedMembership, HostView, run_attempts
+from .elastic.rules import ElasticSettings, choose_world
+from .hosts import format_hosts, mpirun_uses_srun, total_slots
+from .spec import JobSpec
+
+__all__ = ["RunOptions", "run_job", "exit_code", "host_check"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``run_job`` runs a JobSpec (the flags of ``hvdkit run`` that are not the job itself).
+
+    ``max_restarts``: relaunches after failures; ``grace``: seconds the ranks get to checkpoint and
+    exit after a stop; ``stall_timeout``: seconds a rank may stay out of a collective before the job
+    ends naming it (HVDKIT_STALL_TIMEOUT for the ranks; None: their default); ``elastic``:
+    ElasticSettings for --min-np/--max-np (None: fixed size); ``discovery_script``: the host
+    discovery script of an elastic job (None: ``spec.hosts`` are fixed), a host it lists without
+    ``:slots`` having ``default_slots``; ``dry_run``: print the plan and start nothing.
+    """
+
+    max_restarts: int = env.DEFAULT_MAX_RESTARTS
+    grace: float = env.DEFAULT_GRACE_PERIOD
+    stall_timeout: float | None = None
+    elastic: ElasticSettings | None = None
+    discovery_script: str | None = None
+    default_slots: int = 1
+    dry_run: bool = False
+
+
+def run_job(spec: JobSpec, options: RunOptions = RunOptions(), *, err=None, environ=None) -> int:
+    """Run ``spec`` to its end as ``options`` say; the exit code (``exit_code`` of the last attempt).
+
+    Every attempt is ``spec`` with HVDKIT_RESTART (the attempt, 0 first) and HVDKIT_WORLD_SIZE set
+    for its ranks; an elastic attempt runs at its own size and hosts, with HVDKIT_MEMBERSHIP_CHANGES
+    and HVDKIT_LINEAGE too. Raises LaunchError when a host cannot be reached before the start, and
+    ElasticGaveUp (a LaunchError) after printing the summary when too few slots stayed.
+    """
+    err = err or sys.stderr
+    environ = os.environ if environ is None else environ
+    attempts = _Attempts(spec, options, err)
+    if options.dry_run:
+        return attempts.dry_run()
+
+    def say(text):
+        err.write(f"hvdkit run: {text}\n")
+        err.flush()
+
+    elastic = options.elastic
+    if elastic:
+        view = HostView(attempts.source(), check=host_check(spec.controller, environ))
+        membership = ElasticMembership(elastic, view, log=say)
+    else:
+        if not (spec.controller == "mpi" and mpirun_uses_srun(environ)):  # in SLURM, mpirun reaches nodes by srun
+            remote.check_reachable(spec.hosts)  # an unreachable host is an error before anything starts
+        membership = FixedMembership(spec.hosts, spec.num_proc)
+    started = time.time()
+    try:
+        history, final = run_attempts(membership, attempts.launch, options.max_restarts, log=say)
+    except ElasticGaveUp as e:
+        for line in e.history.summary() if e.history.attempts else ():
+            say(line)
+        raise
+    for line in history.summary(final, elastic=bool(elastic)):
+        say(line)
+    if final.interrupted_by is not None and final.exit_code == 0:
+        say(
+            f"stopped by {execute.signal_name(final.interrupted_by)}: every rank exited cleanly "
+            f"(exit code {exit_code(final)})"
+        )
+    if spec.timeline and os.path.exists(spec.timeline) and os.path.getmtime(spec.timeline) >= started - 1:
+        say(f"timeline written; summarise it: hvdkit timeline {shlex.quote(spec.timeline)}")
+    return exit_code(final)
+
+
+def exit_code(result) -> int:
+    """The exit code of a job whose last attempt ended with ``result``: that attempt's, except that a
+    job stopped by a signal to the launcher, every rank having exited cleanly, ends as the signal's
+    default action would (128 + signal), as shells and schedulers expect."""
+    if result.interrupted_by is not None and result.exit_code == 0:
+        return 128 + result.interrupted_by
+    return result.exit_code
+
+
+def host_check(controller, environ=None):
+    """How an elastic job tells which hosts are up: inside a SLURM allocation, where mpirun reaches
+    the nodes through srun, SLURM's own node states (no ssh between nodes needed, as for fixed-size
+    jobs); elsewhere, and for Gloo (horovodrun starts remote ranks over ssh), an ssh check.
+    Env: SLURM_JOBID."""
+    environ = os.environ if environ is None else environ
+    if controller == "mpi" and mpirun_uses_srun(environ):
+        return slurm_nodes.unavailable
+    return remote.unreachable
+
+
+class _Attempts:
+    """Builds each attempt of one job: its JobSpec, Plan and Execution."""
+
+    def __init__(self, spec, options, err):
+        self.spec, self.options, self.err = spec, options, err
+        self.is_root, self.cores = os.geteuid() == 0, len(os.sched_getaffinity(0))
+        self.lineage = secrets.token_hex(8)  # the same for every attempt: the checkpoint lock knows its own job
+
+    def spec_of(self, world=None, attempt=None, changes=0):
+        """``spec`` as attempt ``attempt`` runs it on ``world`` after ``changes`` membership changes
+        (no attempt: as a dry run of a fixed-size job shows it)."""
+        base = dict(self.spec.env)
+        if self.options.stall_timeout:
+            base[env.STALL_TIMEOUT] = f"{self.options.stall_timeout:g}"
+        if attempt is None:
+            return dataclasses.replace(self.spec, env=base)
+        if self.options.elastic is None:
+            extra = {env.RESTART: str(attempt), env.WORLD_SIZE: str(self.spec.num_proc)}
+            return dataclasses.replace(self.spec, env={**base, **extra})
+        size = total_slots(world)
+        extra = {
+            env.RESTART: str(attempt),
+            env.WORLD_SIZE: str(size),
+            env.MEMBERSHIP_CHANGES: str(changes),
+            env.LINEAGE: self.lineage,
+        }
+        return dataclasses.replace(self.spec, num_proc=size, hosts=world, env={**base, **extra})
+
+    def launch(self, world, attempt, changes):
+        """Attempt ``attempt`` (0 first), ready to run: an ``execute.Execution``."""
+        job_id = secrets.token_hex(8)  # tags the reports of this attempt's rank wrappers
+        if self.options.elastic is not None:
+            self.err.write(
+                f"hvdkit run: attempt {attempt + 1}: {total_slots(world)} rank(s) on {format_hosts(world)}\n"
+            )
+            self.err.flush()
+        built = plan.build(
+            self.spec_of(world, attempt, changes),
+            is_root=self.is_root,
+            cores=self.cores,
+            job_id=job_id,
+            progress=self.err.isatty(),
+        )
+        return execute.Execution(
+            built, job_id=job_id, grace=self.options.grace, forward_usr1=self.spec.controller == "mpi"
+        )
+
+    def source(self):
+        """Where an elastic job's hosts come from: its discovery script, else the fixed ``spec.hosts``."""
+        script = self.options.discovery_script
+        if script:
+            return ScriptDiscovery(script, default_slots=self.options.default_slots)
+        return FixedDiscovery(self.spec.hosts, self.options.elastic.discovery)
+
+    def dry_run(self):
+        """Print what the first attempt would run (and, elastic, the settings and hosts now); 0."""
+        settings = self.options.elastic
+        if settings is None:
+            print(
+                " ".join(
+                    shlex.quote(a) for a in plan.build(self.spec_of(), is_root=self.is_root, cores=self.cores).argv
+                )
+            )
+            return 0
+        listed = self.source().hosts()
+        world = choose_world(listed, settings, first=True)
+        print(settings.describe())
+        print(
+            f"hosts now: {format_hosts(listed) or 'none'} ({total_slots(listed)} slot(s)); world sizes allowed: "
+            f"{settings.min_np}..{settings.max_np}; --max-restarts {self.options.max_restarts} after failures"
+        )
+        if world is None:
+            print(f"first launch: waits for {settings.min_np} slot(s)")
+            return 0
+        print(f"first launch: {total_slots(world)} rank(s) on {format_hosts(world)}:")
+        built = plan.build(self.spec_of(world, 0, 0), is_root=self.is_root, cores=self.cores)
+        print(" ".join(shlex.quote(a) for a in built.argv))
+        return 0

@@ -1,0 +1,139 @@
+"""Which processes of a job get which signal: rank wrappers on this host (by the pids they reported,
+checked against /proc), ranks on other hosts (over ssh, by host and pid), and what a job left behind."""
+
+import os
+import shlex
+import signal
+import socket
+import threading
+
+from ..core import env as _env
+
+__all__ = [
+    "local_rank_pids",
+    "remote_rank_pids",
+    "remote_ranks_to_stop",
+    "remote_term_command",
+    "signal_remote",
+    "signal_pids",
+    "process_tree",
+    "reap",
+]
+
+
+def local_rank_pids(started, job_id, host=None):
+    """Pids of this job's rank wrappers on this host that are still running, from their start reports.
+
+    A pid counts only if its report names this host and the process with that pid here is a rank
+    wrapper started for ``job_id`` (its HVDKIT_JOB_ID): never a rank of another job, a pid of
+    another host, or a pid reused since.
+    """
+    host = host or socket.gethostname()
+    return [
+        rec["pid"]
+        for rec in started.values()
+        if rec.get("host") == host and isinstance(rec.get("pid"), int) and _is_wrapper_of(rec["pid"], job_id)
+    ]
+
+
+def _is_wrapper_of(pid, job_id):
+    if pid <= 1 or not job_id:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"hvdkit.launcher.rankwrap" not in f.read():
+                return False
+        with open(f"/proc/{pid}/environ", "rb") as f:  # readable for our own processes (and root)
+            return f"{_env.JOB_ID}={job_id}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def remote_rank_pids(started, host=None):
+    """``[(host, pid)]`` of this job's rank wrappers on other hosts, by rank, from their start reports."""
+    host = host or socket.gethostname()
+    return [
+        (rec["host"], rec["pid"])
+        for _, rec in sorted(started.items())
+        if rec.get("host") not in (None, host) and isinstance(rec.get("pid"), int) and rec["pid"] > 1
+    ]
+
+
+def remote_ranks_to_stop(remote, local, guarded):
+    """Which remote ranks (``[(host, pid)]``, by rank) a graceful stop signals over ssh.
+
+    Ranks that train under a PreemptionGuard (``guarded``) stop together once any one of them got the
+    signal (its check is a collective): then the local ranks' signal is enough, or, with no rank on
+    this host, the first remote one. Signalling more would race: ssh delivers late and unevenly, and
+    a rank that already stopped and is exiting dies of the signal instead of exiting cleanly.
+    Unguarded ranks all get it (their default action ends them)."""
+    if not guarded:
+        return list(remote)
+    return [] if local else list(remote[:1])
+
+
+def remote_term_command(pid, job_id):
+    """The shell command that sends SIGTERM to ``pid`` on its host if, and only if, it is a rank
+    wrapper of ``job_id`` (its environment holds HVDKIT_JOB_ID=``job_id``): never a reused pid."""
+    return (
+        f"tr '\\0' '\\n' < /proc/{int(pid)}/environ 2>/dev/null | grep -qxF {shlex.quote(f'{_env.JOB_ID}={job_id}')} "
+        f"&& kill -TERM {int(pid)}"
+    )
+
+
+def signal_remote(ranks, job_id, ssh=None):
+    """SIGTERM to each rank wrapper of ``ranks`` (``[(host, pid)]``) over ssh, all hosts at once, in the
+    background: horovodrun passes no signal on, so under Gloo this is how ranks on other hosts hear of
+    a stop (mpirun passes SIGUSR1 on instead). The wrapper passes it to its command."""
+    if not ranks or not job_id:
+        return None
+    from .remote import ssh as remote_ssh
+
+    run_ssh = ssh or remote_ssh
+
+    def send():
+        for host, pid in ranks:
+            threading.Thread(
+                target=run_ssh,
+                args=(host, ["sh", "-c", shlex.quote(remote_term_command(pid, job_id))], 15),
+                daemon=True,
+            ).start()
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def signal_pids(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def process_tree(pid):
+    """``pid`` and every process below it (ssh clients run in sessions of their own), from /proc."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def reap(pgid, rank_pids):
+    """Kill whatever the job left behind on this host: the launcher's group and any rank wrapper
+    still running (their commands die with them)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    signal_pids(rank_pids, signal.SIGKILL)
