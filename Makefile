@@ -7,7 +7,7 @@ BIN    := $(abspath $(VENV))/bin
 # A whole test phase is bounded, so a hung rank fails the run instead of stalling it.
 TEST_TIMEOUT ?= 3600
 
-.PHONY: setup demo test test-unit test-gpu test-dist doctor render clean bench bench-network docs
+.PHONY: setup demo test test-unit test-gpu test-dist doctor render clean bench bench-network bench-predict docs
 
 setup:
 	bash scripts/setup.sh
@@ -32,15 +32,21 @@ test-dist: setup
 doctor: setup
 	$(BIN)/hvdkit doctor
 
-# The benchmark suite (about 3-6 minutes on 2 cores; run it on a quiet machine): a table on stdout,
-# docs/bench/results.json, the plots, and the results section of docs/benchmarks.md.
+# The project's benchmark lab (benchmarks/, run from here; not installed). bench: `hvdkit bench`'s suite
+# (about 3-6 minutes on 2 cores; run it on a quiet machine): a table on stdout, docs/bench/results.json,
+# the plots, and the results section of docs/benchmarks.md.
 bench: setup
-	$(BIN)/hvdkit bench --out docs/bench --docs docs/benchmarks.md
+	$(PY) -m benchmarks suite --out docs/bench --docs docs/benchmarks.md
 
 # Opt-in (root: network namespaces and tc; about 20 minutes on 2 cores): the allreduce sweep, training
 # steps and Horovod's latency settings across two emulated hosts at 1 Gbit/s, 10 Gbit/s and unlimited.
 bench-network: setup
-	$(BIN)/hvdkit bench --hosts 2 --out docs/bench/network --docs docs/benchmarks.md
+	$(PY) -m benchmarks network --out docs/bench/network --docs docs/benchmarks.md
+
+# No jobs, seconds: the scaling model checked against Horovod's published figures, calibrated on
+# docs/bench/results.json (and network/results.json), predicted at 2-512 ranks; the model section.
+bench-predict: setup
+	$(PY) -m benchmarks predict --out docs/bench --docs docs/benchmarks.md
 
 # Rewrite the API reference in docs/api/ from the docstrings (a unit test keeps it in sync).
 docs: setup

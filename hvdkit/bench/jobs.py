@@ -1,6 +1,6 @@
-"""Running benchmark jobs: the job runner the suite and the network section share, with its progress
-lines, the machine description and the publishing of results (no circle between the two sections:
-both import this module, neither the other).
+"""Running benchmark jobs: the job runner of ``hvdkit bench``, with its progress lines, the machine
+description and the publishing of results (JSON, table, plots, results.md). The project's network
+lab (``benchmarks.network``, outside the package) runs its jobs with it too.
 """
 
 import json
@@ -143,18 +143,15 @@ class Suite:
         return {label: {k: s.as_dict() for k, s in r.items()} | {"env": dict(env)} for (label, env), r in zip(TUNING, rows.values())}
 
 
-def publish(results, out, docs, reporter, t0):
+def publish(results, out, reporter, t0):
     """Write ``results`` (with the seconds since ``t0``) to OUT/results.json, print ``reporter``'s table,
-    draw its plots, write OUT/results.md and, with ``docs``, its section of that page; ``results``."""
+    draw its plots and write OUT/results.md; ``results``."""
     results["seconds"] = time.perf_counter() - t0
     with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
     print(reporter.table(results))
     plots = reporter.plots(results, out)
-    markdown = reporter.markdown(results, plots, docs_dir=os.path.dirname(docs) if docs else out)
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(markdown)
-    if docs:
-        reporter.update_docs(docs, markdown)
+        f.write(reporter.markdown(results, plots, docs_dir=out))
     say(f"all done in {results['seconds']:.0f} s: {out}/results.json, results.md, {', '.join(os.path.basename(p) for p in plots)}")
     return results

@@ -1,10 +1,10 @@
-"""Turning the suite's results into goals, a table, plots and the Markdown of docs/benchmarks.md."""
+"""Turning the suite's results into goals, a table, plots and a Markdown summary (OUT/results.md)."""
 
 import os
 
-__all__ = ["goals", "table", "plots", "markdown", "update_docs", "compression_advice"]
+__all__ = ["PLOTS", "goals", "table", "plots", "markdown", "compression_advice"]
 
-BEGIN, END = "<!-- bench:results:begin -->", "<!-- bench:results:end -->"
+PLOTS = ("bandwidth.png", "scaling.png")  # what plots() draws into the results folder
 MB = 1 << 20
 
 
@@ -116,7 +116,7 @@ def table(results):
 
 
 def plots(results, out):
-    """bandwidth.png (bus bandwidth against size, with the memcpy ceiling) and scaling.png."""
+    """``PLOTS`` in ``out``: bus bandwidth against size (with the memcpy ceiling), scaling efficiency; their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,7 +142,7 @@ def plots(results, out):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("bus bandwidth (GB/s)")
-    paths.append(save_figure(fig, os.path.join(out, "bandwidth.png")))
+    paths.append(save_figure(fig, os.path.join(out, PLOTS[0])))
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels, values = [], []
@@ -157,12 +157,12 @@ def plots(results, out):
     ax.set_xticks(range(len(values)), labels, fontsize=8)
     ax.set_ylabel(f"scaling efficiency, 1 -> {results['ranks']} ranks")
     ax.set_title("training throughput per rank vs one process (grey: no communication at all)")
-    paths.append(save_figure(fig, os.path.join(out, "scaling.png")))
+    paths.append(save_figure(fig, os.path.join(out, PLOTS[1])))
     return paths
 
 
 def markdown(results, plots, docs_dir):
-    """The results section of docs/benchmarks.md: machine, goals, the table, the plots."""
+    """The run as Markdown: machine, goals, the table, the plots (linked relative to ``docs_dir``)."""
     m = results["machine"]
     rel = [os.path.relpath(p, docs_dir) for p in plots]
     lines = [
@@ -180,17 +180,4 @@ def markdown(results, plots, docs_dir):
         lines.append(f"| {g['name']} | {g['value']:.3f} | {g['target']} | {verdict} |")
     lines += ["", *[f"![{os.path.splitext(os.path.basename(p))[0]}]({p})" for p in rel], "", "```", table(results).strip(), "```", ""]
     return "\n".join(lines)
-
-
-def update_docs(path, section, begin=BEGIN, end=END):
-    """Replace the text between the ``begin`` and ``end`` markers of ``path`` (bench:results) with ``section``."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if begin not in text or end not in text:
-        raise ValueError(f"{path} has no {begin} ... {end} markers; add them where the results should go")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f"{head}{begin}\n{section}\n{end}{tail}")
-
 

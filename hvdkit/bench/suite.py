@@ -1,6 +1,6 @@
-"""``hvdkit bench``: the whole benchmark suite in one run, with a table, JSON and plots.
+"""``hvdkit bench``: measure Horovod through hvdkit where it runs, side by side with the alternatives.
 
-    hvdkit bench [--out DIR] [--quick] [--docs docs/benchmarks.md] [-np 2]
+    hvdkit bench [--out DIR] [--quick] [-np 2] [--no-tune]
 
 Each section is a separate job started the way users start theirs (``hvdkit run``), so the
 figures include everything a user pays for. Within a job the variants of one comparison run
@@ -10,7 +10,6 @@ on tiny sizes once: a correctness check of the suite (``make test`` runs it), no
 """
 
 import argparse
-import os
 import sys
 import time
 
@@ -18,11 +17,30 @@ from ..core.errors import ConfigError
 from . import report
 from .jobs import Suite, busy_warning, machine, publish, say
 
-__all__ = ["main", "run_suite"]
+__all__ = ["main", "parser", "run_args", "run_suite"]
+
+DESCRIPTION = """\
+Measure Horovod through hvdkit where you run it (this machine, or the hosts of a
+SLURM allocation or MPI Operator job, as hvdkit run finds them), side by side
+with raw Horovod, mpi4py, torch.distributed and a memory copy."""
+EPILOG = """\
+sections (each a job of N ranks under hvdkit run; variants interleaved, each
+checked before it is timed):
+  (a) allreduce bus bandwidth over MPI and Gloo, beside mpi4py, torch.distributed
+      and a memory-copy ceiling  (b) fp16 compression  (c) tensor fusion
+  (d) PyTorch and Keras training steps against one process, raw Horovod and DDP
+  (f) checkpoint save  (g) start-up  Horovod's cycle time (unless --no-tune)
+
+The table goes to stdout, progress to stderr; OUT gets results.json, results.md,
+bandwidth.png and scaling.png. Run it on a quiet machine: stray ranks of an
+earlier job spoil every figure.
+"""
 
 
-def run_suite(out, np_=2, quick=False, docs=None, tune=True):
+def run_suite(out, np_=2, quick=False, tune=True):
     """Every section; returns the assembled results (also written to ``out``/results.json)."""
+    if np_ < 2:
+        raise ConfigError(f"-np must be at least 2 (got {np_}): the suite compares 1 rank with N")
     t0 = time.perf_counter()
     suite = Suite(out, np_, quick)
     reps = 1 if quick else 5
@@ -41,44 +59,26 @@ def run_suite(out, np_=2, quick=False, docs=None, tune=True):
     if tune and not quick:
         results["tuning"] = suite.tuning(3)
     results["goals"] = report.goals(results)
-    return publish(results, out, docs, report, t0)
+    return publish(results, out, report, t0)
 
 
 def parser(p=None):
-    p = p or argparse.ArgumentParser(prog="hvdkit bench", description=__doc__.splitlines()[0])
+    """The flags of ``hvdkit bench`` on ``p`` (default: a parser of its own); ``p``."""
+    if p is None:
+        p = argparse.ArgumentParser(prog="hvdkit bench")
+    p.description = DESCRIPTION
+    p.epilog = EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--out", default="build/bench", help="folder for results.json, results.md and the plots (default: build/bench)")
     p.add_argument("-np", "--num-proc", dest="np", type=int, default=2, help="ranks per job (default: 2)")
     p.add_argument("--quick", action="store_true", help="every variant on tiny sizes, once: checks the suite, measures nothing")
-    p.add_argument("--docs", default=None, help="also rewrite the results section of this Markdown file (docs/benchmarks.md)")
-    p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the Horovod settings comparison")
-    p.add_argument("--hosts", type=int, default=None, help="2: run the network section instead, across two emulated "
-                   "hosts (network namespaces, needs root; hvdkit.bench.network)")
-    p.add_argument("--predict", action="store_true", help="run nothing: the scaling model, checked against Horovod's "
-                   "published figures, calibrated on OUT/results.json (else docs/bench/results.json), at 2-512 ranks")
-    p.add_argument("--link", action="append", default=None, metavar="RATE",
-                   help="with --hosts: link rate(s) to shape the hosts' link to, e.g. 1gbit, 10gbit, unlimited "
-                   "(repeatable; default: all three)")
+    p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the Horovod cycle-time comparison")
     return p
 
 
 def run_args(args):
     """Run the suite from parsed arguments (``hvdkit bench``); the exit code."""
-    if args.np < 2:
-        raise ConfigError(f"-np must be at least 2 (got {args.np}): the suite compares 1 rank with N")
-    if args.docs and not os.path.isfile(args.docs):
-        raise ConfigError(f"--docs {args.docs!r} is not a file; pass the Markdown file to update (docs/benchmarks.md)")
-    if args.predict:  # no jobs: the scaling model on the recorded results (hvdkit.bench.predict)
-        from .predict import run_predict
-
-        return run_predict(args.out, args.docs)
-    if args.hosts is not None or args.link:
-        from .network import RATES, check_ready, run_network
-
-        rates = tuple(args.link or RATES)
-        check_ready(args.hosts or 2, rates)
-        run_network(args.out, rates, args.quick, args.docs)
-        return 0
-    run_suite(args.out, args.np, args.quick, args.docs, args.tune)
+    run_suite(args.out, args.np, args.quick, args.tune)
     return 0
 
 

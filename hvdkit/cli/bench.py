@@ -1,4 +1,4 @@
-"""``hvdkit bench``: the benchmark suite (its flags and its run live in ``hvdkit.bench.suite``)."""
+"""``hvdkit bench``: the user's own benchmark of this machine or cluster (flags and run: ``hvdkit.bench.suite``)."""
 
 __all__ = ["register", "main"]
 
@@ -7,7 +7,8 @@ def register(sub):
     """Add ``hvdkit bench`` to the sub-command parsers ``sub``."""
     from ..bench.suite import parser  # framework-free: the workers import torch/TF
 
-    parser(sub.add_parser("bench", help="run the benchmark suite: table, JSON and plots (about 6 minutes on 2 cores)"))
+    help_ = "measure Horovod through hvdkit here: a table, JSON and plots (about 6 minutes on 2 cores)"
+    parser(sub.add_parser("bench", help=help_))
 
 
 def main(args):

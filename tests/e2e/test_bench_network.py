@@ -1,4 +1,4 @@
-"""`hvdkit bench --hosts 2 --link 1gbit --quick`: the network section on two real namespace hosts, tbf-shaped.
+"""`python -m benchmarks network --link 1gbit --quick`: the network section on two real namespace hosts, tbf-shaped.
 
 Untimed: --quick runs each job once on tiny sizes. The tests check the results' structure, that
 every variant computed the right sum across the hosts, that the shaped link really limited what
@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import HVDKIT, run_bounded
+from helpers import PYTHON, run_bounded
 
 from hvdkit.core.horovod_settings import DEFAULTS
 
@@ -28,7 +28,7 @@ TIMEOUT = 900
 
 
 def _remove_hosts(pid):
-    """The bench names its hosts after its pid; after a kill, remove what it left."""
+    """The lab names its hosts after its pid; after a kill, remove what it left."""
     for host in "ab":
         ns = f"hvdb{pid % 10000}{host}"
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -36,7 +36,8 @@ def _remove_hosts(pid):
 
 
 def run_bench(argv, timeout):
-    """Run the bench in its own process group; on a hang SIGTERM it (it closes its hosts), then kill."""
+    """Run the lab in its own process group (cwd: the repository root); on a hang SIGTERM it (it closes its
+    hosts), then kill."""
     proc = run_bounded(argv, timeout, term_grace=60, cleanup=_remove_hosts)
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -46,8 +47,8 @@ def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-network")
     docs = out / "benchmarks.md"
     docs.write_text("# Benchmarks\n\n<!-- bench:network:begin -->\nold\n<!-- bench:network:end -->\n\ntail\n")
-    rc, stdout, stderr = run_bench([HVDKIT, "bench", "--hosts", "2", "--link", "1gbit", "--quick", "--out", str(out),
-                                    "--docs", str(docs)], TIMEOUT)
+    argv = [PYTHON, "-m", "benchmarks", "network", "--link", "1gbit", "--quick", "--out", str(out), "--docs", str(docs)]
+    rc, stdout, stderr = run_bench(argv, TIMEOUT)
     assert rc == 0, stdout[-3000:] + stderr[-5000:]
     with open(out / "results.json", encoding="utf-8") as f:
         return out, json.load(f), stdout

@@ -1,6 +1,6 @@
 """Two test hosts on this machine: network namespaces joined by a veth pair, sshd in each.
 
-The namespaces, veth pair, ssh keys, sshds and their clean-up are ``hvdkit.bench.netns.TwoHosts``
+The namespaces, veth pair, ssh keys, sshds and their clean-up are ``benchmarks.netns.TwoHosts``
 (the network benchmark runs its jobs across the same hosts). This adds what only tests need: with
 ``private_tmp`` each host also gets its own empty /tmp (a tmpfs in its own mount namespace, gone
 with the host), as separate machines have: nothing one host writes there is seen by the other or by
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdkit.bench.netns import NIC, TwoHosts as _Hosts
+from benchmarks.netns import NIC
+from benchmarks.netns import TwoHosts as _Hosts
 
 __all__ = ["NEEDS_HOSTS", "NIC", "TwoHosts", "open_hosts"]
 

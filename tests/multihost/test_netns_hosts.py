@@ -1,4 +1,4 @@
-"""Two sets of namespace hosts open at once (two test runs, or a test and `hvdkit bench --hosts 2`).
+"""Two sets of namespace hosts open at once (two test runs, or a test and `python -m benchmarks network`).
 
 Needs root (namespaces, mounts).
 """
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from hvdkit.bench.netns import TwoHosts
+from benchmarks.netns import TwoHosts
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and mounts need root"),

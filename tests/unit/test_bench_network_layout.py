@@ -1,11 +1,11 @@
-"""The network benchmark's arithmetic and argument checks, without namespaces or ranks."""
+"""The network benchmark's (benchmarks.network) arithmetic and argument checks, without namespaces or ranks."""
 
 import pytest
 
-from hvdkit.bench.netns import format_rate, parse_rate
-from hvdkit.bench.network import check_ready
-from hvdkit.bench.network_report import compression_rows, tuned_summary
-from hvdkit.bench.tcp_stream import receive, send
+from benchmarks.netns import format_rate, parse_rate
+from benchmarks.network import check_ready
+from benchmarks.network_report import compression_rows, tuned_summary
+from benchmarks.tcp_stream import receive, send
 from hvdkit.core.errors import ConfigError
 
 
@@ -22,9 +22,13 @@ def test_a_bad_link_rate_is_an_error_naming_it(bad):
         parse_rate(bad)
 
 
-def test_only_two_hosts_are_supported_and_the_error_says_so():
-    with pytest.raises(ConfigError, match=r"--hosts must be 2 \(got 3\)"):
-        check_ready(3, ("1gbit",))
+def test_a_bad_rate_or_a_page_without_the_network_markers_stops_the_run_before_anything_starts(tmp_path):
+    with pytest.raises(ConfigError, match="got 'fast'"):
+        check_ready(("1gbit", "fast"))
+    page = tmp_path / "benchmarks.md"
+    page.write_text("<!-- bench:results:begin -->\n<!-- bench:results:end -->\n")
+    with pytest.raises(ConfigError, match="bench:network:begin"):
+        check_ready(("1gbit",), str(page))
 
 
 def _job(steps, auto=None, margin=0.1):

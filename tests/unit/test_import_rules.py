@@ -76,6 +76,8 @@ def violations(path, table):
 
 
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+# The project's own benchmark lab: not installed, may import any of hvdkit, never imported by it.
+LAB = sorted(p for p in (ROOT / "benchmarks").rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def test_the_doc_table_names_every_layer_of_the_package():
@@ -152,8 +154,14 @@ def test_no_import_circles_not_even_inside_functions():
     """Two modules that import each other (one of them lazily, to dodge the import-time error) are
     one concept split in two, or a shared piece that belongs in a third module."""
     # a package's __init__ re-exporting its modules is not a circle: only module-to-module edges
-    leaves = [p for p in MODULES if p.name != "__init__.py"]
+    leaves = [p for p in MODULES + LAB if p.name != "__init__.py"]
     assert cycles(module_graph(leaves)) == []
+
+
+def test_the_installed_package_never_imports_the_benchmark_lab():
+    assert LAB, "benchmarks/ moved: update LAB"
+    found = {str(p.relative_to(ROOT)): t for p in MODULES for t in imports(p) if t.split(".")[0] == "benchmarks"}
+    assert found == {}, "hvdkit is installed without benchmarks/: an import of it fails outside the checkout"
 
 
 def test_the_circle_finder_finds_a_lazy_circle():

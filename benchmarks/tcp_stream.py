@@ -1,11 +1,11 @@
 """A raw TCP stream, iperf-style: what one connection carries over the link, the reference for allreduces.
 
-    python -m hvdkit.bench.tcp_stream recv ADDRESS PORT      # prints READY, then one JSON line
-    python -m hvdkit.bench.tcp_stream send ADDRESS PORT [--seconds S]
+    python -m benchmarks.tcp_stream recv ADDRESS PORT      # prints READY, then one JSON line
+    python -m benchmarks.tcp_stream send ADDRESS PORT [--seconds S]
 
 The sender writes 1 MiB blocks for ``--seconds``; the receiver counts the bytes from the first one
 to the end of the stream and prints ``{"bytes": N, "seconds": T, "bits_per_s": R}``. Standard
-library only; the suite starts the two ends on two hosts (``hvdkit.bench.network``).
+library only; the network section starts the two ends on two hosts (``benchmarks.network``).
 """
 
 import argparse

@@ -1,13 +1,13 @@
 """Two hosts on one machine: network namespaces joined by a veth pair, sshd in each, a shapeable link.
 
-What ``hvdkit bench --hosts 2`` and the multi-host tests run jobs across. Everything lives in names
-and addresses this module creates (the 10.213.N.0/24 subnet exists only inside the two namespaces)
-and ``close()`` removes it, also after a failure. ``shape(rate)`` limits the link with a
-token-bucket filter (``tc qdisc ... tbf``) on both ends of the veth pair: each direction carries at
-most ``rate`` bits/s, as a full-duplex Ethernet link of that speed does. Needs root, iproute2 and
-openssh-server.
+What ``python -m benchmarks network`` and the multi-host tests (``tests/multihost``) run jobs
+across. Everything lives in names and addresses this module creates (the 10.213.N.0/24 subnet
+exists only inside the two namespaces) and ``close()`` removes it, also after a failure.
+``shape(rate)`` limits the link with a token-bucket filter (``tc qdisc ... tbf``) on both ends of
+the veth pair: each direction carries at most ``rate`` bits/s, as a full-duplex Ethernet link of
+that speed does. Needs root, iproute2 and openssh-server.
 
-Framework-free: the standard library only.
+Framework-free: the standard library and hvdkit's errors only.
 """
 
 import os
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..core.errors import ConfigError, LaunchError
+from hvdkit.core.errors import ConfigError, LaunchError
 
 __all__ = ["NIC", "TwoHosts", "parse_rate", "format_rate", "missing_tools"]
 

@@ -1,7 +1,9 @@
-"""``hvdkit bench --predict``: the scaling model (``hvdkit.bench.model``) checked, calibrated, and extrapolated.
+"""``python -m benchmarks predict``: the scaling model (``benchmarks.model``) checked, calibrated, and extrapolated.
 
-    python -m hvdkit.bench.predict [--results docs/bench/results.json] [--network docs/bench/network/results.json]
-                                   [--out docs/bench] [--docs docs/benchmarks.md]
+    python -m benchmarks predict [--results docs/bench/results.json] [--network docs/bench/network/results.json]
+                                 [--out docs/bench] [--docs docs/benchmarks.md]
+
+``make bench-predict`` runs it; it starts no job.
 
 Three parts, written to OUT/prediction.json, OUT/prediction.png and (with ``--docs``) the
 ``bench:model`` section of the Markdown file:
@@ -21,11 +23,13 @@ import json
 import os
 import sys
 
-from .model import Link, Step, fit_link, simulate
-from .report import save_figure
+from hvdkit.bench.report import save_figure
+from hvdkit.core.errors import ConfigError
 
-__all__ = ["PUBLISHED", "HOROVOD_2018", "published_check", "local_check", "network_check", "network_links", "prediction", "main",
-           "run_predict"]
+from . import docs
+from .model import Link, Step, fit_link, simulate
+
+__all__ = ["PUBLISHED", "HOROVOD_2018", "published_check", "local_check", "network_check", "network_links", "prediction", "main"]
 
 # Horovod's published scaling efficiencies (synthetic ImageNet data, tf_cnn_benchmarks, batch 64 per
 # GPU, 4 Pascal GPUs per server, RoCE-capable 25 Gbit/s network):
@@ -83,9 +87,15 @@ def _sweep_points(comm, min_bytes=1 << 20):
 
 
 def local_check(results):
-    """The model calibrated on the suite's JSON (docs/bench/results.json) against its measured efficiencies."""
+    """The model calibrated on the suite's JSON (docs/bench/results.json) against its measured efficiencies.
+
+    None when the MPI sweep has no two sizes of 1 MB or more to fit a link to (a ``--quick`` run).
+    """
     p = results["ranks"]
-    link = fit_link(_sweep_points(results["comm_mpi"]), p)
+    try:
+        link = fit_link(_sweep_points(results["comm_mpi"]), p)
+    except ValueError:
+        return None
     out = {"link": {"bytes_per_s": link.bytes_per_s, "alpha_s": link.alpha_s, "fitted_on": "comm_mpi sweep, >= 1 MB"}}
     for key, overlap in (("train_torch", True), ("train_keras", False)):
         train = results[key]
@@ -165,7 +175,9 @@ def table(report):
     for r in report["published"]:
         lines.append(f"    {r['model']:<13} {r['gpus']:5d}  {r['published']:9.2f}  {r['predicted']:9.3f}  {r['diff_points']:+6.1f}")
     loc = report.get("local")
-    if loc:
+    if not loc:
+        lines.append("This machine: not calibrated (the suite's MPI sweep has no two sizes >= 1 MB; --quick runs none)")
+    else:
         lk = loc["link"]
         lines.append(f"This machine: link fitted {lk['bytes_per_s'] / 1e9:.2f} GB/s, alpha {lk['alpha_s'] * 1e6:.0f} us per hop")
         for key in ("train_torch", "train_keras"):
@@ -228,30 +240,35 @@ def _load(path):
     return None
 
 
-def run_predict(out, docs=None):
-    """``hvdkit bench --predict``: calibrate on OUT/results.json (else docs/bench/results.json); the exit code."""
-    results = os.path.join(out, "results.json")
-    if not os.path.isfile(results):
-        results = "docs/bench/results.json"
-    network = os.path.join(out, "network", "results.json")
-    if not os.path.isfile(network):
-        network = "docs/bench/network/results.json"
-    argv = ["--results", results, "--network", network, "--out", out]
-    return main(argv + (["--docs", docs] if docs else []))
+def _first_file(*paths):
+    """The first of ``paths`` that is a file, else the last (for the message that it is missing)."""
+    return next((p for p in paths if os.path.isfile(p)), paths[-1])
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="hvdkit bench --predict", description=__doc__.splitlines()[0])
-    p.add_argument("--results", default="docs/bench/results.json", help="the suite's JSON (calibration)")
-    p.add_argument("--network", default="docs/bench/network/results.json", help="the network section's JSON, if any")
-    p.add_argument("--out", default="docs/bench", help="folder for prediction.json and prediction.png")
-    p.add_argument("--docs", default=None, help="rewrite the bench:model section of this Markdown file")
+    """``python -m benchmarks predict``; the exit code."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks predict",
+        description="The scaling model checked against Horovod's published efficiencies, calibrated on the suite's "
+        "results, predicted at 2-512 ranks; no jobs (make bench-predict).",
+    )
+    p.add_argument("--out", default="docs/bench", help="folder for prediction.json and prediction.png (default: docs/bench)")
+    p.add_argument("--results", default=None, help="the suite's JSON, for calibration "
+                   "(default: OUT/results.json if it exists, else docs/bench/results.json)")
+    p.add_argument("--network", default=None, help="the network section's JSON, if any "
+                   "(default: OUT/network/results.json if it exists, else docs/bench/network/results.json)")
+    p.add_argument("--docs", default=None, metavar="PAGE", help="also rewrite the bench:model section of this page")
     args = p.parse_args(argv)
-    results = _load(args.results)
+    results_path = args.results or _first_file(os.path.join(args.out, "results.json"), "docs/bench/results.json")
+    network_path = args.network or _first_file(
+        os.path.join(args.out, "network", "results.json"), "docs/bench/network/results.json"
+    )
+    results = _load(results_path)
     if results is None:
-        print(f"hvdkit bench --predict: no suite results at {args.results}; run `hvdkit bench` first", file=sys.stderr)
-        return 2
-    report = build_report(results, _load(args.network))
+        raise ConfigError(f"no suite results at {results_path}; run `hvdkit bench --out {args.out}` first")
+    if args.docs:
+        docs.check_page(args.docs, docs.MODEL)
+    report = build_report(results, _load(network_path))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "prediction.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
@@ -259,10 +276,8 @@ def main(argv=None):
     print(text)
     png = plot(report, os.path.join(args.out, "prediction.png"))
     if args.docs:
-        from .report import update_docs
-
-        rel = os.path.relpath(png, os.path.dirname(args.docs))
-        update_docs(args.docs, f"![prediction]({rel})\n\n```\n{text}\n```\n", "<!-- bench:model:begin -->", "<!-- bench:model:end -->")
+        rel = os.path.relpath(png, os.path.dirname(args.docs) or ".")
+        docs.replace_section(args.docs, f"![prediction]({rel})\n\n```\n{text}\n```\n", docs.MODEL)
     return 0
 
 

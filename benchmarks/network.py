@@ -1,34 +1,40 @@
-"""``hvdkit bench --hosts 2``: allreduce sweep and training steps across two hosts joined by a shaped link.
+"""``python -m benchmarks network``: allreduce sweep and training steps across two hosts joined by a shaped link.
 
-    hvdkit bench --hosts 2 [--link 1gbit --link 10gbit --link unlimited] [--quick] [--out DIR] [--docs FILE]
+    python -m benchmarks network [--link 1gbit --link 10gbit --link unlimited] [--quick] [--out DIR] [--docs PAGE]
 
-The two hosts are network namespaces on this machine joined by a veth pair with sshd in each
-(``hvdkit.bench.netns``); ``tc ... tbf`` limits each direction of the link to the rate. Every job
-is started from host a with ``hvdkit run -np 2 -H a:1,b:1 --network-interface hvd0``, as a user
-starts a two-host job, so MPI's TCP transport and Gloo's sockets carry every byte over the link.
-Per rate, in this order (so one slow spell of the shared machine hits one rate's whole set):
-a raw TCP stream (``hvdkit.bench.tcp_stream``, the reference), the allreduce sweep over MPI and
-over Gloo (``comm_bench``), and the training-step comparison (``train_bench``, with fp16 and what
-``compression="auto"`` picks). Then Horovod's latency settings (cycle time, response cache, fusion
-threshold) on one host and across the first shaped link, and hvdkit's chosen settings against
-Horovod's defaults at 1 Gbit/s; settings are process-wide, so each is its own job, interleaved
-A B A B. Needs root (namespaces, mounts, tc).
+``make bench-network`` runs it. The two hosts are network namespaces on this machine joined by a
+veth pair with sshd in each (``benchmarks.netns``); ``tc ... tbf`` limits each direction of the
+link to the rate. Every job is started from host a with ``hvdkit run -np 2 -H a:1,b:1
+--network-interface hvd0``, as a user starts a two-host job, so MPI's TCP transport and Gloo's
+sockets carry every byte over the link. Per rate, in this order (so one slow spell of the shared
+machine hits one rate's whole set): a raw TCP stream (``benchmarks.tcp_stream``, the reference),
+the allreduce sweep over MPI and over Gloo (``hvdkit.bench.comm_bench``), and the training-step
+comparison (``hvdkit.bench.train_bench``, with fp16 and what ``compression="auto"`` picks). Then
+Horovod's latency settings (cycle time, response cache, fusion threshold) on one host and across
+the first shaped link, and hvdkit's chosen settings against Horovod's defaults at 1 Gbit/s;
+settings are process-wide, so each is its own job, interleaved A B A B. Needs root (namespaces,
+mounts, tc). The ranks run hvdkit's own (installed) workers; the TCP stream's two ends run this
+package, with the repository root on their PYTHONPATH.
 """
 
+import argparse
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
-from ..core.errors import ConfigError
-from ..core.horovod_settings import HOROVOD_DEFAULTS  # Horovod 0.28.1's own values: a job setting them runs as plain Horovod
+from hvdkit.bench.jobs import Suite, busy_warning, machine, publish, run_job, say
+from hvdkit.bench.stats import Samples, interleaved
+from hvdkit.core.errors import ConfigError
+from hvdkit.core.horovod_settings import HOROVOD_DEFAULTS  # Horovod 0.28.1's: a job setting them runs as plain Horovod
+
+from . import docs, env_with_root
 from . import network_report as report
 from .netns import NIC, TwoHosts, format_rate, missing_tools, parse_rate
-from .stats import Samples, interleaved
-from .jobs import Suite, busy_warning, machine, publish, run_job, say
 
-__all__ = ["RATES", "HOROVOD_DEFAULTS", "LATENCY", "run_network"]
+__all__ = ["RATES", "HOROVOD_DEFAULTS", "LATENCY", "check_ready", "run_network", "main"]
 
 RATES = ("1gbit", "10gbit", "unlimited")
 SIZES = [4 << 10, 256 << 10, 4 << 20, 16 << 20]
@@ -87,15 +93,16 @@ class Network:
 
     def tcp_once(self, seconds):
         """Bits/s of one raw TCP stream from host a to host b."""
-        h = self.hosts
-        recv = subprocess.Popen(["ip", "netns", "exec", h.ns[1], self.python, "-m", "hvdkit.bench.tcp_stream", "recv",
-                                 h.addresses[1], str(TCP_PORT)], stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        h, env = self.hosts, env_with_root()  # benchmarks is not installed: whatever the working directory
+        recv = subprocess.Popen(["ip", "netns", "exec", h.ns[1], self.python, "-m", "benchmarks.tcp_stream", "recv",
+                                 h.addresses[1], str(TCP_PORT)],
+                                stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env)
         try:
             if recv.stdout.readline().strip() != "READY":
                 raise ConfigError("the TCP stream receiver on host b did not start")
-            subprocess.run(["ip", "netns", "exec", h.ns[0], self.python, "-m", "hvdkit.bench.tcp_stream", "send",
+            subprocess.run(["ip", "netns", "exec", h.ns[0], self.python, "-m", "benchmarks.tcp_stream", "send",
                             h.addresses[1], str(TCP_PORT), "--seconds", str(seconds)], check=True, timeout=60 + seconds,
-                           stdin=subprocess.DEVNULL)
+                           stdin=subprocess.DEVNULL, env=env)
             line = recv.stdout.readline()
             recv.wait(timeout=30)
         finally:
@@ -184,20 +191,22 @@ def _stop_on_sigterm():
     signal.signal(signal.SIGTERM, handler)
 
 
-def check_ready(hosts_count, rates):
-    """Errors before anything starts: 2 hosts only, known rates, root and the tools."""
-    if hosts_count != 2:
-        raise ConfigError(f"--hosts must be 2 (got {hosts_count}): the emulated cluster is two network namespaces")
+def check_ready(rates, page=None):
+    """Errors before anything starts: known rates, the docs page's markers, root and the tools."""
     for r in rates:
         parse_rate(r)
+    if page:
+        docs.check_page(page, docs.NETWORK)
     missing = missing_tools()
     if missing:
-        raise ConfigError("hvdkit bench --hosts needs " + ", ".join(missing) + " (run as root; make setup installs the tools)")
+        raise ConfigError("python -m benchmarks network needs " + ", ".join(missing)
+                          + " (run as root; make setup installs the tools)")
 
 
-def run_network(out, rates=RATES, quick=False, docs=None, tuned_reps=2):
-    """The network section; returns the results (also written to ``out``/results.json)."""
-    check_ready(2, rates)
+def run_network(out, rates=RATES, quick=False, page=None, tuned_reps=2):
+    """The network section; returns the results (also written to ``out``/results.json and, with
+    ``page``, its bench:network section)."""
+    check_ready(rates, page)
     _stop_on_sigterm()
     t0 = time.perf_counter()
     os.makedirs(os.path.join(out, "jobs"), exist_ok=True)
@@ -214,4 +223,33 @@ def run_network(out, rates=RATES, quick=False, docs=None, tuned_reps=2):
         results["latency"] = net.latency(shaped, results["tuned"])
         results["host_names"] = list(hosts.names)
     results["leftovers"] = hosts.leftovers()
-    return publish(results, out, docs, report, t0)
+    publish(results, out, report, t0)
+    if page:
+        plots = [os.path.join(out, name) for name in report.PLOTS]
+        docs.write_results(page, docs.NETWORK, report.markdown, results, plots)
+    return results
+
+
+def main(argv=None):
+    """``python -m benchmarks network``; the exit code."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks network",
+        description="The allreduce sweep, training steps and Horovod's latency settings across two emulated hosts "
+        "joined by a shaped link (root; make bench-network).",
+    )
+    p.add_argument("--out", default="build/bench-network",
+                   help="folder for results.json, results.md and the plots (default: build/bench-network)")
+    p.add_argument("--link", action="append", default=None, metavar="RATE",
+                   help="rate to shape the hosts' link to, e.g. 1gbit, 10gbit, 500mbit, unlimited "
+                   f"(repeatable; default: {', '.join(RATES)})")
+    p.add_argument("--quick", action="store_true",
+                   help="every job once on tiny sizes: checks the section, measures nothing")
+    p.add_argument("--docs", default=None, metavar="PAGE",
+                   help="also rewrite the bench:network section of this Markdown page (docs/benchmarks.md)")
+    args = p.parse_args(argv)
+    run_network(args.out, tuple(args.link or RATES), args.quick, args.docs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

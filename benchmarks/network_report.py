@@ -1,13 +1,18 @@
-"""The network section's results as ratios, a table, plots and the Markdown of docs/benchmarks.md."""
+"""The network section's results as ratios, a table, plots and Markdown (results.md, docs/benchmarks.md).
+
+    python -m benchmarks.network_report OUT [PAGE]   # re-render OUT/results.json (and PAGE's section)
+"""
 
 import os
 
-from . import report as _report
-from .stats import Samples
+from hvdkit.bench.report import save_figure
+from hvdkit.bench.stats import Samples
 
-__all__ = ["BEGIN", "END", "goals", "render", "tuned_summary", "compression_rows", "table", "plots", "markdown", "update_docs"]
+from . import docs
 
-BEGIN, END = "<!-- bench:network:begin -->", "<!-- bench:network:end -->"
+__all__ = ["PLOTS", "goals", "render", "tuned_summary", "compression_rows", "table", "plots", "markdown"]
+
+PLOTS = ("network_bandwidth.png", "network_steps.png")  # what plots() draws into the results folder
 MB = 1 << 20
 COMM_VARIANTS = {"comm_mpi": ("hvd_mpi", "hvd_mpi_fp16", "mpi4py", "torch_gloo"),
                  "comm_gloo": ("hvd_gloo", "hvd_gloo_fp16", "torch_gloo")}
@@ -181,7 +186,7 @@ def table(results):
 
 
 def plots(results, out):
-    """network_bandwidth.png (bus bandwidth per link) and network_steps.png (training + latency)."""
+    """``PLOTS`` in ``out``: bus bandwidth per link, training steps and latency per setting; their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,7 +217,7 @@ def plots(results, out):
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("bus bandwidth (Gbit/s; fp16: of the fp32 size)")
     axes[0][-1].legend(fontsize=7)
-    paths.append(_report.save_figure(fig, os.path.join(out, "network_bandwidth.png"), dpi=100))
+    paths.append(save_figure(fig, os.path.join(out, PLOTS[0]), dpi=100))
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     variants = [v for v in TRAIN_VARIANTS if v in results["links"][links[0]]["train"]["variants"]]
@@ -236,7 +241,7 @@ def plots(results, out):
     ax2.set_ylabel("4 KB allreduce (ms)")
     ax2.set_title("Horovod settings: small-message latency")
     ax2.legend(fontsize=7)
-    paths.append(_report.save_figure(fig, os.path.join(out, "network_steps.png"), dpi=100))
+    paths.append(save_figure(fig, os.path.join(out, PLOTS[1]), dpi=100))
     return paths
 
 
@@ -246,7 +251,7 @@ def markdown(results, plots, docs_dir):
     rel = [os.path.relpath(p, docs_dir) for p in plots]
     s = results["tuned"]["summary"]
     lines = [
-        f"Recorded {m['date']} by `hvdkit bench --hosts 2` in {results['seconds']:.0f} s"
+        f"Recorded {m['date']} by `python -m benchmarks network` in {results['seconds']:.0f} s"
         + (" (--quick: checks only, not figures)" if results["quick"] else "") + ".",
         f"Machine: {m['cpu']}, {m['cores']} cores shared by both hosts; load average at start "
         f"{m['load_average_at_start'][0]:.2f}.",
@@ -276,8 +281,8 @@ def markdown(results, plots, docs_dir):
     return "\n".join(lines)
 
 
-def render(out, docs=None):
-    """Rewrite the summary of ``out``/results.json (ratios, table, plots, results.md, the docs section)."""
+def render(out, page=None):
+    """Rewrite the summary of ``out``/results.json (ratios, table, plots, results.md, ``page``'s section)."""
     import json
 
     path = os.path.join(out, "results.json")
@@ -287,20 +292,15 @@ def render(out, docs=None):
     results["goals"] = goals(results)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
-    section = markdown(results, plots(results, out), docs_dir=os.path.dirname(docs) if docs else out)
+    drawn = plots(results, out)
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(section)
-    if docs:
-        update_docs(docs, section)
+        f.write(markdown(results, drawn, docs_dir=out))
+    if page:
+        docs.write_results(page, docs.NETWORK, markdown, results, drawn)
     return results
 
 
-def update_docs(path, section):
-    """Replace the text between the bench:network markers of ``path`` with ``section``."""
-    _report.update_docs(path, section, begin=BEGIN, end=END)
-
-
-if __name__ == "__main__":  # python -m hvdkit.bench.network_report OUT [DOCS]: re-render from the JSON
+if __name__ == "__main__":  # python -m benchmarks.network_report OUT [PAGE]: re-render from the JSON
     import sys
 
     print(table(render(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)))

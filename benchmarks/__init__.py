@@ -1,0 +1,31 @@
+"""The project's own benchmark lab: what hvdkit's docs/benchmarks.md is written from.
+
+Not part of the installed package (setup.cfg packages ``hvdkit*`` only): run it from the repository
+root as ``python -m benchmarks suite|network|predict ...`` (``make bench``, ``make bench-network``,
+``make bench-predict``). A user's own cluster benchmark is ``hvdkit bench`` (``hvdkit.bench``),
+which this lab builds on; ``hvdkit`` never imports ``benchmarks``.
+
+- ``suite``: ``hvdkit bench``'s run, then the results section of docs/benchmarks.md (``docs``).
+- ``network``: two emulated hosts (``netns``) joined by a shaped link, the jobs run across them
+  (``network``, raw TCP reference ``tcp_stream``) and their report (``network_report``).
+- ``predict``: the scaling model (``model``) checked against Horovod's published figures,
+  calibrated on the suite's results and extrapolated (``predict``).
+"""
+
+import os
+from pathlib import Path
+
+__all__ = ["ROOT", "env_with_root"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def env_with_root(env=None):
+    """``env`` (default: this process's environment) with the repository root first on PYTHONPATH.
+
+    A process started with ``python -m benchmarks.X`` then finds this package whatever its working
+    directory (``benchmarks`` is not installed).
+    """
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env

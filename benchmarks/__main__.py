@@ -1,0 +1,45 @@
+"""``python -m benchmarks suite|network|predict [...]``: the lab's commands, one module each.
+
+Run from the repository root (``benchmarks`` is not installed); ``python -m benchmarks COMMAND -h``
+lists a command's flags.
+"""
+
+import importlib
+import sys
+
+__all__ = ["COMMANDS", "main"]
+
+COMMANDS = {
+    "suite": "hvdkit bench's suite, then the results section of docs/benchmarks.md (make bench)",
+    "network": "two emulated hosts over shaped links; root, about 20 minutes (make bench-network)",
+    "predict": "the scaling model on the recorded results, no jobs (make bench-predict)",
+}
+
+
+def usage():
+    lines = ["usage: python -m benchmarks {" + ",".join(COMMANDS) + "} [-h] [...]", "",
+             "The project's own benchmark lab (from the repository root):"]
+    lines += [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """Dispatch to ``benchmarks.<command>.main(rest)``; the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"{usage()}\n\nunknown command {argv[0]!r}", file=sys.stderr)
+        return 2
+    from hvdkit.core.errors import HvdkitError
+
+    try:
+        return importlib.import_module(f"benchmarks.{argv[0]}").main(argv[1:])
+    except HvdkitError as e:  # hvdkit's rule: one line, exit 2
+        print(f"python -m benchmarks {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
