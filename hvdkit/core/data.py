@@ -34,6 +34,9 @@ takes 2. Without a global batch the accumulation stays as given, the global batc
 the world size, and the learning-rate rule (``hvdkit.core.lr``) is what adapts the training.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,14 +56,16 @@ __all__ = [
 ]
 
 
-def epoch_order(n, seed, epoch, shuffle=True):
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
     """The order of the ``n`` sample indices in ``epoch``: a permutation drawn from ``(seed, epoch)``, or 0..n-1."""
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch)]).permutation(n).astype(np.int64)
 
 
-def step_bounds(n, start, global_batch_size, slots, drop_last=False):
+def step_bounds(
+    n: int, start: int, global_batch_size: int, slots: int, drop_last: bool = False
+) -> list[tuple[int, int]]:
     """``[(begin, end), ...]``: each optimizer step's positions left in an epoch of ``n`` samples from ``start``."""
     if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start <= n:
         raise ConfigError(
@@ -78,14 +83,16 @@ def step_bounds(n, start, global_batch_size, slots, drop_last=False):
     return bounds
 
 
-def slot_positions(begin, end, slot, slots):
+def slot_positions(begin: int, end: int, slot: int, slots: int) -> list[int]:
     """The positions micro-batch ``slot`` (of ``slots``) takes in the step ``[begin, end)``."""
     if end - begin < slots:  # only after growing without a fixed global batch: repeat rather than leave it empty
         return [begin + slot % (end - begin)]
     return list(range(begin + slot, end, slots))
 
 
-def rank_batches(order, bounds, rank, size, accumulation):
+def rank_batches(
+    order: np.ndarray, bounds: Sequence[tuple[int, int]], rank: int, size: int, accumulation: int
+) -> Iterator[list[int]]:
     """This rank's micro-batches (lists of sample indices), step after step, ``accumulation`` per step."""
     slots = size * accumulation
     for begin, end in bounds:
@@ -93,14 +100,14 @@ def rank_batches(order, bounds, rank, size, accumulation):
             yield [int(i) for i in order[slot_positions(begin, end, j * size + rank, slots)]]
 
 
-def position_after(bounds, steps, start):
+def position_after(bounds: Sequence[tuple[int, int]], steps: int, start: int) -> int:
     """The global sample offset in the epoch after the first ``steps`` of ``bounds`` (``start`` after none)."""
     if steps <= 0:
         return start
     return bounds[min(steps, len(bounds)) - 1][1]
 
 
-def rank_seed(seed, step, rank):
+def rank_seed(seed: int, step: int, rank: int) -> int:
     """A 63-bit seed drawn from ``(seed, step, rank)`` alone, for re-seeding a rank's RNGs.
 
     Used when a checkpoint is restored at another world size: per-rank RNG states cannot carry
@@ -125,16 +132,16 @@ class BatchPlan:
     fixed: bool = False
 
     @property
-    def global_batch_size(self):
+    def global_batch_size(self) -> int:
         """Samples per optimizer step over all ranks."""
         return self.batch_size * self.size * self.accumulation
 
     @property
-    def slots(self):
+    def slots(self) -> int:
         """Micro-batches per optimizer step over all ranks (``size * accumulation``)."""
         return self.size * self.accumulation
 
-    def check_dataset(self, n):
+    def check_dataset(self, n: int) -> int:
         """``n`` if ``n`` samples fill every micro-batch of a step, else ConfigError naming the fix."""
         if n < self.slots:
             raise ConfigError(
@@ -143,7 +150,7 @@ class BatchPlan:
             )
         return n
 
-    def describe(self):
+    def describe(self) -> str:
         """One line for the log.
 
         For example ``world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps``.
@@ -165,7 +172,7 @@ def _fitting_batch_sizes(global_batch_size, size, batch_size):
     return [b for b in range(min(batch_size, per_rank), 0, -1) if per_rank % b == 0][:3]
 
 
-def plan_batches(batch_size, size, global_batch_size=None, accumulation=1):
+def plan_batches(batch_size: int, size: int, global_batch_size: int | None = None, accumulation: int = 1) -> BatchPlan:
     """The ``BatchPlan`` for ``size`` ranks: accumulation chosen so the global batch is ``global_batch_size``.
 
     Without ``global_batch_size`` the plan keeps ``accumulation`` (the caller's

@@ -7,7 +7,10 @@ refuses two ranks on one GPU ("Duplicate GPU detected") before 2.30, and from 2.
 with ``NCCL_MULTI_RANK_GPU_ENABLE=1``.
 """
 
+from __future__ import annotations
+
 import os
+from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import ConfigError
 
@@ -16,7 +19,7 @@ __all__ = ["choose_gpu", "gpus_shared", "per_rank_hostid_argv", "shared_gpu_env"
 _TRUE = ("1", "true", "yes", "on")
 
 
-def wants_cpu(env=None):
+def wants_cpu(env: Mapping[str, str] | None = None) -> bool:
     """True when ``HVDKIT_DEVICE=cpu`` asks for CPU training on a host that has GPUs."""
     env = os.environ if env is None else env
     value = env.get("HVDKIT_DEVICE", "").strip().lower()
@@ -25,7 +28,7 @@ def wants_cpu(env=None):
     return value == "cpu"
 
 
-def gpus_shared(env=None):
+def gpus_shared(env: Mapping[str, str] | None = None) -> bool:
     """True when ranks may share GPUs: ``HVDKIT_SHARE_GPUS=1`` or NCCL's ``NCCL_MULTI_RANK_GPU_ENABLE=1``."""
     env = os.environ if env is None else env
     return any(
@@ -33,7 +36,7 @@ def gpus_shared(env=None):
     )
 
 
-def choose_gpu(local_rank, local_size, gpu_count, env=None):
+def choose_gpu(local_rank: int, local_size: int, gpu_count: int, env: Mapping[str, str] | None = None) -> int | None:
     """The GPU index for the rank ``local_rank`` of ``local_size`` on a host with ``gpu_count`` visible
     GPUs: ``local_rank`` itself; None where there is no GPU (or ``HVDKIT_DEVICE=cpu``).
 
@@ -58,7 +61,7 @@ def choose_gpu(local_rank, local_size, gpu_count, env=None):
     return local_rank
 
 
-def shared_gpu_env(nccl_version):
+def shared_gpu_env(nccl_version: Sequence[int]) -> tuple[dict[str, str], bool]:
     """Environment for several ranks on one GPU (tests, benchmarks, a one-GPU workstation); ``(env, per_rank)``.
 
     NCCL >= 2.30 (``nccl_version`` a tuple) allows it with ``NCCL_MULTI_RANK_GPU_ENABLE=1``. Older NCCL
@@ -82,7 +85,7 @@ def shared_gpu_env(nccl_version):
     return env, True
 
 
-def per_rank_hostid_argv(argv):
+def per_rank_hostid_argv(argv: Iterable[object]) -> list[str]:
     """``argv`` run with ``NCCL_HOSTID`` set from the launcher's rank variable (horovodrun, mpirun, torchrun)."""
     script = 'export NCCL_HOSTID="hvdkit-rank-${HOROVOD_RANK:-${OMPI_COMM_WORLD_RANK:-${RANK:-0}}}"; exec "$@"'
     return ["bash", "-c", script, "hvdkit-rank", *map(str, argv)]

@@ -3,14 +3,17 @@
 Framework-free: the modules are named, not imported, here; they load only when an adapter asks.
 """
 
+from __future__ import annotations
+
 import importlib
+from types import ModuleType
 
 from .errors import MissingDependencyError
 
 __all__ = ["import_engine"]
 
 
-def import_engine(framework, label, horovod_module, adapter):
+def import_engine(framework: str, label: str, horovod_module: str, adapter: str) -> ModuleType:
     """The ``horovod_module`` module (e.g. ``"horovod.torch"``) after importing ``framework``
     (``"torch"``, shown as ``label``); MissingDependencyError naming what is missing and the fix."""
     fix = f"run `make setup` (it builds Horovod against the pinned {label}), or see README.md"

@@ -7,9 +7,13 @@ Read a variable only through the typed readers here (``read`` with a ``Kind``: `
 A bad value is a ConfigError naming the variable, its text and the fix.
 """
 
+from __future__ import annotations
+
 import argparse
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from .errors import ConfigError
 from .options import COMPRESSION_MODES, check_positive_int
@@ -89,12 +93,12 @@ class Kind:
     ``what`` completes "NAME must be ..." in the error.
     """
 
-    def __init__(self, parse, what):
+    def __init__(self, parse: Callable[[str], Any], what: str) -> None:
         self.parse = parse
         self.what = what
 
 
-def integer(minimum=0):
+def integer(minimum: int = 0) -> Kind:
     """The Kind of an integer >= ``minimum``."""
 
     def parse(text):
@@ -106,7 +110,7 @@ def integer(minimum=0):
     return Kind(parse, f"an integer >= {minimum}")
 
 
-def number(above=0.0, what=None):
+def number(above: float = 0.0, what: str | None = None) -> Kind:
     """The Kind of a finite number > ``above``."""
 
     def parse(text):
@@ -118,7 +122,7 @@ def number(above=0.0, what=None):
     return Kind(parse, what or f"a finite number > {above:g}")
 
 
-def choice(choices, upper=False):
+def choice(choices: Sequence[str], upper: bool = False) -> Kind:
     """The Kind of one of ``choices`` (compared in upper case when ``upper``)."""
 
     def parse(text):
@@ -138,7 +142,7 @@ def _raw(name, environ):
     return (environ if environ is not None else os.environ).get(name, "").strip()
 
 
-def read(name, kind, default=None, environ=None):
+def read(name: str, kind: Kind, default: Any = None, environ: Mapping[str, str] | None = None) -> Any:
     """The value of variable ``name`` read as ``kind``, or ``default`` when it is unset or empty.
 
     Raises ConfigError naming the variable, its text and the fix.
@@ -152,27 +156,29 @@ def read(name, kind, default=None, environ=None):
         raise ConfigError(f"{name} must be {kind.what} (got {raw!r}); fix or unset it") from None
 
 
-def read_int(name, default, minimum=0, environ=None):
+def read_int(name: str, default: Any, minimum: int = 0, environ: Mapping[str, str] | None = None) -> Any:
     """An integer >= ``minimum`` from variable ``name``, or ``default`` when unset."""
     return read(name, integer(minimum), default, environ)
 
 
-def read_float(name, default, above=0.0, environ=None):
+def read_float(name: str, default: Any, above: float = 0.0, environ: Mapping[str, str] | None = None) -> Any:
     """A finite number > ``above`` from variable ``name``, or ``default`` when unset."""
     return read(name, number(above), default, environ)
 
 
-def read_choice(name, choices, default, upper=False, environ=None):
+def read_choice(
+    name: str, choices: Sequence[str], default: Any, upper: bool = False, environ: Mapping[str, str] | None = None
+) -> Any:
     """One of ``choices`` from variable ``name``, or ``default`` when unset."""
     return read(name, choice(choices, upper), default, environ)
 
 
-def seconds(name, default, environ=None):
+def seconds(name: str, default: Any, environ: Mapping[str, str] | None = None) -> Any:
     """A positive number of seconds from variable ``name``, or ``default`` when unset."""
     return read(name, SECONDS, default, environ)
 
 
-def flag(name, default=None, environ=None):
+def flag(name: str, default: bool | None = None, environ: Mapping[str, str] | None = None) -> bool | None:
     """Read a boolean variable: True, False, or ``default`` when unset or "auto".
 
     Raises ConfigError for any other value.
@@ -187,7 +193,9 @@ def flag(name, default=None, environ=None):
     raise ConfigError(f"{name} must be one of 1/on, 0/off or auto (got {raw!r}); fix or unset it")
 
 
-def num_threads(threads=None, local_size=1, cores=None, environ=None):
+def num_threads(
+    threads: int | None = None, local_size: int = 1, cores: int | None = None, environ: Mapping[str, str] | None = None
+) -> int:
     """Intra-op threads per rank: ``threads``, else HVDKIT_NUM_THREADS, else OMP_NUM_THREADS, else
     cores / ``local_size`` (at least 1), so ranks sharing a host do not oversubscribe it.
 
@@ -216,10 +224,18 @@ class FromEnv(argparse.Action):
     the flag is given): ConfigError names the flag or the variable and its value.
     """
 
-    def __init__(self, option_strings, dest, env_var, kind, default=None, **kwargs):
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, env_var: str, kind: Kind, default: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(option_strings, dest, default=_Pending(env_var, None, kind, default), **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, _Pending(option_string, values, self.default.kind, None))
 
 
@@ -239,12 +255,12 @@ class _Pending:
             raise ConfigError(f"{self.source} must be {self.kind.what} (got {got!r})") from None
 
 
-def given(value):
+def given(value: Any) -> bool:
     """True when a ``FromEnv`` option (before ``resolve``) came from its flag or its variable, not its default."""
     return not isinstance(value, _Pending) or value.text is not None or bool(_raw(value.source, None))
 
 
-def resolve(args):
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
     """Replace every ``FromEnv`` option of the parsed ``args`` by its value (flag > variable > default)."""
     for dest, value in vars(args).items():
         if isinstance(value, _Pending):
@@ -252,7 +268,7 @@ def resolve(args):
     return args
 
 
-def discovered_host_slots(given=None, environ=None):
+def discovered_host_slots(given: int | None = None, environ: Mapping[str, str] | None = None) -> int:
     """The slots of a host a discovery script lists without ``:slots``: ``given`` (``--slots-per-host``
     or HVDKIT_SLOTS_PER_HOST), else Open MPI's OMPI_MCA_orte_set_default_slots when it is a count
     (the MPI Operator sets it to ``slotsPerWorker``), else 1.
@@ -266,7 +282,7 @@ def discovered_host_slots(given=None, environ=None):
         return 1
 
 
-def stall_settings(environ=None):
+def stall_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Horovod stall-inspector variables hvdkit sets: ``{name: value}`` for those not set already.
 
     A rank missing from a collective for HVDKIT_STALL_TIMEOUT seconds (default 600) makes Horovod

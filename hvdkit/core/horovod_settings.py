@@ -12,7 +12,10 @@ costs more (0.36 ms at best, and 0.2 cores per rank while idle at 0.2 ms), so Gl
 and the fusion threshold keep Horovod's values. A variable the user set wins.
 """
 
+from __future__ import annotations
+
 import os
+from collections.abc import Mapping
 
 from . import env as _env
 
@@ -31,12 +34,12 @@ DEFAULTS = {
 }
 
 
-def transport(environ):
+def transport(environ: Mapping[str, str]) -> str:
     """``"gloo"`` in a job started by ``horovodrun --gloo`` (its rendezvous variable is set), else ``"mpi"``."""
     return "gloo" if _env.HOROVOD_GLOO_RENDEZVOUS_ADDR in environ else "mpi"
 
 
-def engine_settings(environ=None):
+def engine_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Horovod variables hvdkit sets before Horovod starts: ``{name: value}`` for those not set already.
 
     Env: HOROVOD_CYCLE_TIME, HOROVOD_CACHE_CAPACITY, HOROVOD_FUSION_THRESHOLD (a value set wins),

@@ -1,7 +1,10 @@
 """Rank-prefixed logging: ``[rank 1/2] hvdkit.checkpoint: saved step 40``."""
 
+from __future__ import annotations
+
 import logging
 import sys
+from typing import TextIO
 
 from . import env as _env
 from .topology import Topology
@@ -21,12 +24,12 @@ class _RankFormatter(logging.Formatter):
         )
 
 
-def set_topology(topology: Topology):
+def set_topology(topology: Topology) -> None:
     """Record this process's place in the job, used as the prefix of every hvdkit log line."""
     _state["topology"] = topology
 
 
-def configure(level=None, stream=None):
+def configure(level: str | int | None = None, stream: TextIO | None = None) -> logging.Logger:
     """Install hvdkit's rank-prefixed handler on the ``hvdkit`` logger (once).
 
     Env: HVDKIT_LOG_LEVEL (default INFO).
@@ -43,6 +46,6 @@ def configure(level=None, stream=None):
     return logger
 
 
-def get_logger(name):
+def get_logger(name: str) -> logging.Logger:
     """A logger under ``hvdkit.`` (``get_logger("checkpoint")`` -> ``hvdkit.checkpoint``)."""
     return logging.getLogger(name if name.startswith(_ROOT) else f"{_ROOT}.{name}")

@@ -15,6 +15,8 @@ The framework adapters apply exactly these numbers: ``scaled_lr`` (a number; in 
 schedule) and ``hvdkit.keras.LearningRateWarmupCallback``.
 """
 
+from __future__ import annotations
+
 import math
 
 from .deprecation import warn_renamed
@@ -26,7 +28,7 @@ __all__ = ["RULES", "check_rule", "check_warmup_steps", "lr_scale", "scaled_lr",
 RULES = ("linear", "sqrt", "none")
 
 
-def check_rule(rule):
+def check_rule(rule: str) -> str:
     """``rule`` if it names a scaling rule hvdkit knows, else ConfigError."""
     if rule not in RULES:
         raise ConfigError(
@@ -36,12 +38,12 @@ def check_rule(rule):
     return rule
 
 
-def check_warmup_steps(warmup_steps, what="warmup_steps"):
+def check_warmup_steps(warmup_steps: int, what: str = "warmup_steps") -> int:
     """``warmup_steps`` if it is an int >= 0, else ConfigError naming ``what``."""
     return check_int_at_least(what, warmup_steps, 0, "0 means no warmup")
 
 
-def lr_scale(size, rule="linear"):
+def lr_scale(size: int, rule: str = "linear") -> float:
     """The factor ``rule`` scales the single-process learning rate by on ``size`` ranks.
 
     >>> lr_scale(4, "linear"), lr_scale(4, "sqrt"), lr_scale(4, "none")
@@ -74,7 +76,7 @@ def scaled_lr(base_lr, rule="linear", size=None):
     return check_number_above("base_lr", base_lr) * lr_scale(size, rule)
 
 
-def warmup_factor(step, warmup_steps, scale):
+def warmup_factor(step: float, warmup_steps: int, scale: float) -> float:
     """The multiplier of ``base_lr`` at optimizer step ``step`` (0 is the first step).
 
     1 at step 0, rising linearly to ``scale`` at step ``warmup_steps``, ``scale`` from then on

@@ -6,11 +6,17 @@ union of every rank's samples, also when shards are uneven. (Horovod's MetricAve
 the unweighted mean of per-rank means, which is wrong as soon as shards differ in size.)
 """
 
+from __future__ import annotations
+
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from .errors import CollectiveError, ConfigError
+
+if TYPE_CHECKING:
+    from .comm import Communicator
 
 __all__ = ["MetricTracker", "average_metrics", "sum_states"]
 
@@ -20,7 +26,9 @@ def _names_fingerprint(names):
     return float(zlib.crc32("\0".join(names).encode()) % (1 << 20))
 
 
-def sum_states(states: Mapping, comm, name="hvdkit.metrics"):
+def sum_states(
+    states: Mapping[str, Sequence[float]], comm: Communicator, name: str = "hvdkit.metrics"
+) -> dict[str, list[float]]:
     """Element-wise sums over all ranks of ``{key: [numbers]}``, in one allreduce.
 
     The sums of additive metric states (sums and counts, confusion counts) give the metric over the
@@ -52,7 +60,9 @@ def sum_states(states: Mapping, comm, name="hvdkit.metrics"):
     return out
 
 
-def average_metrics(totals: Mapping, comm, name="hvdkit.metrics"):
+def average_metrics(
+    totals: Mapping[str, tuple[float, float]] | MetricTracker, comm: Communicator, name: str = "hvdkit.metrics"
+) -> dict[str, float]:
     """Sample-weighted averages over all ranks from per-rank ``{metric: (sum, count)}`` (or a MetricTracker).
 
     Returns ``{metric: sum over ranks of sums / sum over ranks of counts}`` (NaN where no rank saw a
@@ -78,14 +88,14 @@ class MetricTracker:
     >>> t.compute(comm)                                        # collective
     """
 
-    def __init__(self, names=()):
+    def __init__(self, names: Iterable[str] = ()) -> None:
         self._totals = {n: [0.0, 0] for n in names}
 
-    def update(self, name, mean, count=1):
+    def update(self, name: str, mean: float, count: int = 1) -> None:
         """Add ``count`` samples whose mean value is ``mean``."""
         self.update_sum(name, float(mean) * count, count)
 
-    def update_sum(self, name, total, count):
+    def update_sum(self, name: str, total: float, count: int) -> None:
         """Add ``count`` samples whose values sum to ``total``."""
         if count < 0:
             raise ConfigError(f"count must be >= 0 (got {count}) for metric {name!r}")
@@ -93,14 +103,14 @@ class MetricTracker:
         acc[0] += float(total)
         acc[1] += count
 
-    def local(self):
+    def local(self) -> dict[str, tuple[float, int]]:
         """This rank's ``{metric: (sum, count)}``."""
         return {k: (v[0], v[1]) for k, v in self._totals.items()}
 
-    def compute(self, comm, name="hvdkit.metrics"):
+    def compute(self, comm: Communicator, name: str = "hvdkit.metrics") -> dict[str, float]:
         """Job-wide sample-weighted means. Collective (see ``average_metrics``)."""
         return average_metrics(self.local(), comm, name=name)
 
-    def reset(self):
+    def reset(self) -> None:
         for acc in self._totals.values():
             acc[0], acc[1] = 0.0, 0

@@ -1,6 +1,9 @@
 """Validation of the options shared by the framework adapters."""
 
+from __future__ import annotations
+
 import math
+from typing import Any
 
 from .errors import ConfigError
 
@@ -20,7 +23,7 @@ AUTO = "auto"
 COMPRESSION_MODES = (*COMPRESSIONS, AUTO)  # what the adapters accept: "auto" measures (hvdkit.core.autocompress)
 
 
-def check_compression(value, allow_auto=False):
+def check_compression(value: str | None, allow_auto: bool = False) -> str:
     """``value`` if it names a gradient compression hvdkit supports, else ConfigError.
 
     ``"auto"`` is accepted only with ``allow_auto``.
@@ -41,7 +44,7 @@ def _hint(hint):
     return f"; {hint}" if hint else ""
 
 
-def check_int_at_least(name, value, minimum=0, hint="", what=None):
+def check_int_at_least(name: str, value: Any, minimum: int = 0, hint: str = "", what: str | None = None) -> int:
     """``value`` if it is an int >= ``minimum`` (not a bool), else ConfigError naming ``name``.
 
     ``what`` replaces "an integer >= minimum" in the message; ``hint`` ends it.
@@ -51,7 +54,7 @@ def check_int_at_least(name, value, minimum=0, hint="", what=None):
     return value
 
 
-def check_positive_int(name, value, hint="", what=None):
+def check_positive_int(name: str, value: Any, hint: str = "", what: str | None = None) -> int:
     """``value`` if it is an int >= 1 (not a bool), else ConfigError naming ``name``."""
     return check_int_at_least(name, value, 1, hint, what)
 
@@ -60,7 +63,7 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_number_above(name, value, bound=0.0, hint="", what=None):
+def check_number_above(name: str, value: Any, bound: float = 0.0, hint: str = "", what: str | None = None) -> float:
     """``value`` as a float if it is a finite number > ``bound`` (not a bool), else ConfigError naming ``name``.
 
     ``what`` replaces "a finite number > bound" in the message.
@@ -70,7 +73,7 @@ def check_number_above(name, value, bound=0.0, hint="", what=None):
     return float(value)
 
 
-def check_number_at_least(name, value, bound=0.0, hint="", what=None):
+def check_number_at_least(name: str, value: Any, bound: float = 0.0, hint: str = "", what: str | None = None) -> float:
     """``value`` as a float if it is a finite number >= ``bound`` (not a bool), else ConfigError naming ``name``."""
     if not _is_number(value) or value < bound:
         raise ConfigError(f"{name} must be {what or f'a finite number >= {bound:g}'} (got {value!r}){_hint(hint)}")

@@ -1,12 +1,19 @@
 """Preemption: turn SIGTERM (what SLURM and Kubernetes send) into a clean, collective stop."""
 
+from __future__ import annotations
+
 import json
 import os
 import signal
 import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Self
 
 from . import env as _env
 from .options import check_int_at_least, check_positive_int
+
+if TYPE_CHECKING:
+    from .comm import Communicator
 
 __all__ = ["PreemptionGuard", "report_to_launcher"]
 
@@ -14,7 +21,7 @@ DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 REPORT_MARK = "hvdkit-rank"  # the mark of the reports hvdkit.launcher.rankwrap writes (the launcher reads both)
 
 
-def report_to_launcher(record):
+def report_to_launcher(record: dict[str, Any]) -> None:
     """Tell ``hvdkit run`` ``record`` (a JSON object) on one line of stderr, which it takes out of the
     output; nothing outside ``hvdkit run``. Call it on rank 0 only.
     Env: HVDKIT_JOB_ID (set by ``hvdkit run``)."""
@@ -55,7 +62,7 @@ class PreemptionGuard:
     Env: HVDKIT_JOB_ID (set by ``hvdkit run``; without it no step is reported).
     """
 
-    def __init__(self, comm, every=1, signals=DEFAULT_SIGNALS):
+    def __init__(self, comm: Communicator, every: int = 1, signals: Iterable[signal.Signals] = DEFAULT_SIGNALS) -> None:
         self.comm = comm
         self.every = check_positive_int("every", every, "1 checks at every call")
         self.received = None
@@ -69,7 +76,7 @@ class PreemptionGuard:
     def _on_signal(self, signum, _frame):
         self.received = signum
 
-    def should_stop(self, step=None):
+    def should_stop(self, step: int | None = None) -> bool:
         """True on every rank once any rank received a stop signal (collective).
 
         ``step`` (optional, the steps done so far) is reported to ``hvdkit run`` by rank 0.
@@ -86,7 +93,7 @@ class PreemptionGuard:
         self.stopped = asked
         return self.stopped
 
-    def progress(self, step, resumed=False):
+    def progress(self, step: int, resumed: bool = False) -> None:
         """Tell ``hvdkit run`` (from rank 0) that ``step`` steps are done; ``resumed``: training
         resumes after step ``step`` (0 for a fresh start). Not collective: any rank may call it as
         often as it likes, only rank 0 reports."""
@@ -107,13 +114,13 @@ class PreemptionGuard:
             record["stopping"] = True
         report_to_launcher(record)
 
-    def close(self):
+    def close(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -5,7 +5,13 @@ The core never imports Horovod: an adapter hands in a function that returns its 
 and a communicator class over it.
 """
 
+from __future__ import annotations
+
 import os
+from collections.abc import Callable, Iterable, Mapping
+from signal import Signals
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from . import env as _env
 from . import log as _log
@@ -15,6 +21,10 @@ from .lr import scaled_lr as _scaled_lr
 from .metrics import average_metrics as _average_metrics
 from .preemption import DEFAULT_SIGNALS, PreemptionGuard
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+    from .metrics import MetricTracker
 
 __all__ = ["Runtime", "RuntimePreemptionGuard"]
 
@@ -40,14 +50,20 @@ class Runtime:
         "scaled_lr",
     )
 
-    def __init__(self, engine, make_comm, on_start, name):
+    def __init__(
+        self,
+        engine: Callable[[], ModuleType],
+        make_comm: Callable[[], Communicator],
+        on_start: Callable[[Topology, int | None], str],
+        name: str,
+    ) -> None:
         self._engine = engine
         self._make_comm = make_comm
         self._on_start = on_start
         self._logger = _log.get_logger(name)
         self._comm = None
 
-    def init(self, threads=None):
+    def init(self, threads: int | None = None) -> Topology:
         """Start Horovod (once) and return this process's Topology.
 
         Also sets hvdkit's rank-prefixed logging and turns on Horovod's stall shutdown, so a rank
@@ -73,25 +89,27 @@ class Runtime:
             self._comm = self._make_comm()
         return topo
 
-    def topology(self):
+    def topology(self) -> Topology:
         """This process's Topology (needs ``init()``)."""
         hvd = self._engine()
         return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
 
-    def communicator(self):
+    def communicator(self) -> Communicator:
         """The core communicator for this job (calls ``init()`` if needed)."""
         if self._comm is None:
             self.init()
         return self._comm
 
-    def average_metrics(self, metrics, name="hvdkit.metrics"):
+    def average_metrics(
+        self, metrics: MetricTracker | Mapping[str, tuple[float, float]], name: str = "hvdkit.metrics"
+    ) -> dict[str, float]:
         """Sample-weighted job-wide means of a MetricTracker (or ``{metric: (sum, count)}``).
 
         Collective: every rank calls it with the same metric names.
         """
         return _average_metrics(metrics, self.communicator(), name=name)
 
-    def scaled_lr(self, base_lr, rule="linear", size=None):
+    def scaled_lr(self, base_lr: float, rule: str = "linear", size: int | None = None) -> float:
         """The learning rate for this job: ``base_lr`` x ``size`` ("linear"), x sqrt(``size``) ("sqrt") or x 1 ("none").
 
         ``base_lr`` is the rate tuned for one process with the per-rank batch (``hvdkit.core.lr``);
@@ -100,27 +118,27 @@ class Runtime:
         """
         return _scaled_lr(base_lr, check_rule(rule), self.communicator().size if size is None else size)
 
-    def rank(self):
+    def rank(self) -> int:
         """This process's rank in the job, 0 .. size() - 1 (needs ``init()``)."""
         return self._engine().rank()
 
-    def size(self):
+    def size(self) -> int:
         """The number of ranks in the job (needs ``init()``)."""
         return self._engine().size()
 
-    def local_rank(self):
+    def local_rank(self) -> int:
         """This process's rank among the ranks on its host (needs ``init()``)."""
         return self._engine().local_rank()
 
-    def local_size(self):
+    def local_size(self) -> int:
         """The number of ranks on this process's host (needs ``init()``)."""
         return self._engine().local_size()
 
-    def is_rank0(self):
+    def is_rank0(self) -> bool:
         """True on rank 0, the rank that logs, writes checkpoints and shows progress."""
         return self.rank() == 0
 
-    def functions(self):
+    def functions(self) -> tuple[Callable[..., object], ...]:
         """This runtime's methods named in ``FUNCTIONS``, in that order (what an adapter exports)."""
         return tuple(getattr(self, name) for name in self.FUNCTIONS)
 
@@ -133,7 +151,7 @@ class RuntimePreemptionGuard(PreemptionGuard):
     Env: HVDKIT_JOB_ID (set by ``hvdkit run``).
     """
 
-    runtime = None  # the adapter's Runtime
+    runtime: Runtime | None = None  # the adapter's Runtime
 
-    def __init__(self, every=1, signals=DEFAULT_SIGNALS):
+    def __init__(self, every: int = 1, signals: Iterable[Signals] = DEFAULT_SIGNALS) -> None:
         super().__init__(self.runtime.communicator(), every=every, signals=signals)

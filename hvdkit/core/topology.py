@@ -1,6 +1,9 @@
 """Where this process sits in the job: rank, size, local rank, local size."""
 
+from __future__ import annotations
+
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import env as _env
@@ -28,7 +31,7 @@ class Topology:
             )
 
     @property
-    def is_rank0(self):
+    def is_rank0(self) -> bool:
         return self.rank == 0
 
     def __str__(self):
@@ -43,7 +46,7 @@ def _int(environ, name):
         raise ConfigError(f"{name} must be an integer (got {raw!r}); the launcher set it wrong") from None
 
 
-def from_env(environ=None):
+def from_env(environ: Mapping[str, str] | None = None) -> Topology:
     """Topology from the variables of horovodrun, Open MPI, MPICH or SLURM; one process if none.
 
     Env: HOROVOD_*, OMPI_COMM_WORLD_*, PMI_*/MPI_LOCAL*, SLURM_* (first complete set wins).

@@ -6,7 +6,7 @@ A checkpoint (layout 1, written by ``CheckpointerBase.save``) is two files::
     manifest.json   step, epoch, world size (the store's fields) and under "meta":
                     layout, extra, state (model, optimizer, scheduler trees), rng (one tree per rank)
 
-The trees are ``checkpoint_tree.encode``'s JSON, naming their tensors' arrays; step, epoch, world
+The trees are ``tree.encode``'s JSON, naming their tensors' arrays; step, epoch, world
 size and ``extra`` are stored once, in the manifest. A framework adapter subclasses
 ``CheckpointerBase`` and only turns its state into tensors and back (the ``_`` hooks below);
 saving, reading, the RNG states of every rank, the scheduler, re-seeding at another world size and
@@ -14,9 +14,13 @@ the order of the collectives are the same for every framework. Checkpoints of ea
 versions (no ``layout``) are read by the adapter's ``_read_legacy``.
 """
 
+from __future__ import annotations
+
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +30,9 @@ from .arrays import ARRAYS, ArrayFile, write_arrays
 from .folder import listing, verify
 from .store import MANIFEST, CheckpointStore, Position, Resumed
 from .tree import capture_rng, decode, encode, reseed_rng, restore_rng
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
 
 __all__ = ["CheckpointerBase", "Snapshot", "read_newest", "LAYOUT"]
 
@@ -47,7 +54,7 @@ def _is_array(value):
     return isinstance(value, np.ndarray)
 
 
-def read_layout(folder, manifest, load):
+def read_layout(folder: str, manifest: dict[str, Any], load: Callable[[np.ndarray, Any, str], Any]) -> Snapshot:
     """``Snapshot`` of a layout-1 checkpoint; ``load(array, meta, name)`` turns an array into a tensor.
 
     ``name`` is the tree the array belongs to (``model``, ``extra``, ...). RNG arrays stay NumPy arrays.
@@ -64,7 +71,7 @@ def read_layout(folder, manifest, load):
     return Snapshot(manifest["step"], manifest["epoch"], manifest["world_size"], extra, state, rng, folder)
 
 
-def read_newest(directory):
+def read_newest(directory: str | os.PathLike[str]) -> Snapshot | None:
     """The newest checkpoint under ``directory`` that verifies, as a ``Snapshot`` of NumPy arrays, or None.
 
     For tests and tools (no collective, no lock, reads only): ``state["model"]`` is the model's
@@ -93,7 +100,17 @@ class CheckpointerBase:
     another world size. Collective: the constructor, ``save`` and ``restore`` are called by every rank.
     """
 
-    def __init__(self, directory, model, optimizer, scheduler, keep, comm, seed, framework):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        keep: int,
+        comm: Communicator,
+        seed: int,
+        framework: str,
+    ) -> None:
         self.comm = comm
         self.seed = seed
         self.model = model
@@ -154,7 +171,7 @@ class CheckpointerBase:
         """Every rank, after the state arrived; ``snapshot_meta`` is what ``_meta`` stored."""
 
     # ------------------------------------------------------------ save
-    def save(self, step, epoch, extra=None):
+    def save(self, step: int, epoch: int, extra: Any = None) -> str:
         """Write a checkpoint of ``step`` (rank 0 writes; every rank's RNG state is included).
 
         ``epoch`` is the number of epochs completed. Returns the checkpoint path on every rank.
@@ -191,7 +208,7 @@ class CheckpointerBase:
         return arrays, meta
 
     # ------------------------------------------------------------ restore
-    def restore(self):
+    def restore(self) -> Resumed | None:
         """Load the newest good checkpoint on every rank; a ``Resumed``, or None when there is none.
 
         Rank 0 verifies the newest checkpoint (falling back to older ones), maps its arrays and

@@ -3,7 +3,7 @@
 Layout under the checkpoint root::
 
     ckpt-000000000040/            one complete checkpoint (step 40)
-        arrays.npz                the tensors of the state (core/checkpointer.py, checkpoint_arrays.py)
+        arrays.npz                the tensors of the state (state.py, arrays.py)
         manifest.json             step, epoch, world size, versions, size and SHA-256 of every file,
                                   ``meta`` (the state's layout, ``extra``, every rank's RNG states),
                                   sealed by the SHA-256 of the manifest itself (core/manifest.py)
@@ -11,15 +11,17 @@ Layout under the checkpoint root::
     .tmp-<job>-...                a write in progress or a deletion (never loaded)
     .hvdkit.lock                  rank 0 of the job using the folder holds a flock on it
 
-Only rank 0 touches the file system, and only one job at a time (see ``checkpoint_lock``). A save
+Only rank 0 touches the file system, and only one job at a time (see ``lock``). A save
 writes into a temporary folder, fsyncs every file and the folder, renames it into place and fsyncs
 the root, so a crash at any point leaves either the old set of checkpoints or the new one, never a
 half-written checkpoint under a ``ckpt-`` name. Saving a step that exists already never retires its
-old copy before the new one is in place (see ``checkpoint_folder.place``). The outcome is broadcast, so when rank 0
+old copy before the new one is in place (see ``folder.place``). The outcome is broadcast, so when rank 0
 fails every rank raises the same CheckpointError.
 Loading walks the checkpoints newest first, verifies each manifest (sizes and checksums), skips and
 reports the ones that fail, and broadcasts the first good state to every rank.
 """
+
+from __future__ import annotations
 
 import json
 import os
@@ -27,7 +29,9 @@ import shutil
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
@@ -45,6 +49,9 @@ from .folder import (
     verify,
     wait_for_deletions,
 )
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
 
 __all__ = ["CheckpointStore", "CheckpointInfo", "Resumed", "MANIFEST", "verify"]
 
@@ -93,7 +100,9 @@ class CheckpointStore:
     path, or a folder in use by another job, fails on every rank before any training happens.
     """
 
-    def __init__(self, root, comm, keep=3, framework="none"):
+    def __init__(
+        self, root: str | os.PathLike[str], comm: Communicator, keep: int = 3, framework: str = "none"
+    ) -> None:
         if not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep must be an integer >= 1 (got {keep!r}): how many checkpoints to keep")
         self.root = os.path.abspath(os.fspath(root))
@@ -129,7 +138,7 @@ class CheckpointStore:
             self._sweep_dead_jobs()
         return None
 
-    def close(self):
+    def close(self) -> None:
         """Release the folder's lock (rank 0; no collective). The store must not be used after."""
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
@@ -160,7 +169,7 @@ class CheckpointStore:
             _log.warning("could not remove the leftovers of earlier jobs under %s: %s", self.root, e)
 
     # ---------------------------------------------------------------- listing (rank 0)
-    def candidates(self):
+    def candidates(self) -> list[tuple[int, str]]:
         """``(step, path)`` of every ``ckpt-`` folder, newest first, unverified.
 
         Copies of one step (``ckpt-S.N``, left by a save of step S again that was cut short) come
@@ -171,7 +180,7 @@ class CheckpointStore:
     def _listing(self):
         return listing(self.root)
 
-    def latest(self):
+    def latest(self) -> CheckpointInfo | None:
         """The newest checkpoint that verifies (rank 0 only; no collective), or None.
 
         Checkpoints that fail verification are reported and skipped.
@@ -186,7 +195,14 @@ class CheckpointStore:
         return None
 
     # ---------------------------------------------------------------- save
-    def save(self, write, step, epoch, meta=None, check=None):
+    def save(
+        self,
+        write: Callable[[str], object],
+        step: int,
+        epoch: int,
+        meta: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+        check: Callable[[], object] | None = None,
+    ) -> str:
         """Write a checkpoint of ``step`` on rank 0; ``write(folder)`` puts the files in ``folder``.
 
         ``meta`` goes into the manifest: a JSON-ready dict, or a function returning one (called on
@@ -295,12 +311,12 @@ class CheckpointStore:
         trash = f"{_TMP}{self._lock.job}-trash-"
         delete_later(self.root, paths, lambda: self._tmp_path("trash"), lambda name: name.startswith(trash))
 
-    def wait_for_cleanup(self):
+    def wait_for_cleanup(self) -> None:
         """Block until pruned checkpoints under this root are deleted (rank 0; no collective)."""
         wait_for_deletions(self.root)
 
     # ---------------------------------------------------------------- load
-    def load(self, read):
+    def load(self, read: Callable[[str], Any]) -> tuple[Any, CheckpointInfo] | None:
         """Restore the newest good checkpoint on every rank: ``(state, CheckpointInfo)`` or None.
 
         Like ``load_on_rank0``, then rank 0's whole state is pickled and broadcast: meant for
@@ -314,7 +330,9 @@ class CheckpointStore:
         state, _, info = loaded
         return self.comm.broadcast_object(state, name="hvdkit.checkpoint.load.state"), info
 
-    def load_on_rank0(self, read, describe=None):
+    def load_on_rank0(
+        self, read: Callable[[str], Any], describe: Callable[[Any, CheckpointInfo], Any] | None = None
+    ) -> tuple[Any, Any, CheckpointInfo] | None:
         """Read the newest good checkpoint on rank 0 and tell every rank which one it is.
 
         Rank 0 walks the checkpoints newest first and calls ``read(folder)`` on the first that

@@ -8,8 +8,12 @@ would not come back as it was (a NumPy scalar, a path, an object of another clas
 with an error naming its key path, its type and the fix. ``decode`` is the inverse.
 """
 
+from __future__ import annotations
+
 import collections
 import random
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +28,13 @@ _DICTS = (dict, collections.OrderedDict)  # a state dict is an OrderedDict; othe
 _READER = "a checkpoint cannot give back as it was"
 
 
-def encode(obj, name, found, is_tensor, describe=lambda t: None):
+def encode(
+    obj: Any,
+    name: str,
+    found: list[tuple[str, Any]],
+    is_tensor: Callable[[Any], bool],
+    describe: Callable[[Any], Any] = lambda t: None,
+) -> Any:
     """``obj`` as JSON-ready data; its tensors are appended to ``found`` as ``(array name, tensor)``.
 
     Array names are ``<name>/<n>``; ``describe(tensor)`` gives what ``decode``'s ``load`` needs
@@ -60,7 +70,7 @@ def encode(obj, name, found, is_tensor, describe=lambda t: None):
     return walk(obj, name)
 
 
-def decode(tree, load):
+def decode(tree: Any, load: Callable[[str, Any], Any]) -> Any:
     """The data ``encode`` turned into ``tree``; ``load(array name, meta)`` gives each tensor back."""
     if not isinstance(tree, list):
         return tree
@@ -80,7 +90,7 @@ def decode(tree, load):
     raise CheckpointError(f"a checkpoint's state tree holds an unknown tag {tag!r} (written by a newer hvdkit?)")
 
 
-def capture_rng(framework):
+def capture_rng(framework: Any) -> dict[str, Any]:
     """This process's RNG states: Python's ``random``, NumPy's global RNG and ``framework``'s (arrays)."""
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
@@ -91,7 +101,7 @@ def capture_rng(framework):
     }
 
 
-def restore_rng(state):
+def restore_rng(state: Mapping[str, Any]) -> Any:
     """Set Python's and NumPy's RNG states from ``capture_rng``'s ``state``; returns its ``framework`` part."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(int(x) for x in internal), gauss))
@@ -100,7 +110,7 @@ def restore_rng(state):
     return state["framework"]
 
 
-def reseed_rng(seed, step, rank):
+def reseed_rng(seed: int, step: int, rank: int) -> int:
     """Seed Python's and NumPy's RNGs from ``(seed, step, rank)`` alone; returns the seed used.
 
     Used at a resume with another world size, where the saved per-rank states cannot carry over

@@ -3,11 +3,15 @@
 MLflow is imported when a run is made; the default store is a SQLite file in the log folder.
 """
 
+from __future__ import annotations
+
 import contextlib
 import logging
 import os
 import time
+from collections.abc import Mapping
 from types import SimpleNamespace
+from typing import Any
 from urllib.parse import urlparse
 
 from .. import env as _env
@@ -41,7 +45,9 @@ def _quiet(*names):
             lg.setLevel(level)
 
 
-def resolve_mlflow_uri(log_dir, uri=None, environ=None):
+def resolve_mlflow_uri(
+    log_dir: str | os.PathLike[str], uri: str | None = None, environ: Mapping[str, str] | None = None
+) -> str:
     """The MLflow tracking URI: ``uri``, else MLFLOW_TRACKING_URI, else ``sqlite:///<log_dir>/mlflow.db``.
 
     MLflow 3 refuses its old file store (``file:`` URIs, plain paths) unless
@@ -61,7 +67,13 @@ class MlflowRun:
     Env: MLFLOW_TRACKING_URI (read); MLFLOW_ALLOW_FILE_STORE (set to true for a ``file:`` URI).
     """
 
-    def __init__(self, log_dir, uri=None, experiment="hvdkit", run_name=None):
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        uri: str | None = None,
+        experiment: str = "hvdkit",
+        run_name: str | None = None,
+    ) -> None:
         self._ml = _mlflow()
         self.uri = resolve_mlflow_uri(log_dir, uri)
         if urlparse(self.uri).scheme in ("", "file"):
@@ -81,13 +93,13 @@ class MlflowRun:
         except ImportError as e:  # sqlalchemy or alembic, imported by the SQL store
             raise MissingDependencyError(f"the MLflow store {self.uri!r} needs {e.name}; {_INSTALL}") from e
 
-    def log_params(self, params):
+    def log_params(self, params: Mapping[str, Any]) -> None:
         """Record parameters (MLflow keeps them as strings and never changes them)."""
         self._client.log_batch(self.run_id, params=[self._ml.param(k, str(v)) for k, v in params.items()])
 
-    def log_metrics(self, metrics, step):
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         now = int(time.time() * 1000)
         self._client.log_batch(self.run_id, metrics=[self._ml.metric(k, v, now, step) for k, v in metrics.items()])
 
-    def close(self, failed=False):
+    def close(self, failed: bool = False) -> None:
         self._client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")

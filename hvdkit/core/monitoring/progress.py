@@ -1,8 +1,12 @@
 """A dependency-free progress display for rank 0: steps, samples per second and ETA."""
 
+from __future__ import annotations
+
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import TextIO
 
 from .. import env as _env
 
@@ -27,7 +31,15 @@ class Progress:
     when not a terminal, when ``interval`` is not given; default 10).
     """
 
-    def __init__(self, total, desc="", show=True, stream=None, interval=None, clock=time.perf_counter):
+    def __init__(
+        self,
+        total: int,
+        desc: str = "",
+        show: bool = True,
+        stream: TextIO | None = None,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.stream = stream or sys.stderr
         tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         wanted = _env.flag(_env.PROGRESS, default=tty)
@@ -42,7 +54,7 @@ class Progress:
         self.unit = "samples"  # what update(samples=...) counts
         self.start = self._last = clock()
 
-    def update(self, steps=1, samples=0):
+    def update(self, steps: int = 1, samples: int = 0) -> None:
         self.done += steps
         self.samples += samples
         if not self.enabled:
@@ -69,7 +81,7 @@ class Progress:
         self.stream.write(("\r" + line) if self.tty else line + end)
         self.stream.flush()
 
-    def close(self):
+    def close(self) -> None:
         if self.enabled and self.tty:
             self.stream.write(os.linesep)
             self.stream.flush()

@@ -25,18 +25,25 @@ A slowdown above ``threshold`` (default 1.2, i.e. 20% slower) is a straggler: ra
 naming the rank, its host and the slowdown; otherwise an INFO line.
 """
 
+from __future__ import annotations
+
 import logging
 import math
 import socket
 import statistics
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Self
 
 from .. import env as _env
 from ..errors import ConfigError
 from ..log import get_logger
 from ..options import check_number_above, check_number_at_least
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
 
 __all__ = ["RankTiming", "StragglerMonitor", "StragglerReport", "build_report", "straggler_threshold"]
 
@@ -47,7 +54,7 @@ _THRESHOLD = "a finite number > 1.0, the slowdown above which a rank is a stragg
 _THRESHOLD_HINT = "e.g. 1.2 reports a rank 20% slower than the others"
 
 
-def straggler_threshold(value=None, environ=None):
+def straggler_threshold(value: float | None = None, environ: Mapping[str, str] | None = None) -> float:
     """The straggler threshold: ``value``, else HVDKIT_STRAGGLER_THRESHOLD, else 1.2.
 
     It must be a finite number > 1.0 (the slowdown above which a rank is reported).
@@ -82,26 +89,26 @@ class StragglerReport:
     threshold: float
 
     @property
-    def exceeded(self):
+    def exceeded(self) -> bool:
         """True when the slowest rank's slowdown is above the threshold."""
         return self.slowdown > self.threshold
 
     @property
-    def straggler(self):
+    def straggler(self) -> int | None:
         """The straggling rank, or None when no rank is above the threshold."""
         return self.slowest_rank if self.exceeded else None
 
     @property
-    def slowest(self):
+    def slowest(self) -> RankTiming | None:
         """The slowest rank's RankTiming (None when no rank timed a step)."""
         return None if self.slowest_rank is None else self.ranks[self.slowest_rank]
 
-    def typical_s(self):
+    def typical_s(self) -> float:
         """The median of the other ranks' median step times (NaN with fewer than two timed ranks)."""
         others = [t.median_s for t in self.ranks if t.steps > 0 and t.rank != self.slowest_rank]
         return statistics.median(others) if others else math.nan
 
-    def summary(self):
+    def summary(self) -> str:
         """One line naming the slowest rank, its host and its slowdown."""
         where = f"{self.name}" + (f" epoch {self.epoch}" if self.epoch is not None else "")
         s = self.slowest
@@ -114,7 +121,7 @@ class StragglerReport:
             f"({times}, {s.steps} steps; threshold {self.threshold:g})"
         )
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         """Plain data (for JSON or a tracker)."""
         return {
             "name": self.name,
@@ -127,7 +134,9 @@ class StragglerReport:
         }
 
 
-def build_report(timings, threshold, name="train", epoch=None):
+def build_report(
+    timings: Iterable[RankTiming], threshold: float, name: str = "train", epoch: int | None = None
+) -> StragglerReport:
     """The StragglerReport of every rank's RankTiming (indexed by rank), as defined in this module's doc."""
     timings = tuple(sorted(timings, key=lambda t: t.rank))
     timed = [t for t in timings if t.steps > 0]
@@ -162,7 +171,14 @@ class StragglerMonitor:
     Env: HVDKIT_STRAGGLER_THRESHOLD (when ``threshold`` is None).
     """
 
-    def __init__(self, comm, threshold=None, name="train", clock=time.perf_counter, host=None):
+    def __init__(
+        self,
+        comm: Communicator,
+        threshold: float | None = None,
+        name: str = "train",
+        clock: Callable[[], float] = time.perf_counter,
+        host: str | None = None,
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"name must be a non-empty string, the same on every rank (got {name!r})")
         self.comm = comm
@@ -175,12 +191,12 @@ class StragglerMonitor:
         self._begin = None
         self._wait = 0.0
 
-    def step_begin(self):
+    def step_begin(self) -> None:
         """Start timing a step (calling it again before ``step_end()`` restarts the step)."""
         self._begin = self._clock()
         self._wait = 0.0
 
-    def step_end(self):
+    def step_end(self) -> float:
         """Stop timing the step; records and returns its time (wall time minus reported waits)."""
         if self._begin is None:
             raise ConfigError("step_end() was called without step_begin(); call step_begin() at the start of the step")
@@ -190,19 +206,19 @@ class StragglerMonitor:
         return elapsed
 
     @contextmanager
-    def step(self):
+    def step(self) -> Iterator[Self]:
         """Time the block as one step (not recorded when the block raises)."""
         self.step_begin()
         yield self
         self.step_end()
 
-    def add_wait(self, seconds):
+    def add_wait(self, seconds: float) -> None:
         """Exclude ``seconds`` spent waiting in a collective from the current step (ignored outside a step)."""
         if self._begin is not None:
             self._wait += float(seconds)
 
     @contextmanager
-    def waiting(self):
+    def waiting(self) -> Iterator[None]:
         """Exclude the time spent in the block (a collective) from the current step."""
         start = self._clock()
         try:
@@ -210,12 +226,12 @@ class StragglerMonitor:
         finally:
             self.add_wait(self._clock() - start)
 
-    def record(self, seconds):
+    def record(self, seconds: float) -> None:
         """Record one step's time measured elsewhere, in seconds."""
         check_number_at_least("a step time", seconds, what="a finite number of seconds >= 0")
         self._times.append(float(seconds))
 
-    def local_timing(self):
+    def local_timing(self) -> RankTiming:
         """This rank's RankTiming for the steps recorded since the last ``epoch_end()``."""
         times = self._times
         if not times:
@@ -224,7 +240,7 @@ class StragglerMonitor:
             self.comm.rank, self.host, len(times), statistics.median(times), math.fsum(times) / len(times)
         )
 
-    def epoch_end(self, epoch=None):
+    def epoch_end(self, epoch: int | None = None) -> StragglerReport:
         """Gather every rank's step times; return the StragglerReport (the same on every rank).
 
         Rank 0 logs it: a WARNING when a rank is above the threshold, INFO otherwise. The recorded

@@ -6,11 +6,15 @@ text plugin metadata helpers, imported when a writer is made, and frames each ev
 ``tfrecord.frame_record`` (the bytes are those TensorBoard's ``RecordWriter`` would write).
 """
 
+from __future__ import annotations
+
 import math
 import os
 import socket
 import time
+from collections.abc import Mapping
 from types import SimpleNamespace
+from typing import Any
 
 from ..errors import MissingDependencyError
 from .tfrecord import frame_record
@@ -58,7 +62,7 @@ class TensorBoardWriter:
     plugin's session start, so runs can be compared in its table. Rank 0's job; no collective.
     """
 
-    def __init__(self, log_dir):
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
         self._pb = _protos()
         os.makedirs(log_dir, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.hvdkit"
@@ -80,7 +84,7 @@ class TensorBoardWriter:
         data = meta.create_summary_metadata(self._pb.hparams.HParamsPluginData(**fields))
         return self._pb.summary.Summary.Value(tag=tag, metadata=data, tensor=meta.NULL_TENSOR)
 
-    def add_params(self, params):
+    def add_params(self, params: Mapping[str, Any]) -> None:
         """Remember parameters; they are written with the next scalars (or at ``close``)."""
         self._params.update(params)
         self._params_dirty = True
@@ -106,13 +110,13 @@ class TensorBoardWriter:
         self._write(step, values)
         self._params_dirty = False
 
-    def add_scalars(self, scalars, step):
+    def add_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         """Write ``{tag: float}`` at ``step`` (float32 in the file, as TensorBoard stores scalars)."""
         self._flush_params(step)
         self._write(step, [self._pb.summary.Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()])
         self._file.flush()
 
-    def close(self, failed=False):
+    def close(self, failed: bool = False) -> None:
         """Write pending parameters and the session's end (success or failure), then close the file."""
         if self._file.closed:
             return

@@ -11,19 +11,26 @@ without TensorFlow, framed by ``tfrecord``) and ``mlflow_store`` (``MlflowClient
 global run); each imports its package at first use.
 """
 
+from __future__ import annotations
+
 import atexit
 import math
 import operator
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, SupportsIndex
 
-from ..deprecation import warn_renamed
 from ..errors import ConfigError
 from ..log import get_logger
 from .mlflow_store import MlflowRun, resolve_mlflow_uri
 from .tensorboard_events import TensorBoardWriter
 from .tfrecord import crc32c, masked_crc32c
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
+    from ..runtime import Runtime
 
 __all__ = [
     "BACKENDS",
@@ -34,7 +41,6 @@ __all__ = [
     "crc32c",
     "masked_crc32c",
     "resolve_mlflow_uri",
-    "tracker_for",
 ]
 
 BACKENDS = ("tensorboard", "mlflow")
@@ -117,8 +123,15 @@ class Tracker:
     """
 
     def __init__(
-        self, comm, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
-    ):
+        self,
+        comm: Communicator,
+        log_dir: str | os.PathLike[str],
+        backends: str | Iterable[str] = ("tensorboard",),
+        params: Mapping[str, Any] | None = None,
+        mlflow_uri: str | None = None,
+        experiment: str = "hvdkit",
+        run_name: str | None = None,
+    ) -> None:
         self.backends = _check_backends(backends)
         self.log_dir = os.fspath(log_dir)
         self.rank, self.size = comm.rank, comm.size
@@ -163,7 +176,7 @@ class Tracker:
         if new and self.mlflow:
             self.mlflow.log_params(new)
 
-    def log_params(self, params):
+    def log_params(self, params: Mapping[str, Any]) -> None:
         """Record hyperparameters; a name already logged must keep its value (MLflow params never change).
 
         Collective: no.
@@ -171,7 +184,7 @@ class Tracker:
         self._check_open()
         self._record_params(self._new_params(params))
 
-    def log_metrics(self, metrics, step):
+    def log_metrics(self, metrics: Mapping[str, float], step: SupportsIndex) -> None:
         """Record ``{name: number}`` at ``step`` (an integer >= 0): values already averaged over ranks.
 
         Raises ConfigError on every rank for a non-numeric or non-finite value. Collective: no.
@@ -184,7 +197,7 @@ class Tracker:
         if self.mlflow:
             self.mlflow.log_metrics(values, step)
 
-    def close(self, failed=False):
+    def close(self, failed: bool = False) -> None:
         """Finish the run (MLflow status FINISHED, or FAILED when ``failed``) and close the files.
 
         Idempotent. Collective: no.
@@ -202,10 +215,12 @@ class Tracker:
         _log.warning("tracker of %s was not closed: marking its run failed", self.log_dir)
         self.close(failed=True)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         self.close(failed=exc_type is not None)
         return False
 
@@ -214,11 +229,17 @@ class RuntimeTracker(Tracker):
     """A Tracker on the communicator of an adapter's Runtime (the subclass sets ``runtime``): what
     ``hvdkit.torch.Tracker`` and ``hvdkit.tensorflow.Tracker`` are. Collective: no."""
 
-    runtime = None  # the adapter's hvdkit.core.runtime.Runtime
+    runtime: Runtime | None = None  # the adapter's hvdkit.core.runtime.Runtime
 
     def __init__(
-        self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
-    ):
+        self,
+        log_dir: str | os.PathLike[str],
+        backends: str | Iterable[str] = ("tensorboard",),
+        params: Mapping[str, Any] | None = None,
+        mlflow_uri: str | None = None,
+        experiment: str = "hvdkit",
+        run_name: str | None = None,
+    ) -> None:
         super().__init__(
             self.runtime.communicator(),
             log_dir,
@@ -228,25 +249,3 @@ class RuntimeTracker(Tracker):
             experiment=experiment,
             run_name=run_name,
         )
-
-
-def tracker_for(communicator):
-    """Deprecated (the adapters' ``Tracker`` are classes now): a ``Tracker`` constructor bound to ``communicator()``."""
-    warn_renamed(
-        "hvdkit.core.monitoring.tracking.tracker_for", "the adapters' Tracker class (hvdkit.torch.Tracker, ...)"
-    )
-
-    def make_tracker(
-        log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
-    ):
-        return Tracker(
-            communicator(),
-            log_dir,
-            backends=backends,
-            params=params,
-            mlflow_uri=mlflow_uri,
-            experiment=experiment,
-            run_name=run_name,
-        )
-
-    return make_tracker
