@@ -11,6 +11,8 @@ With ``--hosts``: every host reachable over ssh, the same versions everywhere, t
 network interface to each, and an allreduce across all of them.
 """
 
+from __future__ import annotations
+
 import json
 import platform
 import re
@@ -18,12 +20,17 @@ import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, TextIO
 
 from ..launcher.hosts import format_hosts
 from ..launcher.plan import find_tool
 from ..launcher.remote import is_this_machine, remote_json
 from . import doctor_gpu
+
+if TYPE_CHECKING:
+    from ..launcher.hosts import Host
 
 __all__ = ["diagnose", "check_build", "engine_fix_level", "local_versions"]
 
@@ -69,7 +76,7 @@ def _tool_fix(name, python, rc, text, fix):
     return fix
 
 
-def local_versions(python=None):
+def local_versions(python: str | None = None) -> dict[str, str | None]:
     """The versions that must match on every host of a job."""
     python = python or sys.executable
     rc, text = _run([find_tool("mpirun", python), "--version"], 30)
@@ -94,12 +101,12 @@ def _route(name):
     return (m.group(1), m.group(2)) if m else (None, None)
 
 
-def check_build(report):
+def check_build(report: str) -> dict[str, bool]:
     """``{part: built?}`` from the text of ``horovodrun --check-build``."""
     return {m.group(2): m.group(1) == "X" for m in re.finditer(r"\[([ X])\] (\w[\w ]*)", report)}
 
 
-def engine_fix_level(report):
+def engine_fix_level(report: str) -> str | None:
     """The hvdkit engine fix level named in ``horovodrun --check-build`` output, or ``None``.
 
     ``None`` means an unpatched upstream engine: its check-build prints no fix level (the line comes
@@ -109,7 +116,14 @@ def engine_fix_level(report):
     return m.group(1).strip() if m else None
 
 
-def diagnose(python=None, smoke=True, out=None, hosts=(), network_interface=None, gpu_facts=None):
+def diagnose(
+    python: str | None = None,
+    smoke: bool = True,
+    out: TextIO | None = None,
+    hosts: Sequence[Host] = (),
+    network_interface: str | None = None,
+    gpu_facts: Callable[[], doctor_gpu.GpuFacts] | None = None,
+) -> list[str]:
     """Print the environment report; return the list of problems (empty when all is well).
 
     ``gpu_facts()`` returns this machine's ``doctor_gpu.GpuFacts`` (default: nvidia-smi, then torch and

@@ -5,9 +5,12 @@ torch and Horovod are asked in a child process (``hvdkit.launcher`` imports no f
 a machine with GPUs: a CPU-only machine gets one row, at the cost of one ``nvidia-smi`` look-up.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..launcher.gpus import CUDA_VISIBLE_DEVICES, gpu_count, nvidia_smi, physical_gpus
@@ -73,7 +76,7 @@ class GpuFacts:
     horovod_nccl: int | None = None
 
 
-def parse_gpu_query(text):
+def parse_gpu_query(text: str) -> tuple[list[tuple[str, str]], str | None]:
     """``([(name, memory), ...], driver)`` from the text of
     ``nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader``."""
     gpus, driver = [], None
@@ -85,7 +88,14 @@ def parse_gpu_query(text):
     return gpus, driver
 
 
-def gpu_facts(python, run, *, smi=None, env=None, torch_installed=True):
+def gpu_facts(
+    python: str,
+    run: Callable[[list[str], float], tuple[int, str]],
+    *,
+    smi: Callable[[Sequence[str]], str | None] | None = None,
+    env: Mapping[str, str] | None = None,
+    torch_installed: bool = True,
+) -> GpuFacts:
     """The ``GpuFacts`` of this machine; ``run(argv, timeout)`` returns ``(rc, text)`` (doctor's ``_run``)."""
     smi = smi or nvidia_smi
     listing = smi(_QUERY)
@@ -104,7 +114,9 @@ def gpu_facts(python, run, *, smi=None, env=None, torch_installed=True):
     return GpuFacts(gpus=tuple(gpus), driver=driver, visible=visible, **asked)
 
 
-def gpu_rows(facts, row, engine_nccl=None, env=None):
+def gpu_rows(
+    facts: GpuFacts, row: Callable[..., None], engine_nccl: bool | None = None, env: Mapping[str, str] | None = None
+) -> bool:
     """Doctor's rows for ``facts``; True when a NCCL allreduce check can run.
 
     A machine without GPUs is no problem. With GPUs, an engine without NCCL under a CUDA torch is one.
@@ -140,7 +152,7 @@ def _version_tuple(text):
     return tuple(int(p) for p in re.findall(r"\d+", text or "")[:2])
 
 
-def nccl_smoke_plan(facts, ranks=2):
+def nccl_smoke_plan(facts: GpuFacts, ranks: int = 2) -> tuple[list[str] | None, str | None]:
     """``(extra hvdkit run args, skip reason)`` for the ``ranks``-rank NCCL check on ``facts.visible`` GPUs.
 
     More ranks than GPUs needs NCCL_MULTI_RANK_GPU_ENABLE=1 (set for this check only), which NCCL

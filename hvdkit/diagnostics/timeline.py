@@ -16,11 +16,14 @@ At shutdown Horovod drops the records still queued, so the last spans may never 
 the file's folder it writes nothing and only logs an error (``hvdkit run`` creates the folder).
 """
 
+from __future__ import annotations
+
 import json
 import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..core.errors import ConfigError
 from ..launcher.timeline_flags import MARK_CYCLES, TIMELINE, ensure_folder, timeline_path
@@ -64,7 +67,7 @@ _DTYPE_BYTES = {
 }
 
 
-def parse(path):
+def parse(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:
     """``(records, truncated)``: the trace records (dicts) of timeline ``path``, in file order.
 
     A file that ends early (no closing ``]``, a trailing comma, a last record cut mid-write) is
@@ -175,14 +178,14 @@ class Summary:
     start_epoch_us: int | None = None  # wall clock of Horovod's time 0
 
     @property
-    def fractions(self):
+    def fractions(self) -> dict[str, float]:
         return {k: (v / self.span_us if self.span_us else 0.0) for k, v in self.breakdown.items()}
 
-    def largest(self, k):
+    def largest(self, k: int) -> list[TensorStats]:
         sized = [t for t in self.tensors if t.bytes is not None]
         return sorted(sized, key=lambda t: (-t.bytes, t.name))[:k]
 
-    def to_dict(self, top=10):
+    def to_dict(self, top: int = 10) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "tensors"}
         out["fractions"] = self.fractions
         out["largest"] = [t.name for t in self.largest(top)]
@@ -190,7 +193,7 @@ class Summary:
         return out
 
 
-def summarise(path, same_cycle_us=500):
+def summarise(path: str | os.PathLike[str], same_cycle_us: int = 500) -> Summary:
     """The Summary of timeline ``path``.
 
     Readiness: in a negotiation with ticks from several ranks, the rank whose tick came last,
@@ -308,7 +311,7 @@ def _readiness(ticks_of, same_cycle_us):
     }
 
 
-def format_ms(us):
+def format_ms(us: float) -> str:
     """Microseconds as milliseconds with two decimals, as the reports print them."""
     return f"{us / 1000:.2f}"
 
@@ -320,7 +323,7 @@ def _size(n):
     return f"{n / 1024**exp:.1f} {('KiB', 'MiB', 'GiB')[exp - 1]}"
 
 
-def format_summary(s, top=10):
+def format_summary(s: Summary, top: int = 10) -> str:
     """A plain-text report of Summary ``s``: the span breakdown, the ``top`` tensors, readiness."""
     ops = sum(t.ops for t in s.tensors)
     lines = [
@@ -375,7 +378,7 @@ def _readiness_lines(rd):
     return lines
 
 
-def write_json(summary, out, top=10):
+def write_json(summary: Summary, out: str | os.PathLike[str], top: int = 10) -> None:
     """Write ``summary`` as JSON to ``out``."""
     try:
         with open(out, "w") as f:

@@ -1,12 +1,16 @@
 """Draw a timeline ``Summary`` to a PNG; matplotlib is imported only when a plot is drawn."""
 
+from __future__ import annotations
+
+import os
+
 from ..core.errors import ConfigError, MissingDependencyError
-from .timeline import CATEGORIES, OTHER, format_ms
+from .timeline import CATEGORIES, OTHER, Summary, format_ms
 
 __all__ = ["plot"]
 
 
-def plot(summary, out, top=10):
+def plot(summary: Summary, out: str | os.PathLike[str], top: int = 10) -> None:
     """Write a PNG of a timeline ``Summary``: stacked activity times per top tensor, and the breakdown
     of the span (needs matplotlib; its absence is a clear error)."""
     try:

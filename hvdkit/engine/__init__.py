@@ -7,11 +7,15 @@ runs the same script (through ``scripts/build-horovod.sh``), so either one's whe
 cache hit. This package imports only the standard library.
 """
 
+from __future__ import annotations
+
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TextIO
 
 from ..core.errors import HvdkitError
 
@@ -53,7 +57,7 @@ def _last_error(text):
     return errors[-1] if errors else None
 
 
-def fix_level():
+def fix_level() -> str:
     """The fix level of the engine fixes shipped with this hvdkit, e.g. ``hvdkit-fixes-0123456789ab``.
 
     An engine built by this hvdkit's recipe reports the same level in ``horovodrun --check-build``.
@@ -70,7 +74,11 @@ def _variant_env(gpu, cuda_archs):
     return env
 
 
-def wheel_dir(python=None, gpu=None, cuda_archs=None):
+def wheel_dir(
+    python: str | os.PathLike[str] | None = None,
+    gpu: bool | str | None = None,
+    cuda_archs: str | Iterable[int | str] | None = None,
+) -> Path:
     """The wheel cache folder for ``python``'s environment (its name ends in the cache key); builds nothing.
 
     ``gpu`` and ``cuda_archs`` as for ``install``.
@@ -79,7 +87,11 @@ def wheel_dir(python=None, gpu=None, cuda_archs=None):
     return Path(_script([BUILD_SCRIPT, "--key"], python, _variant_env(gpu, cuda_archs)))
 
 
-def plan(python=None, gpu=None, cuda_archs=None):
+def plan(
+    python: str | os.PathLike[str] | None = None,
+    gpu: bool | str | None = None,
+    cuda_archs: str | Iterable[int | str] | None = None,
+) -> str:
     """The build plan for ``python``'s environment, in words: variant (``cpu`` or ``gpu``), the exact
     ``HOROVOD_*`` build settings, the engine fixes and the wheel cache folder; builds nothing.
 
@@ -89,7 +101,13 @@ def plan(python=None, gpu=None, cuda_archs=None):
     return _script([BUILD_SCRIPT, "--dry-run"], python, _variant_env(gpu, cuda_archs))
 
 
-def install(python=None, jobs=None, out=None, gpu=None, cuda_archs=None):
+def install(
+    python: str | os.PathLike[str] | None = None,
+    jobs: int | None = None,
+    out: TextIO | None = None,
+    gpu: bool | str | None = None,
+    cuda_archs: str | Iterable[int | str] | None = None,
+) -> str:
     """Build (or take from the cache) and install the engine into ``python``'s environment; a summary line.
 
     ``gpu``: None (default: NCCL when the installed torch is a CUDA build), True (NCCL, or an error
