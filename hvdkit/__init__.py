@@ -4,3 +4,7 @@
 """
 
 __version__ = "0.1.0"
+
+from . import _deprecated
+
+_deprecated.install()  # the module paths that moved in 0.2 still import, warning, until 0.3

@@ -30,14 +30,7 @@ from ..tensorflow.runtime import (  # noqa: F401
     topology,
 )
 from ..tensorflow.runtime import __all__ as _RUNTIME  # one runtime for TensorFlow and Keras
-from .callbacks import (
-    BroadcastInitialStateCallback,
-    CheckpointCallback,
-    LearningRateWarmupCallback,
-    MetricAverageCallback,
-    average_model_metrics,
-)
-from .deprecated import (  # noqa: F401
+from ._deprecated import (  # noqa: F401
     BroadcastInitialState,
     Checkpoint,
     LearningRateWarmup,
@@ -47,7 +40,14 @@ from .deprecated import (  # noqa: F401
     StragglerReport,
     TrackMetrics,
 )
-from .deprecated import __all__ as _DEPRECATED
+from ._deprecated import __all__ as _DEPRECATED
+from .callbacks import (
+    BroadcastInitialStateCallback,
+    CheckpointCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+    average_model_metrics,
+)
 from .monitoring import StragglerMonitorCallback
 from .optimizer import DistributedOptimizer, ScaledLRSchedule, is_distributed
 from .progress import ProgressBarCallback

@@ -200,7 +200,7 @@ class Checkpointer(CheckpointerBase):
     def _reseed_framework(self, value):
         import tensorflow as tf
 
-        tf.random.set_seed(value & 0xFFFFFFFF)  # Python and NumPy got the same value (core.checkpoint_tree.reseed_rng)
+        tf.random.set_seed(value & 0xFFFFFFFF)  # Python and NumPy got the same value (core.checkpoint.tree.reseed_rng)
         tf.random.get_global_generator().reset_from_seed(value)
 
     def _read_legacy(self, folder, manifest):

@@ -5,7 +5,6 @@ import time
 
 import torch
 
-from ..core.deprecation import deprecated_function
 from ..core.errors import ConfigError, MissingDependencyError
 from ..core.log import get_logger
 from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
@@ -13,7 +12,7 @@ from ..core.options import check_positive_int
 from . import autocompress
 from ._engine import horovod_torch
 
-__all__ = ["DistributedOptimizer", "ScaledLRScheduler", "amp_step", "autocast", "scale_lr"]
+__all__ = ["DistributedOptimizer", "ScaledLRScheduler", "amp_step", "autocast"]
 
 _OPS = ("average", "sum")
 _log = get_logger("lr")
@@ -266,9 +265,6 @@ def _on_rank0():
     """True on rank 0, and in a process that has not started Horovod (a single process)."""
     hvd = horovod_torch()
     return not hvd.is_initialized() or hvd.rank() == 0
-
-
-scale_lr = deprecated_function(ScaledLRScheduler, "hvdkit.torch.scale_lr", "hvdkit.torch.ScaledLRScheduler")
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

@@ -1,0 +1,31 @@
+"""hvdkit.core's deprecated names, kept for one release (removed in hvdkit 0.3): each warns, then works.
+
+``hvdkit.core.tracking.tracker_for`` (the old module path answers through ``hvdkit._deprecated``).
+The old argument order of ``hvdkit.core.scaled_lr(base_lr, size, rule)`` is handled inside
+``hvdkit.core.lr.scaled_lr`` itself.
+"""
+
+from .deprecation import warn_renamed
+from .monitoring.tracking import Tracker
+
+__all__ = ["tracker_for"]
+
+
+def tracker_for(communicator):
+    """Deprecated (the adapters' ``Tracker`` are classes now): a ``Tracker`` constructor bound to ``communicator()``."""
+    warn_renamed("hvdkit.core.tracking.tracker_for", "the adapters' Tracker class (hvdkit.torch.Tracker, ...)")
+
+    def make_tracker(
+        log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
+    ):
+        return Tracker(
+            communicator(),
+            log_dir,
+            backends=backends,
+            params=params,
+            mlflow_uri=mlflow_uri,
+            experiment=experiment,
+            run_name=run_name,
+        )
+
+    return make_tracker
