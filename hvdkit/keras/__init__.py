@@ -48,10 +48,8 @@ from .callbacks import (
     MetricAverageCallback,
     average_model_metrics,
 )
-from .monitoring import StragglerMonitorCallback
+from .monitoring import ProgressBarCallback, StragglerMonitorCallback, TrackMetricsCallback
 from .optimizer import DistributedOptimizer, ScaledLRSchedule, is_distributed
-from .progress import ProgressBarCallback
-from .tracking import TrackMetricsCallback
 
 # Names and the concepts they share with hvdkit.torch and hvdkit.tensorflow: docs/api/names.md.
 __all__ = [  # and the TensorFlow runtime's: init, rank, size, PreemptionGuard, ...

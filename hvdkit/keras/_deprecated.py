@@ -13,10 +13,8 @@ from .callbacks import (
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
-from .monitoring import StragglerMonitorCallback
+from .monitoring import ProgressBarCallback, StragglerMonitorCallback, TrackMetricsCallback
 from .optimizer import ScaledLRSchedule
-from .progress import ProgressBarCallback
-from .tracking import TrackMetricsCallback
 
 __all__ = [
     "BroadcastInitialState",

@@ -1,15 +1,22 @@
-"""Keras 3 callbacks that watch the job: which rank's train batches hold the others back."""
+"""Keras 3 callbacks that watch the job: which rank's train batches hold the others back
+(``StragglerMonitorCallback``), rank 0's progress bar (``ProgressBarCallback``), and ``fit``'s job-wide
+epoch metrics to TensorBoard and/or MLflow on rank 0 (``TrackMetricsCallback``)."""
 
+import math
 import time
 
 import keras
 
 from ..core.log import get_logger
+from ..core.monitoring.progress import Progress
 from ..core.monitoring.straggler import StragglerMonitor, straggler_threshold
-from ..tensorflow.runtime import communicator
+from ..core.options import check_positive_int
+from ..tensorflow.monitoring import Tracker
+from ..tensorflow.runtime import communicator, is_rank0, size
 from .allreduce_clock import allreduce_seconds
 
-__all__ = ["StragglerMonitorCallback"]
+__all__ = ["StragglerMonitorCallback", "ProgressBarCallback", "TrackMetricsCallback"]
+
 
 _log = get_logger("keras")
 
@@ -76,3 +83,128 @@ class StragglerMonitorCallback(keras.callbacks.Callback):
         self.reports.append(report)
         if logs is not None and self.log_key:
             logs[self.log_key] = report.slowdown
+
+
+class ProgressBarCallback(keras.callbacks.Callback):
+    """Rank 0's progress through each epoch, then one line with the epoch's (averaged) metrics.
+
+        model.fit(ds, epochs=10, verbose=0,
+                  callbacks=[hk.BroadcastInitialStateCallback(), hk.MetricAverageCallback(),
+                             hk.ProgressBarCallback(batch_size=32)])
+
+    Use it with ``verbose=0`` (Keras's own bar shows one rank's numbers) and after ``MetricAverageCallback``
+    so the epoch line holds job-wide metrics. ``batch_size`` is the per-rank batch: with it the bar
+    shows samples per second over all ranks; without it, steps per second. On a terminal the line
+    is redrawn; in a pipe a line is printed every HVDKIT_PROGRESS_INTERVAL seconds; off when not a
+    terminal unless HVDKIT_PROGRESS=1, and always off with HVDKIT_PROGRESS=0. The epoch line is
+    logged on rank 0 either way.
+    Env: HVDKIT_PROGRESS, HVDKIT_PROGRESS_INTERVAL.
+    """
+
+    def __init__(self, batch_size=None, stream=None):
+        super().__init__()
+        if batch_size is not None:
+            check_positive_int("batch_size", batch_size, what="a positive integer, the per-rank batch")
+        self.batch_size = batch_size
+        self.stream = stream
+        self._bar = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        steps = self.params.get("steps") or 0
+        epochs = self.params.get("epochs") or 0
+        self._bar = Progress(max(1, steps), desc=f"epoch {epoch + 1}/{epochs}", show=is_rank0(), stream=self.stream)
+        if not self.batch_size:
+            self._bar.unit = "steps"
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._bar is not None:
+            self._bar.update(1, samples=(self.batch_size or 1) * (size() if self.batch_size else 1))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if is_rank0() and logs:
+            metrics = " ".join(f"{k} {float(v):.4f}" for k, v in logs.items() if _is_number(v))
+            _log.info("epoch %d/%s: %s", epoch + 1, self.params.get("epochs"), metrics)
+
+
+def _is_number(v):
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+_tracking_log = get_logger("keras.tracking")
+
+
+class TrackMetricsCallback(keras.callbacks.Callback):
+    """Log every epoch's averaged metrics and learning rate to TensorBoard and/or MLflow from rank 0.
+
+        model.fit(..., callbacks=[hk.MetricAverageCallback(), hk.TrackMetricsCallback("runs/exp1", params={"lr": 0.1})])
+
+    Put it after ``MetricAverageCallback`` in the list: it logs the epoch-end logs as it finds them, and
+    ``MetricAverageCallback`` is what makes them the metrics over all ranks' samples (before it, rank 0's
+    own numbers would be logged). At the start of ``fit`` it opens a run (a ``Tracker``, see
+    ``hvdkit.core.monitoring.tracking``) with ``params`` plus ``world_size``, ``epochs``, ``steps_per_epoch``
+    and the optimizer's class; each epoch's logs (``val_*`` included) and ``learning_rate`` go in at
+    step = the epoch index (0-based, as Keras' TensorBoard callback); the end of ``fit`` closes the
+    run FINISHED. If ``fit`` raises, the run is marked FAILED when the process exits. Non-finite
+    values (a diverged loss) are left out with a warning instead of stopping training. Each ``fit``
+    call is a new run. Arguments are those of ``Tracker``.
+
+    Collective: no (every rank may have it; only rank 0 writes).
+    Env: MLFLOW_TRACKING_URI; sets MLFLOW_ALLOW_FILE_STORE for a ``file:`` URI.
+    """
+
+    def __init__(
+        self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
+    ):
+        super().__init__()
+        self._kwargs = dict(
+            log_dir=log_dir,
+            backends=backends,
+            params=params,
+            mlflow_uri=mlflow_uri,
+            experiment=experiment,
+            run_name=run_name,
+        )
+        self.tracker = None
+
+    def on_train_begin(self, logs=None):
+        fit = {"epochs": self.params.get("epochs"), "steps_per_epoch": self.params.get("steps")}
+        opt = self.model.optimizer
+        if opt is not None:
+            fit["optimizer"] = type(opt).__name__
+        params = {**{k: v for k, v in fit.items() if v is not None}, **(self._kwargs["params"] or {})}
+        self.tracker = Tracker(**{**self._kwargs, "params": params})
+
+    def _learning_rate(self):
+        opt = self.model.optimizer
+        try:
+            return float(keras.ops.convert_to_numpy(opt.learning_rate))
+        except (AttributeError, TypeError, ValueError):  # no optimizer, or a rate Keras cannot report
+            return None
+
+    def on_epoch_end(self, epoch, logs=None):
+        metrics = {}
+        for name, value in (logs or {}).items():
+            try:
+                metrics[name] = float(value)
+            except (TypeError, ValueError):
+                continue  # not a number (a callback may put anything in the logs)
+        lr = self._learning_rate()
+        if lr is not None:
+            metrics.setdefault("learning_rate", lr)
+        bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+        if bad and self.tracker.rank == 0:
+            _tracking_log.warning(
+                "epoch %d: not logging non-finite %s", epoch, ", ".join(f"{k}={metrics[k]}" for k in bad)
+            )
+        self.tracker.log_metrics({k: v for k, v in metrics.items() if k not in bad}, step=epoch)
+
+    def on_train_end(self, logs=None):
+        if self.tracker is not None:
+            self.tracker.close()

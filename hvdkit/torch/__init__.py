@@ -20,9 +20,8 @@ from ..core.metrics import MetricTracker  # noqa: E402
 from ._deprecated import scale_lr  # noqa: E402
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, TrainLoader, TrainSampler, eval_loader, train_loader, train_sampler  # noqa: E402
-from .monitoring import StragglerMonitor, Tracker  # noqa: E402
+from .monitoring import StragglerMonitor, Tracker, progress  # noqa: E402
 from .optim import DistributedOptimizer, ScaledLRScheduler, amp_step, autocast  # noqa: E402
-from .progress import progress  # noqa: E402
 from .runtime import (  # noqa: E402, F401
     PreemptionGuard,
     average_metrics,

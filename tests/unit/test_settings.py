@@ -235,7 +235,7 @@ _KERAS_TRUE = """
 import json
 from hvdkit.core.errors import ConfigError
 from hvdkit.keras.callbacks import CheckpointCallback, LearningRateWarmupCallback
-from hvdkit.keras.progress import ProgressBarCallback
+from hvdkit.keras.monitoring import ProgressBarCallback
 errors = []
 for make in (lambda: LearningRateWarmupCallback(True), lambda: LearningRateWarmupCallback(0.1, warmup_epochs=True),
              lambda: CheckpointCallback("unused", every=True), lambda: ProgressBarCallback(batch_size=True)):
