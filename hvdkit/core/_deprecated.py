@@ -5,13 +5,18 @@ The old argument order of ``hvdkit.core.scaled_lr(base_lr, size, rule)`` is hand
 ``hvdkit.core.lr.scaled_lr`` itself.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .comm import Communicator
 from .deprecation import warn_renamed
 from .monitoring.tracking import Tracker
 
 __all__ = ["tracker_for"]
 
 
-def tracker_for(communicator):
+def tracker_for(communicator: Callable[[], Communicator]) -> Callable[..., Tracker]:
     """Deprecated (the adapters' ``Tracker`` are classes now): a ``Tracker`` constructor bound to ``communicator()``."""
     warn_renamed("hvdkit.core.tracking.tracker_for", "the adapters' Tracker class (hvdkit.torch.Tracker, ...)")
 

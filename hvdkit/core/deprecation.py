@@ -10,9 +10,13 @@
 the adapters' ``__all__`` and that every old name warns.
 """
 
+from __future__ import annotations
+
 import functools
 import inspect
 import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .errors import ConfigError
 
@@ -20,8 +24,10 @@ __all__ = ["REMOVED_IN", "Deprecated", "deprecated_function", "renamed_argument"
 
 REMOVED_IN = "0.3"
 
+_T = TypeVar("_T")
 
-def warn_renamed(old, new, stacklevel=3):
+
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
     """Warn (DeprecationWarning) that ``old`` is now ``new``; ``stacklevel`` 3 points at the caller's caller."""
     warnings.warn(
         f"{old} is deprecated and will be removed in hvdkit {REMOVED_IN}; use {new} instead",
@@ -30,7 +36,7 @@ def warn_renamed(old, new, stacklevel=3):
     )
 
 
-def renamed_argument(old_value, new_value, old, new):
+def renamed_argument(old_value: _T | None, new_value: _T | None, old: str, new: str) -> _T | None:
     """``new_value``, or ``old_value`` with a warning when the caller used the old keyword ``old``.
 
     None means "not passed"; passing both is a ConfigError naming them.
@@ -43,7 +49,7 @@ def renamed_argument(old_value, new_value, old, new):
     return old_value
 
 
-def deprecated_function(new, old_name, new_name):
+def deprecated_function(new: Callable[..., Any], old_name: str, new_name: str) -> Callable[..., Any]:
     """A function named after ``old_name`` that warns, then returns ``new(*args, **kwargs)``."""
 
     @functools.wraps(new)
@@ -72,6 +78,6 @@ class Deprecated:
         mro = cls.__mro__
         cls.__signature__ = inspect.signature(mro[mro.index(Deprecated) + 1])
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         warn_renamed(*self.renamed)
         super().__init__(*args, **kwargs)

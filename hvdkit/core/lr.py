@@ -58,7 +58,7 @@ def lr_scale(size: int, rule: str = "linear") -> float:
     return 1.0
 
 
-def scaled_lr(base_lr, rule="linear", size=None):
+def scaled_lr(base_lr: float, rule: str = "linear", size: int | None = None) -> float:
     """The learning rate for ``size`` ranks: ``base_lr * lr_scale(size, rule)``.
 
     ``base_lr`` is the rate tuned for one process with the per-rank batch. The adapters'

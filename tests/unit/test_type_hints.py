@@ -22,7 +22,7 @@ TYPED_PACKAGES = (
 )
 # Packages whose annotations are not complete yet: their test is an expected failure (strict, so it
 # fails once they are done and the entry must go). ``pytest -rx`` lists what each still lacks.
-PENDING = ("hvdkit.core", "hvdkit.torch", "hvdkit.tensorflow", "hvdkit.keras")
+PENDING = ("hvdkit.torch", "hvdkit.tensorflow", "hvdkit.keras")
 # Not Python modules of the package: the engine recipe runs in the target environment, not hvdkit's.
 SKIPPED_MODULES = ("hvdkit.engine.recipe",)
 
