@@ -17,8 +17,11 @@ COMMANDS = {
 
 
 def usage():
-    lines = ["usage: python -m benchmarks {" + ",".join(COMMANDS) + "} [-h] [...]", "",
-             "The project's own benchmark lab (from the repository root):"]
+    lines = [
+        "usage: python -m benchmarks {" + ",".join(COMMANDS) + "} [-h] [...]",
+        "",
+        "The project's own benchmark lab (from the repository root):",
+    ]
     lines += [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
     return "\n".join(lines)
 

@@ -161,7 +161,7 @@ def fit_link(points, p):
     if len(xs) < 2 or len(set(xs)) < 2:
         raise ValueError("fit_link needs allreduce times at two or more sizes")
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
     a = my - b * mx
     if b <= 0:
         raise ValueError(f"allreduce times do not grow with size (slope {b:g} s/B): nothing to fit a bandwidth to")

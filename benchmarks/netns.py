@@ -25,8 +25,10 @@ NIC = "hvd0"
 # Run ARGV as if on host NAME: its own hostname (UTS namespace) and the hosts' ssh client settings
 # over ~/.ssh (a private mount namespace). Started by ``ip netns exec NS unshare -m -u``.
 # ~/.ssh is made if missing: another user's hosts may have removed it (older code did) meanwhile.
-IN_HOST = ('set -e; name=$1; ssh_dir=$2; shift 2; hostname "$name"; mkdir -p -m 700 "$HOME/.ssh"; '
-           'mount --bind "$ssh_dir" "$HOME/.ssh"; exec "$@"')
+IN_HOST = (
+    'set -e; name=$1; ssh_dir=$2; shift 2; hostname "$name"; mkdir -p -m 700 "$HOME/.ssh"; '
+    'mount --bind "$ssh_dir" "$HOME/.ssh"; exec "$@"'
+)
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
 
@@ -106,15 +108,15 @@ class TwoHosts:
             _sh("ip", "netns", "add", ns)
             etc = Path("/etc/netns") / ns
             etc.mkdir(parents=True, exist_ok=True)  # ip netns exec mounts these over /etc
-            lines = ["127.0.0.1 localhost"] + [f"{a} {n}" for a, n in zip(self.addresses, self.names)]
+            lines = ["127.0.0.1 localhost"] + [f"{a} {n}" for a, n in zip(self.addresses, self.names, strict=True)]
             (etc / "hosts").write_text("\n".join(lines) + "\n")
         _sh("ip", "link", "add", NIC, "netns", self.ns[0], "type", "veth", "peer", "name", NIC, "netns", self.ns[1])
-        for ns, address in zip(self.ns, self.addresses):
+        for ns, address in zip(self.ns, self.addresses, strict=True):
             _sh("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", NIC)
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
             _sh("ip", "-n", ns, "link", "set", NIC, "up")
         self._keys()
-        for i, (ns, name, address) in enumerate(zip(self.ns, self.names, self.addresses)):
+        for i, (ns, name, address) in enumerate(zip(self.ns, self.names, self.addresses, strict=True)):
             self._sshd(i, ns, name, address)
         return self
 
@@ -128,8 +130,25 @@ class TwoHosts:
             subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", NIC, "root"], capture_output=True)
             if rate is not None:
                 burst = max(256 << 10, rate // 8 // 500)
-                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", NIC, "root", "tbf",
-                    "rate", f"{rate}bit", "burst", str(burst), "latency", "50ms")
+                _sh(
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    NIC,
+                    "root",
+                    "tbf",
+                    "rate",
+                    f"{rate}bit",
+                    "burst",
+                    str(burst),
+                    "latency",
+                    "50ms",
+                )
         self.rate = rate
         return self
 
@@ -153,8 +172,19 @@ class TwoHosts:
 
     def sshd_argv(self, i, config):
         """The command that starts host i's sshd (daemonizing) in its namespace, with its hostname."""
-        return ["ip", "netns", "exec", self.ns[i], "unshare", "-u", "sh", "-c",
-                'hostname "$0" && exec /usr/sbin/sshd -f "$1"', self.names[i], str(config)]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.ns[i],
+            "unshare",
+            "-u",
+            "sh",
+            "-c",
+            'hostname "$0" && exec /usr/sbin/sshd -f "$1"',
+            self.names[i],
+            str(config),
+        ]
 
     def _sshd(self, i, ns, name, address):
         Path("/run/sshd").mkdir(exist_ok=True)
@@ -175,8 +205,22 @@ class TwoHosts:
 
     def argv_on(self, i, argv):
         """``argv`` run on host i (0 = a, 1 = b) with the hosts' ssh settings (it may ssh to the other)."""
-        return ["ip", "netns", "exec", self.ns[i], "unshare", "-m", "-u",
-                "sh", "-c", IN_HOST, "in_host", self.names[i], str(self.ssh_dir), *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.ns[i],
+            "unshare",
+            "-m",
+            "-u",
+            "sh",
+            "-c",
+            IN_HOST,
+            "in_host",
+            self.names[i],
+            str(self.ssh_dir),
+            *argv,
+        ]
 
     def close(self):
         """Stop the sshds and anything left in the namespaces, delete them; safe to call twice."""

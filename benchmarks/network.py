@@ -66,10 +66,18 @@ QUICK_LATENCY = LATENCY[:2]
 # a quiet machine, so one job per setting cannot tell a 1 % loss of step throughput from noise.
 LATENCY_REPS = 3
 # The settings timed per place (the one-host MPI job times them all).
-SUBSETS = {"one_host_mpi": ("horovod defaults", "hvdkit defaults", "cycle 0.1 ms", "cycle 0 (no sleep)", "cache off",
-                            "fusion 4 MB"),
-           "one_host_gloo": ("horovod defaults", "hvdkit defaults", "cycle 0.2 ms"),
-           "link": ("horovod defaults", "hvdkit defaults", "cycle 0 (no sleep)")}
+SUBSETS = {
+    "one_host_mpi": (
+        "horovod defaults",
+        "hvdkit defaults",
+        "cycle 0.1 ms",
+        "cycle 0 (no sleep)",
+        "cache off",
+        "fusion 4 MB",
+    ),
+    "one_host_gloo": ("horovod defaults", "hvdkit defaults", "cycle 0.2 ms"),
+    "link": ("horovod defaults", "hvdkit defaults", "cycle 0 (no sleep)"),
+}
 
 
 class Network:
@@ -86,23 +94,73 @@ class Network:
         xs = [f"MASTER_ADDR={self.hosts.addresses[0]}", f"GLOO_SOCKET_IFNAME={NIC}"]
         xs += [f"{k}={v}" for k, v in (env or {}).items()]
         a, b = self.hosts.names
-        run = [self.hvdkit, "run", "-np", "2", *(["--gloo"] if gloo else []), "-H", f"{a}:1,{b}:1",
-               "--network-interface", NIC, *[arg for x in xs for arg in ("-x", x)], "--",
-               self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
-        return run_job(name, self.hosts.argv_on(0, run), path, env, timeout, shown=run, error=ConfigError, where=" across hosts")
+        run = [
+            self.hvdkit,
+            "run",
+            "-np",
+            "2",
+            *(["--gloo"] if gloo else []),
+            "-H",
+            f"{a}:1,{b}:1",
+            "--network-interface",
+            NIC,
+            *[arg for x in xs for arg in ("-x", x)],
+            "--",
+            self.python,
+            "-m",
+            f"hvdkit.bench.{worker}",
+            path,
+            *(["--quick"] if self.quick else []),
+            *extra,
+        ]
+        return run_job(
+            name, self.hosts.argv_on(0, run), path, env, timeout, shown=run, error=ConfigError, where=" across hosts"
+        )
 
     def tcp_once(self, seconds):
         """Bits/s of one raw TCP stream from host a to host b."""
         h, env = self.hosts, env_with_root()  # benchmarks is not installed: whatever the working directory
-        recv = subprocess.Popen(["ip", "netns", "exec", h.ns[1], self.python, "-m", "benchmarks.tcp_stream", "recv",
-                                 h.addresses[1], str(TCP_PORT)],
-                                stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env)
+        recv = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                h.ns[1],
+                self.python,
+                "-m",
+                "benchmarks.tcp_stream",
+                "recv",
+                h.addresses[1],
+                str(TCP_PORT),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         try:
             if recv.stdout.readline().strip() != "READY":
                 raise ConfigError("the TCP stream receiver on host b did not start")
-            subprocess.run(["ip", "netns", "exec", h.ns[0], self.python, "-m", "benchmarks.tcp_stream", "send",
-                            h.addresses[1], str(TCP_PORT), "--seconds", str(seconds)], check=True, timeout=60 + seconds,
-                           stdin=subprocess.DEVNULL, env=env)
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    h.ns[0],
+                    self.python,
+                    "-m",
+                    "benchmarks.tcp_stream",
+                    "send",
+                    h.addresses[1],
+                    str(TCP_PORT),
+                    "--seconds",
+                    str(seconds),
+                ],
+                check=True,
+                timeout=60 + seconds,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
             line = recv.stdout.readline()
             recv.wait(timeout=30)
         finally:
@@ -113,7 +171,12 @@ class Network:
 
     def tcp(self, reps, seconds):
         s = Samples(self.tcp_once(seconds) for _ in range(reps))
-        return {"median_bits_per_s": s.median, "spread": s.spread, "samples_bits_per_s": s.values, "seconds_each": seconds}
+        return {
+            "median_bits_per_s": s.median,
+            "spread": s.spread,
+            "samples_bits_per_s": s.values,
+            "seconds_each": seconds,
+        }
 
     def rate(self, text):
         """One link rate: shape, then the TCP reference, both sweeps and the training comparison."""
@@ -122,15 +185,20 @@ class Network:
         tag = format_rate(bits)
         say(f"link {tag}: {self.hosts.qdisc(0).strip()}")
         sizes = [str(n) for n in (QUICK_SIZES if self.quick else SIZES)]
-        out = {"rate_bits_per_s": bits, "qdisc": self.hosts.qdisc(0).strip(),
-               "tcp": self.tcp(1 if self.quick else 3, 0.5 if self.quick else 2.0)}
+        out = {
+            "rate_bits_per_s": bits,
+            "qdisc": self.hosts.qdisc(0).strip(),
+            "tcp": self.tcp(1 if self.quick else 3, 0.5 if self.quick else 2.0),
+        }
         say(f"link {tag}: raw TCP {out['tcp']['median_bits_per_s'] / 1e9:.2f} Gbit/s")
         # Fewer, shorter samples than on one host: every variant crosses the link, and a 4 KB
         # allreduce there takes milliseconds on a busy machine.
         comm = ("--sizes", *sizes, *(() if self.quick else ("--reps", "3", "--max-iters", "20")))
         out["comm_mpi"] = self.job(f"net-{tag}-comm_mpi", "comm_bench", *comm)
         out["comm_gloo"] = self.job(f"net-{tag}-comm_gloo", "comm_bench", *comm, gloo=True)
-        out["train"] = self.job(f"net-{tag}-train", "train_bench", "--fp16", "--auto", *(() if self.quick else ("--reps", "7")))
+        out["train"] = self.job(
+            f"net-{tag}-train", "train_bench", "--fp16", "--auto", *(() if self.quick else ("--reps", "7"))
+        )
         return out
 
     def settings_jobs(self, settings, reps, place, extra):
@@ -154,7 +222,10 @@ class Network:
         """
         link = f"link_{format_rate(parse_rate(link_text))}"
         if self.quick:
-            return {"settings": dict(QUICK_LATENCY), link: {label: _latency_row(rs) for label, rs in tuned["runs"].items()}}
+            return {
+                "settings": dict(QUICK_LATENCY),
+                link: {label: _latency_row(rs) for label, rs in tuned["runs"].items()},
+            }
         out = {"settings": dict(LATENCY)}
         self.hosts.shape(parse_rate(link_text))
         for place in ("one_host_mpi", "one_host_gloo", link):
@@ -168,8 +239,12 @@ class Network:
         """hvdkit's settings against Horovod's defaults on the link: step times, fp16 and auto's pick."""
         self.hosts.shape(parse_rate(link_text))
         settings = (("horovod defaults", dict(HOROVOD_DEFAULTS)), ("hvdkit defaults", {}))
-        runs = self.settings_jobs(settings, reps, f"tuned_{format_rate(parse_rate(link_text))}",
-                                  ("--only", "hvdkit", "hvdkit_fp16", "--auto", *(() if self.quick else ("--reps", "5"))))
+        runs = self.settings_jobs(
+            settings,
+            reps,
+            f"tuned_{format_rate(parse_rate(link_text))}",
+            ("--only", "hvdkit", "hvdkit_fp16", "--auto", *(() if self.quick else ("--reps", "5"))),
+        )
         return {"link": link_text, "runs": runs, "summary": report.tuned_summary(runs)}
 
 
@@ -179,12 +254,19 @@ def _latency_row(results):
     single = Samples(r["variants"]["single"]["median_s"] for r in results)
     spread = max(r["variants"]["hvdkit"]["spread"] for r in results)
     idle = Samples(r.get("idle_cpu", float("nan")) for r in results)
-    return {"step_s": step.median, "step_spread": spread, "allreduce_4k_s": lat.median, "idle_cpu": idle.median,
-            "single_s": single.median, "step_vs_single": step.median / single.median}
+    return {
+        "step_s": step.median,
+        "step_spread": spread,
+        "allreduce_4k_s": lat.median,
+        "idle_cpu": idle.median,
+        "single_s": single.median,
+        "step_vs_single": step.median / single.median,
+    }
 
 
 def _stop_on_sigterm():
     """SIGTERM raises SystemExit, so the hosts are closed (namespaces, sshd, qdiscs) on the way out."""
+
     def handler(signum, frame):
         raise SystemExit(128 + signum)
 
@@ -199,8 +281,9 @@ def check_ready(rates, page=None):
         docs.check_page(page, docs.NETWORK)
     missing = missing_tools()
     if missing:
-        raise ConfigError("python -m benchmarks network needs " + ", ".join(missing)
-                          + " (run as root; make setup installs the tools)")
+        raise ConfigError(
+            "python -m benchmarks network needs " + ", ".join(missing) + " (run as root; make setup installs the tools)"
+        )
 
 
 def run_network(out, rates=RATES, quick=False, page=None, tuned_reps=2):
@@ -237,15 +320,28 @@ def main(argv=None):
         description="The allreduce sweep, training steps and Horovod's latency settings across two emulated hosts "
         "joined by a shaped link (root; make bench-network).",
     )
-    p.add_argument("--out", default="build/bench-network",
-                   help="folder for results.json, results.md and the plots (default: build/bench-network)")
-    p.add_argument("--link", action="append", default=None, metavar="RATE",
-                   help="rate to shape the hosts' link to, e.g. 1gbit, 10gbit, 500mbit, unlimited "
-                   f"(repeatable; default: {', '.join(RATES)})")
-    p.add_argument("--quick", action="store_true",
-                   help="every job once on tiny sizes: checks the section, measures nothing")
-    p.add_argument("--docs", default=None, metavar="PAGE",
-                   help="also rewrite the bench:network section of this Markdown page (docs/benchmarks.md)")
+    p.add_argument(
+        "--out",
+        default="build/bench-network",
+        help="folder for results.json, results.md and the plots (default: build/bench-network)",
+    )
+    p.add_argument(
+        "--link",
+        action="append",
+        default=None,
+        metavar="RATE",
+        help="rate to shape the hosts' link to, e.g. 1gbit, 10gbit, 500mbit, unlimited "
+        f"(repeatable; default: {', '.join(RATES)})",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="every job once on tiny sizes: checks the section, measures nothing"
+    )
+    p.add_argument(
+        "--docs",
+        default=None,
+        metavar="PAGE",
+        help="also rewrite the bench:network section of this Markdown page (docs/benchmarks.md)",
+    )
     args = p.parse_args(argv)
     run_network(args.out, tuple(args.link or RATES), args.quick, args.docs)
     return 0

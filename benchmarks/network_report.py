@@ -1,6 +1,6 @@
 """The network section's results as ratios, a table, plots and Markdown (results.md, docs/benchmarks.md).
 
-    python -m benchmarks.network_report OUT [PAGE]   # re-render OUT/results.json (and PAGE's section)
+python -m benchmarks.network_report OUT [PAGE]   # re-render OUT/results.json (and PAGE's section)
 """
 
 import os
@@ -14,8 +14,10 @@ __all__ = ["PLOTS", "goals", "render", "tuned_summary", "compression_rows", "tab
 
 PLOTS = ("network_bandwidth.png", "network_steps.png")  # what plots() draws into the results folder
 MB = 1 << 20
-COMM_VARIANTS = {"comm_mpi": ("hvd_mpi", "hvd_mpi_fp16", "mpi4py", "torch_gloo"),
-                 "comm_gloo": ("hvd_gloo", "hvd_gloo_fp16", "torch_gloo")}
+COMM_VARIANTS = {
+    "comm_mpi": ("hvd_mpi", "hvd_mpi_fp16", "mpi4py", "torch_gloo"),
+    "comm_gloo": ("hvd_gloo", "hvd_gloo_fp16", "torch_gloo"),
+}
 TRAIN_VARIANTS = ("single", "compute_only", "hvdkit", "horovod", "ddp", "hvdkit_fp16")
 
 
@@ -36,8 +38,10 @@ def _ratio_samples(a_runs, b_runs, a_variant, b_variant):
 
     ``b_variant`` "auto": in each b run, the variant that run's ``compression="auto"`` picked.
     """
-    return Samples(_step(a, a_variant) / _step(b, _picked(b) if b_variant == "auto" else b_variant)
-                   for a, b in zip(a_runs, b_runs))
+    return Samples(
+        _step(a, a_variant) / _step(b, _picked(b) if b_variant == "auto" else b_variant)
+        for a, b in zip(a_runs, b_runs, strict=True)
+    )
 
 
 def tuned_summary(runs):
@@ -51,13 +55,19 @@ def tuned_summary(runs):
     engine = _ratio_samples(default, tuned, "hvdkit", "hvdkit")
     # The same ratio with each step divided by the single-process step of its own job: what the
     # machine's load did to that job cancels (both are timed interleaved in one job).
-    per_single = Samples((_step(a, "hvdkit") / _step(a, "single")) / (_step(b, "hvdkit") / _step(b, "single"))
-                         for a, b in zip(default, tuned))
+    per_single = Samples(
+        (_step(a, "hvdkit") / _step(a, "single")) / (_step(b, "hvdkit") / _step(b, "single"))
+        for a, b in zip(default, tuned, strict=True)
+    )
     out = {
         "default_step_s": Samples(_step(r, "hvdkit") for r in default).median,
         "tuned_step_s": Samples(_step(r, "hvdkit") for r in tuned).median,
         "engine_settings": {"ratio": engine.median, "spread": engine.spread, "samples": engine.values},
-        "engine_settings_per_single": {"ratio": per_single.median, "spread": per_single.spread, "samples": per_single.values},
+        "engine_settings_per_single": {
+            "ratio": per_single.median,
+            "spread": per_single.spread,
+            "samples": per_single.values,
+        },
         "auto_choices": [(r.get("auto_compression") or {}).get("choice") for r in tuned],
     }
     if "hvdkit_fp16" in tuned[0]["variants"]:
@@ -84,17 +94,36 @@ def goals(results):
         rows.append((f"step throughput hvdkit / Horovod settings, {place}", r, ">= 0.99", r >= 0.99))
     s = results["tuned"]["summary"]
     link = results["tuned"]["link"]
-    rows.append((f"step throughput hvdkit / Horovod settings at {link}, fp32", s["engine_settings"]["ratio"], ">= 1.15",
-                 s["engine_settings"]["ratio"] >= 1.15))
+    rows.append(
+        (
+            f"step throughput hvdkit / Horovod settings at {link}, fp32",
+            s["engine_settings"]["ratio"],
+            ">= 1.15",
+            s["engine_settings"]["ratio"] >= 1.15,
+        )
+    )
     if "engine_settings_per_single" in s:
         r = s["engine_settings_per_single"]["ratio"]
         rows.append(("... each step over its own job's single-process step", r, ">= 1.15", r >= 1.15))
     if "with_auto" in s:
-        rows.append((f"... with compression='auto' at {link}", s["with_auto"]["ratio"], ">= 1.15", s["with_auto"]["ratio"] >= 1.15))
+        rows.append(
+            (
+                f"... with compression='auto' at {link}",
+                s["with_auto"]["ratio"],
+                ">= 1.15",
+                s["with_auto"]["ratio"] >= 1.15,
+            )
+        )
     for row in compression_rows(results):
         if "picked_faster" in row:
-            rows.append((f"compression='auto' picks the faster step at {row['link']}", float(row["picked_faster"]), "== 1",
-                         row["picked_faster"]))
+            rows.append(
+                (
+                    f"compression='auto' picks the faster step at {row['link']}",
+                    float(row["picked_faster"]),
+                    "== 1",
+                    row["picked_faster"],
+                )
+            )
     return [{"name": n, "value": v, "target": t, "met": m} for n, v, t, m in rows]
 
 
@@ -138,10 +167,15 @@ def table(results):
     add = lines.append
     for link, d in results["links"].items():
         rate, tcp = _ceiling(d)
-        add(f"\nlink {link}: raw TCP stream {tcp / 1e9:.2f} Gbit/s (spread {d['tcp']['spread']:.0%})"
-            + (f" = {tcp / rate:.0%} of the shaped rate" if rate else ""))
+        add(
+            f"\nlink {link}: raw TCP stream {tcp / 1e9:.2f} Gbit/s (spread {d['tcp']['spread']:.0%})"
+            + (f" = {tcp / rate:.0%} of the shaped rate" if rate else "")
+        )
         for job, variants in COMM_VARIANTS.items():
-            add(f"  allreduce bus bandwidth, Gbit/s (fraction of {'shaped rate' if rate else 'raw TCP'}), job over {job[5:].upper()}:")
+            add(
+                f"  allreduce bus bandwidth, Gbit/s (fraction of {'shaped rate' if rate else 'raw TCP'}), "
+                f"job over {job[5:].upper()}:"
+            )
             add(f"  {'size':>8} " + " ".join(f"{v:>22}" for v in variants))
             for n in sorted(_sweep(d[job], variants[0])):
                 cells = []
@@ -153,35 +187,61 @@ def table(results):
         t = d["train"]
         add(f"  training step, {t['model']}:")
         for v, r in t["variants"].items():
-            add(f"    {v:>13}: {r['median_s'] * 1e3:8.2f} ms/step ±{r['spread']:.0%}  {r['samples_per_s']:8.0f} samples/s"
-                f"  scaling efficiency {r['scaling_efficiency']:.2f}")
+            add(
+                f"    {v:>13}: {r['median_s'] * 1e3:8.2f} ms/step ±{r['spread']:.0%}  "
+                f"{r['samples_per_s']:8.0f} samples/s"
+                f"  scaling efficiency {r['scaling_efficiency']:.2f}"
+            )
     add("\ncompression='auto' at each link (allreduce of the model's gradients; training steps):")
     for row in compression_rows(results):
         auto = row["auto"]
-        pick = (f"auto -> {auto['choice']!r} (fp32 {auto['fp32_s'] * 1e3:.1f} ms, fp16 {auto['fp16_s'] * 1e3:.1f} ms); "
-                f"picked the faster: {row['picked_faster']}") if auto else "auto: no hvdkit.torch.autocompress here (hook empty)"
-        add(f"  {row['link']:>10}: fp32 step {row['fp32_step_s'] * 1e3:.1f} ms, fp16 {row['fp16_step_s'] * 1e3:.1f} ms "
-            f"(fp16 gain {row['fp16_gain']:.2f}x); {pick}")
+        pick = (
+            (
+                f"auto -> {auto['choice']!r} (fp32 {auto['fp32_s'] * 1e3:.1f} ms, fp16 {auto['fp16_s'] * 1e3:.1f} ms); "
+                f"picked the faster: {row['picked_faster']}"
+            )
+            if auto
+            else "auto: no hvdkit.torch.autocompress here (hook empty)"
+        )
+        add(
+            f"  {row['link']:>10}: fp32 step {row['fp32_step_s'] * 1e3:.1f} ms, fp16 {row['fp16_step_s'] * 1e3:.1f} ms "
+            f"(fp16 gain {row['fp16_gain']:.2f}x); {pick}"
+        )
     lat = results["latency"]
     places = [p for p in lat if p != "settings"]
     add("\nHorovod settings: hvdkit step ms ±spread / 4 KB allreduce ms / idle CPU (cores), " + " | ".join(places))
     for label in lat["settings"]:
-        cells = [f"{lat[p][label]['step_s'] * 1e3:8.2f} ±{lat[p][label]['step_spread']:.0%} / "
-                 f"{lat[p][label]['allreduce_4k_s'] * 1e3:6.3f} / {lat[p][label].get('idle_cpu', float('nan')):4.2f}"
-                 if label in lat[p] else f"{'-':>30}" for p in places]
+        cells = [
+            f"{lat[p][label]['step_s'] * 1e3:8.2f} ±{lat[p][label]['step_spread']:.0%} / "
+            f"{lat[p][label]['allreduce_4k_s'] * 1e3:6.3f} / {lat[p][label].get('idle_cpu', float('nan')):4.2f}"
+            if label in lat[p]
+            else f"{'-':>30}"
+            for p in places
+        ]
         add(f"  {label:>20}: " + " | ".join(cells))
     add("\nGoals (ratios from this run):")
     for g in goals(results):
         add(f"  {g['name']:<62} {g['value']:8.3f}  target {g['target']:<8} {'met' if g['met'] else 'NOT met'}")
     s = results["tuned"]["summary"]
-    add(f"\nhvdkit settings vs Horovod defaults at {results['tuned']['link']} (step throughput ratio, > 1: hvdkit faster):")
-    add(f"  engine settings only: {s['engine_settings']['ratio']:.3f} (spread {s['engine_settings']['spread']:.0%}); "
+    add(
+        f"\nhvdkit settings vs Horovod defaults at {results['tuned']['link']} "
+        "(step throughput ratio, > 1: hvdkit faster):"
+    )
+    add(
+        f"  engine settings only: {s['engine_settings']['ratio']:.3f} (spread {s['engine_settings']['spread']:.0%}); "
         f"each step divided by its own job's single-process step: {s['engine_settings_per_single']['ratio']:.3f} "
-        f"(spread {s['engine_settings_per_single']['spread']:.0%})")
+        f"(spread {s['engine_settings_per_single']['spread']:.0%})"
+    )
     if "with_auto" in s:
-        add(f"  with compression='auto' ({', '.join(map(str, s['auto_choices']))}): {s['with_auto']['ratio']:.3f} (spread {s['with_auto']['spread']:.0%})")
+        add(
+            f"  with compression='auto' ({', '.join(map(str, s['auto_choices']))}): "
+            f"{s['with_auto']['ratio']:.3f} (spread {s['with_auto']['spread']:.0%})"
+        )
     if "fp16_gain" in s:
-        add(f"  fp16 / fp32 step throughput under hvdkit's settings: {s['fp16_gain']['ratio']:.3f} (spread {s['fp16_gain']['spread']:.0%})")
+        add(
+            f"  fp16 / fp32 step throughput under hvdkit's settings: {s['fp16_gain']['ratio']:.3f} "
+            f"(spread {s['fp16_gain']['spread']:.0%})"
+        )
     return "\n".join(lines)
 
 
@@ -195,7 +255,7 @@ def plots(results, out):
     paths = []
     links = list(results["links"])
     fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links), 4.5), squeeze=False)
-    for ax, link in zip(axes[0], links):
+    for ax, link in zip(axes[0], links, strict=True):
         d = results["links"][link]
         rate, tcp = _ceiling(d)
         for job, variants in COMM_VARIANTS.items():
@@ -234,9 +294,15 @@ def plots(results, out):
     labels = list(lat["settings"])
     for j, p in enumerate(places):
         w = 0.8 / len(places)
-        ax2.bar([i + j * w for i, lb in enumerate(labels) if lb in lat[p]],
-                [lat[p][lb]["allreduce_4k_s"] * 1e3 for lb in labels if lb in lat[p]], w, label=p)
-    ax2.set_xticks([i + 0.4 - 0.4 / len(places) for i in range(len(labels))], labels, rotation=30, ha="right", fontsize=7)
+        ax2.bar(
+            [i + j * w for i, lb in enumerate(labels) if lb in lat[p]],
+            [lat[p][lb]["allreduce_4k_s"] * 1e3 for lb in labels if lb in lat[p]],
+            w,
+            label=p,
+        )
+    ax2.set_xticks(
+        [i + 0.4 - 0.4 / len(places) for i in range(len(labels))], labels, rotation=30, ha="right", fontsize=7
+    )
     ax2.set_yscale("log")
     ax2.set_ylabel("4 KB allreduce (ms)")
     ax2.set_title("Horovod settings: small-message latency")
@@ -252,11 +318,13 @@ def markdown(results, plots, docs_dir):
     s = results["tuned"]["summary"]
     lines = [
         f"Recorded {m['date']} by `python -m benchmarks network` in {results['seconds']:.0f} s"
-        + (" (--quick: checks only, not figures)" if results["quick"] else "") + ".",
+        + (" (--quick: checks only, not figures)" if results["quick"] else "")
+        + ".",
         f"Machine: {m['cpu']}, {m['cores']} cores shared by both hosts; load average at start "
         f"{m['load_average_at_start'][0]:.2f}.",
         "",
-        "| link | raw TCP | Horovod MPI bus bw at the largest size, of rate / of TCP | Horovod Gloo | hvdkit step | fp16 gain | auto picks |",
+        "| link | raw TCP | Horovod MPI bus bw at the largest size, of rate / of TCP | Horovod Gloo | hvdkit step "
+        "| fp16 gain | auto picks |",
         "|---|---|---|---|---|---|---|",
     ]
     comp = {r["link"]: r for r in compression_rows(results)}
@@ -269,15 +337,35 @@ def markdown(results, plots, docs_dir):
             cells.append((f"{bits / rate:.0%}" if rate else "-") + f" / {bits / tcp:.0%}")
         c = comp[link]
         auto = c["auto"]["choice"] if c["auto"] else "(no hook)"
-        lines.append(f"| {link} | {tcp / 1e9:.2f} Gbit/s | {cells[0]} | {cells[1]} | "
-                     f"{c['fp32_step_s'] * 1e3:.1f} ms | {c['fp16_gain']:.2f}x | {auto} |")
+        lines.append(
+            f"| {link} | {tcp / 1e9:.2f} Gbit/s | {cells[0]} | {cells[1]} | "
+            f"{c['fp32_step_s'] * 1e3:.1f} ms | {c['fp16_gain']:.2f}x | {auto} |"
+        )
     lines += ["", "| goal | measured | target | |", "|---|---|---|---|"]
-    lines += [f"| {g['name']} | {g['value']:.3f} | {g['target']} | {'met' if g['met'] else '**not met**'} |" for g in goals(results)]
-    lines += ["", f"hvdkit's settings / Horovod's defaults at {results['tuned']['link']}, step throughput: "
-              f"engine settings {s['engine_settings']['ratio']:.3f} (spread {s['engine_settings']['spread']:.0%})"
-              + (f", with `compression=\"auto\"` {s['with_auto']['ratio']:.3f} (spread {s['with_auto']['spread']:.0%})"
-                 if "with_auto" in s else "") + " (goal >= 1.15).", ""]
-    lines += [*[f"![{os.path.splitext(os.path.basename(p))[0]}]({p})" for p in rel], "", "```", table(results).strip(), "```", ""]
+    lines += [
+        f"| {g['name']} | {g['value']:.3f} | {g['target']} | {'met' if g['met'] else '**not met**'} |"
+        for g in goals(results)
+    ]
+    lines += [
+        "",
+        f"hvdkit's settings / Horovod's defaults at {results['tuned']['link']}, step throughput: "
+        f"engine settings {s['engine_settings']['ratio']:.3f} (spread {s['engine_settings']['spread']:.0%})"
+        + (
+            f', with `compression="auto"` {s["with_auto"]["ratio"]:.3f} (spread {s["with_auto"]["spread"]:.0%})'
+            if "with_auto" in s
+            else ""
+        )
+        + " (goal >= 1.15).",
+        "",
+    ]
+    lines += [
+        *[f"![{os.path.splitext(os.path.basename(p))[0]}]({p})" for p in rel],
+        "",
+        "```",
+        table(results).strip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -29,7 +29,16 @@ from hvdkit.core.errors import ConfigError
 from . import docs
 from .model import Link, Step, fit_link, simulate
 
-__all__ = ["PUBLISHED", "HOROVOD_2018", "published_check", "local_check", "network_check", "network_links", "prediction", "main"]
+__all__ = [
+    "PUBLISHED",
+    "HOROVOD_2018",
+    "published_check",
+    "local_check",
+    "network_check",
+    "network_links",
+    "prediction",
+    "main",
+]
 
 # Horovod's published scaling efficiencies (synthetic ImageNet data, tf_cnn_benchmarks, batch 64 per
 # GPU, 4 Pascal GPUs per server, RoCE-capable 25 Gbit/s network):
@@ -62,7 +71,12 @@ HOROVOD_2018 = {"fusion_bytes": 64 * 2**20, "cycle_s": 5e-3, "share": 0.93, "rat
 RATES_GBIT = (1, 10, 25, 100)
 RANKS = (2, 4, 8, 16, 32, 64, 128, 256, 512)
 DEFAULT_ALPHA_S = 10e-6  # per ring hop on a datacenter network, when no measurement gives one
-RESNET50 = {"name": "ResNet-50-sized (25.6 M parameters, 0.25 s compute)", "parameters": 25.6e6, "compute_s": 0.25, "head": 0.08}
+RESNET50 = {
+    "name": "ResNet-50-sized (25.6 M parameters, 0.25 s compute)",
+    "parameters": 25.6e6,
+    "compute_s": 0.25,
+    "head": 0.08,
+}
 
 
 def published_check(assume=HOROVOD_2018):
@@ -70,20 +84,39 @@ def published_check(assume=HOROVOD_2018):
     link = Link.gbit(assume["rate_gbit"], assume["alpha_s"])
     rows = []
     for model, gpus, published, params, images_per_s, head in PUBLISHED:
-        step = Step(params * 4, BATCH / images_per_s, head=head, fusion_bytes=assume["fusion_bytes"],
-                    cycle_s=assume["cycle_s"], share=assume["share"])
+        step = Step(
+            params * 4,
+            BATCH / images_per_s,
+            head=head,
+            fusion_bytes=assume["fusion_bytes"],
+            cycle_s=assume["cycle_s"],
+            share=assume["share"],
+        )
         sim = simulate(step, gpus, link)
-        rows.append({"model": model, "gpus": gpus, "published": published, "predicted": sim["efficiency"],
-                     "diff_points": 100 * (sim["efficiency"] - published), "grad_MB": params * 4 / 1e6,
-                     "step_s": step.compute_s, "messages": sim["messages"], "comm_s": sim["comm_s"]})
+        rows.append(
+            {
+                "model": model,
+                "gpus": gpus,
+                "published": published,
+                "predicted": sim["efficiency"],
+                "diff_points": 100 * (sim["efficiency"] - published),
+                "grad_MB": params * 4 / 1e6,
+                "step_s": step.compute_s,
+                "messages": sim["messages"],
+                "comm_s": sim["comm_s"],
+            }
+        )
     return rows
 
 
 def _sweep_points(comm, min_bytes=1 << 20):
     """(bytes, seconds) of the plain Horovod allreduce in a ``comm_bench`` result, from ``min_bytes`` up."""
     c = comm["controller"]
-    return [(r["bytes"], r["median_s"]) for r in comm["sweep"]
-            if r.get("variant") == f"hvd_{c}" and r["bytes"] >= min_bytes and "median_s" in r]
+    return [
+        (r["bytes"], r["median_s"])
+        for r in comm["sweep"]
+        if r.get("variant") == f"hvd_{c}" and r["bytes"] >= min_bytes and "median_s" in r
+    ]
 
 
 def local_check(results):
@@ -104,11 +137,16 @@ def local_check(results):
         share = v["compute_only"]["scaling_efficiency"]
         step = Step(params * 4, v["single"]["median_s"], overlap=overlap, share=share)
         sim = simulate(step, p, link)
-        out[key] = {"overlap": overlap, "share_compute_only": share, "predicted": sim["efficiency"],
-                    "predicted_without_overlap": simulate(step.with_(overlap=False), p, link)["efficiency"],
-                    "measured": v["hvdkit"]["scaling_efficiency"],
-                    "diff_points": 100 * (sim["efficiency"] - v["hvdkit"]["scaling_efficiency"]),
-                    "comm_s": sim["comm_s"], "exposed_s": sim["exposed_s"]}
+        out[key] = {
+            "overlap": overlap,
+            "share_compute_only": share,
+            "predicted": sim["efficiency"],
+            "predicted_without_overlap": simulate(step.with_(overlap=False), p, link)["efficiency"],
+            "measured": v["hvdkit"]["scaling_efficiency"],
+            "diff_points": 100 * (sim["efficiency"] - v["hvdkit"]["scaling_efficiency"]),
+            "comm_s": sim["comm_s"],
+            "exposed_s": sim["exposed_s"],
+        }
     return out
 
 
@@ -131,11 +169,18 @@ def network_check(network, links):
         try:
             train = network["links"][tag]["train"]
             v = train["variants"]
-            step = Step(train["model"]["parameters"] * 4, v["single"]["median_s"], share=v["compute_only"]["scaling_efficiency"])
-            rows[tag] = {"bytes_per_s": link.bytes_per_s, "alpha_s": link.alpha_s,
-                         "predicted": simulate(step, network.get("ranks", 2), link)["efficiency"],
-                         "predicted_without_overlap": simulate(step.with_(overlap=False), network.get("ranks", 2), link)["efficiency"],
-                         "measured": v["hvdkit"]["scaling_efficiency"]}
+            step = Step(
+                train["model"]["parameters"] * 4, v["single"]["median_s"], share=v["compute_only"]["scaling_efficiency"]
+            )
+            rows[tag] = {
+                "bytes_per_s": link.bytes_per_s,
+                "alpha_s": link.alpha_s,
+                "predicted": simulate(step, network.get("ranks", 2), link)["efficiency"],
+                "predicted_without_overlap": simulate(step.with_(overlap=False), network.get("ranks", 2), link)[
+                    "efficiency"
+                ],
+                "measured": v["hvdkit"]["scaling_efficiency"],
+            }
         except (KeyError, TypeError, ValueError):
             continue
     return rows
@@ -144,16 +189,20 @@ def network_check(network, links):
 def _workloads(results):
     bench = results["train_torch"]
     return {
-        "benchmark MLP": {"name": f"benchmark MLP ({bench['model']['parameters'] / 1e6:.1f} M parameters, "
-                          f"{bench['variants']['single']['median_s'] * 1e3:.0f} ms compute)",
-                          "parameters": bench["model"]["parameters"], "compute_s": bench["variants"]["single"]["median_s"],
-                          "head": 0.0},
+        "benchmark MLP": {
+            "name": f"benchmark MLP ({bench['model']['parameters'] / 1e6:.1f} M parameters, "
+            f"{bench['variants']['single']['median_s'] * 1e3:.0f} ms compute)",
+            "parameters": bench["model"]["parameters"],
+            "compute_s": bench["variants"]["single"]["median_s"],
+            "head": 0.0,
+        },
         "ResNet-50": RESNET50,
     }
 
 
 def prediction(results, alpha_s=DEFAULT_ALPHA_S, rates=RATES_GBIT, ranks=RANKS):
-    """``{workload: {"name", "rates"/"fp16_rates": {gbit: {p: efficiency}}}}``: Horovod 0.28 defaults, overlap on, one rank per host.
+    """``{workload: {"name", "rates"/"fp16_rates": {gbit: {p: efficiency}}}}``: Horovod 0.28 defaults,
+    overlap on, one rank per host.
 
     ``fp16_rates``: the same with half the bytes on the wire (``compression="fp16"``), the casts' cost left out.
     """
@@ -161,35 +210,51 @@ def prediction(results, alpha_s=DEFAULT_ALPHA_S, rates=RATES_GBIT, ranks=RANKS):
     for key, w in _workloads(results).items():
         step = Step(w["parameters"] * 4, w["compute_s"], head=w["head"])
         half = step.with_(grad_bytes=step.grad_bytes / 2)  # fp16 on the wire; the casts' cost left out
-        out[key] = {"name": w["name"], "alpha_s": alpha_s,
-                    "rates": {str(g): {str(p): simulate(step, p, Link.gbit(g, alpha_s))["efficiency"] for p in ranks}
-                              for g in rates},
-                    "fp16_rates": {str(g): {str(p): simulate(half, p, Link.gbit(g, alpha_s))["efficiency"] for p in ranks}
-                                   for g in rates}}
+        out[key] = {
+            "name": w["name"],
+            "alpha_s": alpha_s,
+            "rates": {
+                str(g): {str(p): simulate(step, p, Link.gbit(g, alpha_s))["efficiency"] for p in ranks} for g in rates
+            },
+            "fp16_rates": {
+                str(g): {str(p): simulate(half, p, Link.gbit(g, alpha_s))["efficiency"] for p in ranks} for g in rates
+            },
+        }
     return out
 
 
 def table(report):
-    lines = ["Published check (Horovod, 25 Gbit/s RoCE; model: sizes, step times, link rate):",
-             "    model          GPUs  published  predicted  diff (points)"]
+    lines = [
+        "Published check (Horovod, 25 Gbit/s RoCE; model: sizes, step times, link rate):",
+        "    model          GPUs  published  predicted  diff (points)",
+    ]
     for r in report["published"]:
-        lines.append(f"    {r['model']:<13} {r['gpus']:5d}  {r['published']:9.2f}  {r['predicted']:9.3f}  {r['diff_points']:+6.1f}")
+        lines.append(
+            f"    {r['model']:<13} {r['gpus']:5d}  {r['published']:9.2f}  {r['predicted']:9.3f}  "
+            f"{r['diff_points']:+6.1f}"
+        )
     loc = report.get("local")
     if not loc:
         lines.append("This machine: not calibrated (the suite's MPI sweep has no two sizes >= 1 MB; --quick runs none)")
     else:
         lk = loc["link"]
-        lines.append(f"This machine: link fitted {lk['bytes_per_s'] / 1e9:.2f} GB/s, alpha {lk['alpha_s'] * 1e6:.0f} us per hop")
+        lines.append(
+            f"This machine: link fitted {lk['bytes_per_s'] / 1e9:.2f} GB/s, alpha {lk['alpha_s'] * 1e6:.0f} us per hop"
+        )
         for key in ("train_torch", "train_keras"):
             d = loc[key]
-            lines.append(f"    {key:<12} overlap={str(d['overlap']):<5} predicted {d['predicted']:.3f} "
-                         f"(without overlap {d['predicted_without_overlap']:.3f})  measured {d['measured']:.3f}"
-                         f"  ({d['diff_points']:+.1f} points; compute_only {d['share_compute_only']:.2f})")
+            lines.append(
+                f"    {key:<12} overlap={str(d['overlap']):<5} predicted {d['predicted']:.3f} "
+                f"(without overlap {d['predicted_without_overlap']:.3f})  measured {d['measured']:.3f}"
+                f"  ({d['diff_points']:+.1f} points; compute_only {d['share_compute_only']:.2f})"
+            )
     for tag, d in report.get("network", {}).items():
-        lines.append(f"Shaped link {tag}: fitted {d['bytes_per_s'] / 1e9:.3f} GB/s, alpha {d['alpha_s'] * 1e6:.0f} us; "
-                     f"2 ranks predicted {d['predicted']:.3f} (without overlap {d['predicted_without_overlap']:.3f}), "
-                     f"measured {d['measured']:.3f}")
-    for key, w in report["prediction"].items():
+        lines.append(
+            f"Shaped link {tag}: fitted {d['bytes_per_s'] / 1e9:.3f} GB/s, alpha {d['alpha_s'] * 1e6:.0f} us; "
+            f"2 ranks predicted {d['predicted']:.3f} (without overlap {d['predicted_without_overlap']:.3f}), "
+            f"measured {d['measured']:.3f}"
+        )
+    for w in report["prediction"].values():
         lines.append(f"Predicted efficiency, {w['name']}, alpha {w['alpha_s'] * 1e6:.0f} us:")
         ranks = list(next(iter(w["rates"].values())))
         lines.append(f"    {'Gbit/s':>7} " + "".join(f"{p:>7}" for p in ranks))
@@ -209,7 +274,7 @@ def plot(report, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(report["prediction"]), figsize=(12, 4.5), sharey=True)
-    for ax, w in zip(axes, report["prediction"].values()):
+    for ax, w in zip(axes, report["prediction"].values(), strict=True):
         for g, row in w["rates"].items():
             ps = [int(p) for p in row]
             ax.plot(ps, list(row.values()), "o-", label=f"{g} Gbit/s")
@@ -227,8 +292,12 @@ def plot(report, path):
 def build_report(results, network=None):
     links = network_links(network)
     alpha = DEFAULT_ALPHA_S
-    report = {"published": published_check(), "assumptions": dict(HOROVOD_2018), "local": local_check(results),
-              "network": network_check(network, links)}
+    report = {
+        "published": published_check(),
+        "assumptions": dict(HOROVOD_2018),
+        "local": local_check(results),
+        "network": network_check(network, links),
+    }
     report["prediction"] = prediction(results, alpha)
     return report
 
@@ -252,11 +321,20 @@ def main(argv=None):
         description="The scaling model checked against Horovod's published efficiencies, calibrated on the suite's "
         "results, predicted at 2-512 ranks; no jobs (make bench-predict).",
     )
-    p.add_argument("--out", default="docs/bench", help="folder for prediction.json and prediction.png (default: docs/bench)")
-    p.add_argument("--results", default=None, help="the suite's JSON, for calibration "
-                   "(default: OUT/results.json if it exists, else docs/bench/results.json)")
-    p.add_argument("--network", default=None, help="the network section's JSON, if any "
-                   "(default: OUT/network/results.json if it exists, else docs/bench/network/results.json)")
+    p.add_argument(
+        "--out", default="docs/bench", help="folder for prediction.json and prediction.png (default: docs/bench)"
+    )
+    p.add_argument(
+        "--results",
+        default=None,
+        help="the suite's JSON, for calibration (default: OUT/results.json if it exists, else docs/bench/results.json)",
+    )
+    p.add_argument(
+        "--network",
+        default=None,
+        help="the network section's JSON, if any "
+        "(default: OUT/network/results.json if it exists, else docs/bench/network/results.json)",
+    )
     p.add_argument("--docs", default=None, metavar="PAGE", help="also rewrite the bench:model section of this page")
     args = p.parse_args(argv)
     results_path = args.results or _first_file(os.path.join(args.out, "results.json"), "docs/bench/results.json")

@@ -22,8 +22,12 @@ __all__ = ["parser", "main"]
 def parser():
     p = bench_parser(argparse.ArgumentParser(prog="python -m benchmarks suite"))
     p.description = "hvdkit bench's suite, then the results section of --docs (make bench)."
-    p.add_argument("--docs", default=None, metavar="PAGE",
-                   help="also rewrite the bench:results section of this Markdown page (docs/benchmarks.md)")
+    p.add_argument(
+        "--docs",
+        default=None,
+        metavar="PAGE",
+        help="also rewrite the bench:results section of this Markdown page (docs/benchmarks.md)",
+    )
     return p
 
 

@@ -165,7 +165,9 @@ def run_restore(megabytes, reps, root, with_pickled=False):
                 t.zero_()
         fn()
         holds = comm.is_rank0 or name != "torch_load"
-        ok = comm.allgather_object(_digest(_tensors(model, opt)) == want if holds else True, name="hvdkit.bench.restore.check")
+        ok = comm.allgather_object(
+            _digest(_tensors(model, opt)) == want if holds else True, name="hvdkit.bench.restore.check"
+        )
         checks[name] = check_close(f"restore {name}: every rank holds the saved state", [all(ok)], [True], 0)
     samples = {v: Samples() for v in variants}
     for rep, v in interleaved(list(variants), reps):
@@ -192,10 +194,19 @@ def main(argv=None):
     p.add_argument("out")
     p.add_argument("--quick", action="store_true", help="1 MB, 1 repetition: checks, not figures")
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--dir", default=None, help="where to write (default: a temporary folder); the disk is part of the result")
-    p.add_argument("--restore", action="store_true", help="time restore on every rank of the job (start it with hvdkit run)")
+    p.add_argument(
+        "--dir", default=None, help="where to write (default: a temporary folder); the disk is part of the result"
+    )
+    p.add_argument(
+        "--restore", action="store_true", help="time restore on every rank of the job (start it with hvdkit run)"
+    )
     p.add_argument("--pickled", action="store_true", help="with --restore: also time the previous restore path (slow)")
-    p.add_argument("--megabytes", type=int, default=None, help=f"state size (default: {MEGABYTES}, with --restore {RESTORE_MEGABYTES})")
+    p.add_argument(
+        "--megabytes",
+        type=int,
+        default=None,
+        help=f"state size (default: {MEGABYTES}, with --restore {RESTORE_MEGABYTES})",
+    )
     args = p.parse_args(argv)
     megabytes = QUICK_MEGABYTES if args.quick else args.megabytes or (RESTORE_MEGABYTES if args.restore else MEGABYTES)
     reps = 1 if args.quick else args.reps

@@ -62,10 +62,10 @@ class Job:
             from mpi4py import MPI
 
             self.mpi = MPI
+        import horovod.torch as hvd
         import torch
         import torch.distributed as dist
 
-        import horovod.torch as hvd
         import hvdkit.torch as hk
 
         self.torch, self.dist, self.hvd = torch, dist, hvd
@@ -102,13 +102,16 @@ class Job:
             out = hvd.allreduce(t, op=hvd.Sum, name="bench.check")
             return out[[0, n // 2, n - 1]].tolist()
 
-        fns[label] = (hvd_check, lambda z=torch.zeros(n): hvd.allreduce_(z, op=hvd.Sum, name="bench.sweep"))
+        sweep = torch.zeros(n)
+        fns[label] = (hvd_check, lambda z=sweep: hvd.allreduce_(z, op=hvd.Sum, name="bench.sweep"))
 
         def fp16_check(t=t):
             out = hvd.allreduce(t, op=hvd.Sum, name="bench.check16", compression=RecordingFP16)
             return out[[0, n // 2, n - 1]].tolist()
 
-        def fp16_op(z=torch.zeros(n)):
+        sweep16 = torch.zeros(n)
+
+        def fp16_op(z=sweep16):
             # What hvdkit's DistributedOptimizer does per gradient: compress, reduce in place, decompress.
             wire, ctx = RecordingFP16.compress(z)
             hvd.allreduce_(wire, op=hvd.Sum, name="bench.sweep16")
@@ -121,11 +124,14 @@ class Job:
             dist.all_reduce(c)
             return c[[0, n // 2, n - 1]].tolist()
 
-        fns["torch_gloo"] = (tdist_check, lambda z=torch.zeros(n): dist.all_reduce(z))
+        sweep_gloo = torch.zeros(n)
+        fns["torch_gloo"] = (tdist_check, lambda z=sweep_gloo: dist.all_reduce(z))
         if self.mpi is not None:
             comm, mpi = self.mpi.COMM_WORLD, self.mpi
 
-            def mpi_check(src=np.full(n, mine, np.float32)):
+            check_src = np.full(n, mine, np.float32)
+
+            def mpi_check(src=check_src):
                 dst = np.empty_like(src)
                 comm.Allreduce(src, dst, op=mpi.SUM)
                 return dst[[0, n // 2, n - 1]].tolist()
@@ -140,7 +146,9 @@ class Job:
 
         fns["memcpy"] = (copy_check, lambda: np.copyto(dst, src))
         total = [self.expected_sum()] * 3
-        return {v: (fns[v][0] if v == "memcpy" else (lambda c=check: (c(), total)), op) for v, (check, op) in fns.items()}
+        return {
+            v: (fns[v][0] if v == "memcpy" else (lambda c=check: (c(), total)), op) for v, (check, op) in fns.items()
+        }
 
     def sweep(self, sizes, reps, max_iters=100):
         """(a) and (b): every variant at every size, checked, then timed interleaved."""
@@ -202,7 +210,12 @@ class Job:
         def one(ts):
             hvd.allreduce_(ts[0], op=hvd.Sum, name="bench.one")
 
-        variants = {"unfused": (unfused, small), "fused": (fused, small), "grouped": (grouped, small), "one_tensor": (one, [big])}
+        variants = {
+            "unfused": (unfused, small),
+            "fused": (fused, small),
+            "grouped": (grouped, small),
+            "one_tensor": (one, [big]),
+        }
         checks = {}
         for v, (fn, ts) in variants.items():
             data = [t.clone() for t in ts]

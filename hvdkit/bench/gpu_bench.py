@@ -37,12 +37,20 @@ def resnet50(num_classes=1000):
             super().__init__()
             cout = width * 4
             self.body = nn.Sequential(
-                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-                nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout),
-            )  # fmt: skip
-            self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                         if stride != 1 or cin != cout else nn.Identity())  # fmt: skip
+                nn.Conv2d(cin, width, 1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride != 1 or cin != cout
+                else nn.Identity()
+            )
             self.relu = nn.ReLU(inplace=True)
 
         def forward(self, x):
@@ -54,9 +62,15 @@ def resnet50(num_classes=1000):
             layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
             cin = width * 4
     return nn.Sequential(
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
-        *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes),
-    )  # fmt: skip
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+        *layers,
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(cin, num_classes),
+    )
 
 
 # ---- workers (one process per rank) ----------------------------------------------------------------
@@ -135,7 +149,7 @@ def worker_allreduce(args):
         iters = max(3, min(20, 512 // mb))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for i in range(iters):
+        for _ in range(iters):
             out = hvd.allreduce(t, name=f"ar{mb}", op=hvd.Sum)
         torch.cuda.synchronize()
         seconds = (time.perf_counter() - t0) / iters
@@ -164,16 +178,32 @@ def _write(args, rank, data):
 
 def _run(argv, env, timeout):
     t0 = time.monotonic()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                          start_new_session=True)  # fmt: skip
+    proc = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:6])} ... failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{' '.join(argv[:6])} ... failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
     return time.monotonic() - t0
 
 
 def _job(kind, np_, args, work, env):
-    me = [sys.executable, "-m", "hvdkit.bench.gpu_bench", "--worker", kind, "--work", work, "--batch", str(args.batch),
-          "--steps", str(args.steps), "--warmup", str(args.warmup)]  # fmt: skip
+    me = [
+        sys.executable,
+        "-m",
+        "hvdkit.bench.gpu_bench",
+        "--worker",
+        kind,
+        "--work",
+        work,
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+    ]
     if kind == "ddp":
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={np_}", *me[1:]]
     else:
@@ -201,11 +231,22 @@ def drive(args):
 
     gpus, nccl = torch.cuda.device_count(), torch.cuda.nccl.version()
     name = torch.cuda.get_device_name(0)
-    results = {"gpu": name, "gpus": gpus, "torch": torch.__version__, "cuda": torch.version.cuda,
-               "nccl": ".".join(map(str, nccl)), "batch_per_rank": args.batch, "steps": args.steps,
-               "model": "ResNet-50 (plain torch, 25.6 M parameters), 224x224, bf16 autocast", "training": [],
-               "allreduce": None}  # fmt: skip
-    print(f"[gpu-bench] {gpus} x {name}, torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {results['nccl']}", flush=True)
+    results = {
+        "gpu": name,
+        "gpus": gpus,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, nccl)),
+        "batch_per_rank": args.batch,
+        "steps": args.steps,
+        "model": "ResNet-50 (plain torch, 25.6 M parameters), 224x224, bf16 autocast",
+        "training": [],
+        "allreduce": None,
+    }
+    print(
+        f"[gpu-bench] {gpus} x {name}, torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {results['nccl']}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as work:
         for np_ in args.np:
             env, shared = _env_for(np_, gpus, nccl)
@@ -215,12 +256,23 @@ def drive(args):
                     ranks = _job(kind, np_, args, work, env)
                     step = statistics.median(max(r["step_s"][i] for r in ranks) for i in range(args.steps))
                     samples[kind].append(step)
-                    print(f"[gpu-bench] np={np_} rep {rep + 1}/{args.reps} {kind:7s}: {step * 1e3:.1f} ms/step, "
-                          f"{np_ * args.batch / step:.0f} img/s", flush=True)  # fmt: skip
+                    print(
+                        f"[gpu-bench] np={np_} rep {rep + 1}/{args.reps} {kind:7s}: {step * 1e3:.1f} ms/step, "
+                        f"{np_ * args.batch / step:.0f} img/s",
+                        flush=True,
+                    )
             h, d = statistics.median(samples["horovod"]), statistics.median(samples["ddp"])
-            results["training"].append({"np": np_, "shared_gpu": shared, "horovod_step_s": samples["horovod"],
-                                        "ddp_step_s": samples["ddp"], "horovod_img_s": np_ * args.batch / h,
-                                        "ddp_img_s": np_ * args.batch / d, "ratio_horovod_over_ddp": d / h})  # fmt: skip
+            results["training"].append(
+                {
+                    "np": np_,
+                    "shared_gpu": shared,
+                    "horovod_step_s": samples["horovod"],
+                    "ddp_step_s": samples["ddp"],
+                    "horovod_img_s": np_ * args.batch / h,
+                    "ddp_img_s": np_ * args.batch / d,
+                    "ratio_horovod_over_ddp": d / h,
+                }
+            )
         np_ = max(args.np)
         env, shared = _env_for(np_, gpus, nccl)
         ranks = _job("allreduce", np_, args, work, env)
@@ -228,28 +280,48 @@ def drive(args):
         for i, row in enumerate(ranks[0]["allreduce"]):
             seconds = max(r["allreduce"][i]["allreduce_s"] for r in ranks)
             busbw = row["bytes"] / seconds * (2 * (np_ - 1) / np_) if np_ > 1 else row["bytes"] / seconds
-            rows.append({"bytes": row["bytes"], "allreduce_s": seconds, "bus_bytes_per_s": busbw,
-                         "copy_bytes_per_s": 2 * row["bytes"] / row["copy_s"]})  # fmt: skip
-            print(f"[gpu-bench] allreduce {row['bytes'] // MB:4d} MiB on {np_} rank(s): bus {busbw / 1e9:7.2f} GB/s; "
-                  f"device copy {rows[-1]['copy_bytes_per_s'] / 1e9:7.1f} GB/s (read + write)", flush=True)  # fmt: skip
+            rows.append(
+                {
+                    "bytes": row["bytes"],
+                    "allreduce_s": seconds,
+                    "bus_bytes_per_s": busbw,
+                    "copy_bytes_per_s": 2 * row["bytes"] / row["copy_s"],
+                }
+            )
+            print(
+                f"[gpu-bench] allreduce {row['bytes'] // MB:4d} MiB on {np_} rank(s): bus {busbw / 1e9:7.2f} GB/s; "
+                f"device copy {rows[-1]['copy_bytes_per_s'] / 1e9:7.1f} GB/s (read + write)",
+                flush=True,
+            )
         results["allreduce"] = {"np": np_, "shared_gpu": shared, "rows": rows}
     return results
 
 
 def table(results):
-    lines = [f"GPU: {results['gpus']} x {results['gpu']} (torch {results['torch']}, CUDA {results['cuda']}, NCCL {results['nccl']})",
-             f"{results['model']}, batch {results['batch_per_rank']} per rank",
-             "| ranks | GPU shared | hvdkit/Horovod img/s | DDP img/s | Horovod / DDP throughput |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"GPU: {results['gpus']} x {results['gpu']} "
+        f"(torch {results['torch']}, CUDA {results['cuda']}, NCCL {results['nccl']})",
+        f"{results['model']}, batch {results['batch_per_rank']} per rank",
+        "| ranks | GPU shared | hvdkit/Horovod img/s | DDP img/s | Horovod / DDP throughput |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for t in results["training"]:
-        lines.append(f"| {t['np']} | {'yes' if t['shared_gpu'] else 'no'} | {t['horovod_img_s']:.0f} | {t['ddp_img_s']:.0f} | "
-                     f"{t['ratio_horovod_over_ddp']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {t['np']} | {'yes' if t['shared_gpu'] else 'no'} | {t['horovod_img_s']:.0f} | {t['ddp_img_s']:.0f} | "
+            f"{t['ratio_horovod_over_ddp']:.2f} |"
+        )
     a = results["allreduce"]
-    lines += ["", f"Allreduce of CUDA tensors, {a['np']} rank(s){' sharing one GPU' if a['shared_gpu'] else ''}:",
-              "| size | bus bandwidth GB/s | device copy GB/s | bus / copy |", "| --- | --- | --- | --- |"]  # fmt: skip
+    lines += [
+        "",
+        f"Allreduce of CUDA tensors, {a['np']} rank(s){' sharing one GPU' if a['shared_gpu'] else ''}:",
+        "| size | bus bandwidth GB/s | device copy GB/s | bus / copy |",
+        "| --- | --- | --- | --- |",
+    ]
     for r in a["rows"]:
-        lines.append(f"| {r['bytes'] // MB} MiB | {r['bus_bytes_per_s'] / 1e9:.2f} | {r['copy_bytes_per_s'] / 1e9:.1f} | "
-                     f"{r['bus_bytes_per_s'] / r['copy_bytes_per_s']:.4f} |")  # fmt: skip
+        lines.append(
+            f"| {r['bytes'] // MB} MiB | {r['bus_bytes_per_s'] / 1e9:.2f} | {r['copy_bytes_per_s'] / 1e9:.1f} | "
+            f"{r['bus_bytes_per_s'] / r['copy_bytes_per_s']:.4f} |"
+        )
     return "\n".join(lines)
 
 
@@ -266,13 +338,29 @@ def plot(results, path):
     xs = range(len(nps))
     ax1.bar([x - 0.2 for x in xs], [t["horovod_img_s"] for t in results["training"]], 0.4, label="hvdkit/Horovod-NCCL")
     ax1.bar([x + 0.2 for x in xs], [t["ddp_img_s"] for t in results["training"]], 0.4, label="torch DDP-NCCL")
-    ax1.set_xticks(list(xs), [f"{n} rank(s){' (shared GPU)' if t['shared_gpu'] else ''}" for n, t in zip(nps, results["training"])])
+    ax1.set_xticks(
+        list(xs),
+        [
+            f"{n} rank(s){' (shared GPU)' if t['shared_gpu'] else ''}"
+            for n, t in zip(nps, results["training"], strict=True)
+        ],
+    )
     ax1.set_ylabel("images/s")
     ax1.set_title(f"ResNet-50 training, {results['gpu']}")
     ax1.legend()
     rows = results["allreduce"]["rows"]
-    ax2.loglog([r["bytes"] / MB for r in rows], [r["bus_bytes_per_s"] / 1e9 for r in rows], "o-", label="Horovod allreduce (bus)")
-    ax2.loglog([r["bytes"] / MB for r in rows], [r["copy_bytes_per_s"] / 1e9 for r in rows], "s--", label="device-to-device copy")
+    ax2.loglog(
+        [r["bytes"] / MB for r in rows],
+        [r["bus_bytes_per_s"] / 1e9 for r in rows],
+        "o-",
+        label="Horovod allreduce (bus)",
+    )
+    ax2.loglog(
+        [r["bytes"] / MB for r in rows],
+        [r["copy_bytes_per_s"] / 1e9 for r in rows],
+        "s--",
+        label="device-to-device copy",
+    )
     ax2.set_xlabel("MiB")
     ax2.set_ylabel("GB/s")
     ax2.set_title("Allreduce bandwidth vs the GPU's copy rate")

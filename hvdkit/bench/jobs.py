@@ -58,8 +58,15 @@ def machine():
 
 def _stream(cmd, env, timeout):
     """Run ``cmd``; show its progress lines (``[bench ...]``) as they come; (exit code, all output)."""
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
     timer.start()
     lines = []
@@ -78,9 +85,11 @@ def busy_warning(load, cores):
     """A warning when the machine is already busy (stray ranks, other jobs), else None."""
     if load <= 0.5 * cores:
         return None
-    return (f"warning: the machine is busy before the suite starts (load average {load:.2f} on {cores} cores): "
-            "the figures will be noisy. Stray ranks from an earlier job spin at 100 % CPU: look for "
-            "them (ps aux | grep -e mpirun -e python) and run the suite on a quiet machine")
+    return (
+        f"warning: the machine is busy before the suite starts (load average {load:.2f} on {cores} cores): "
+        "the figures will be noisy. Stray ranks from an earlier job spin at 100 % CPU: look for "
+        "them (ps aux | grep -e mpirun -e python) and run the suite on a quiet machine"
+    )
 
 
 def run_job(name, argv, path, env=None, timeout=600, shown=None, error=LaunchError, where=""):
@@ -129,8 +138,10 @@ class Suite:
             t0 = time.perf_counter()
             subprocess.run(variants[v], capture_output=True, timeout=120, stdin=subprocess.DEVNULL, check=True)
             samples[v].add(time.perf_counter() - t0)
-        return {"variants": {v: s.as_dict() for v, s in samples.items()},
-                "extra_s": samples["hvdkit_run"].median - samples["mpirun"].median}
+        return {
+            "variants": {v: s.as_dict() for v, s in samples.items()},
+            "extra_s": samples["hvdkit_run"].median - samples["mpirun"].median,
+        }
 
     def tuning(self, reps):
         """Horovod's cycle time on this machine: training step and small-allreduce latency per setting."""
@@ -140,7 +151,10 @@ class Suite:
             train = self.job(tag, "train_bench", "--reps", "3", "--only", "hvdkit", env=env)
             rows[label]["step_s"].add(train["variants"]["hvdkit"]["median_s"])
             rows[label]["allreduce_4k_s"].add(train["allreduce_4k_s"])
-        return {label: {k: s.as_dict() for k, s in r.items()} | {"env": dict(env)} for (label, env), r in zip(TUNING, rows.values())}
+        return {
+            label: {k: s.as_dict() for k, s in r.items()} | {"env": dict(env)}
+            for (label, env), r in zip(TUNING, rows.values(), strict=True)
+        }
 
 
 def publish(results, out, reporter, t0):
@@ -153,5 +167,6 @@ def publish(results, out, reporter, t0):
     plots = reporter.plots(results, out)
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
         f.write(reporter.markdown(results, plots, docs_dir=out))
-    say(f"all done in {results['seconds']:.0f} s: {out}/results.json, results.md, {', '.join(os.path.basename(p) for p in plots)}")
+    names = ", ".join(os.path.basename(p) for p in plots)
+    say(f"all done in {results['seconds']:.0f} s: {out}/results.json, results.md, {names}")
     return results

@@ -33,9 +33,9 @@ def build_model(keras, width, depth, optimizer, seed=0):
 
 class KerasJob:
     def __init__(self, width, depth, batch):
+        import horovod.tensorflow as hvd
         import keras
 
-        import horovod.tensorflow as hvd
         import hvdkit.keras as hk
 
         self.keras, self.hvd, self.hk = keras, hvd, hk
@@ -48,7 +48,9 @@ class KerasJob:
 
     def model(self, distributed):
         opt = self.keras.optimizers.SGD(0.01)
-        return build_model(self.keras, self.width, self.depth, self.hk.DistributedOptimizer(opt) if distributed else opt)
+        return build_model(
+            self.keras, self.width, self.depth, self.hk.DistributedOptimizer(opt) if distributed else opt
+        )
 
     def wait(self, name):
         """Every rank blocks here until rank 0 arrives (a broadcast: no busy loop in Python)."""

@@ -11,8 +11,9 @@ allreduces (last layers first) and ``groups=0`` sends one per gradient. Variants
 ``single`` (rank 0 alone), ``compute_only`` (every rank, nothing averaged) and the distributed
 optimizer at ``groups`` 1, 4 and 0. Besides each variant's median, the ratio to ``grouped_1`` is taken
 within every repetition (the two ran seconds apart) and its median and quartiles reported: on a
-busy shared machine that paired ratio is far steadier than a ratio of medians. Before timing, each distributed variant must leave weights
-bitwise identical across ranks and equal to one process on the ranks' batches together.
+busy shared machine that paired ratio is far steadier than a ratio of medians. Before timing, each
+distributed variant must leave weights bitwise identical across ranks and equal to one process on
+the ranks' batches together.
 """
 
 import statistics
@@ -60,7 +61,8 @@ class OverlapJob(KerasJob):
         models.update({label: self.model(g) for label, g in GROUPS.items()})
         samples = self.time_models(models, reps, steps, "keras-overlap", "per_tensor")
         single, grouped = samples["single"].median, samples["grouped_1"].median
-        paired = {v: _quartiles([g / t for g, t in zip(samples["grouped_1"].values, samples[v].values)]) for v in GROUPS}
+        base = samples["grouped_1"].values
+        paired = {v: _quartiles([g / t for g, t in zip(base, samples[v].values, strict=True)]) for v in GROUPS}
         return {
             "paired_speedup_vs_grouped_1": paired,
             "model": {"width": self.width, "depth": self.depth, "batch_per_rank": self.batch},

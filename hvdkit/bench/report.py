@@ -43,19 +43,41 @@ def goals(results):
     t = results["train_torch"]
     hvdkit, horovod, ddp = (_median(t, v) for v in ("hvdkit", "horovod", "ddp"))
     largest = max(r["bytes"] for r in results["comm_mpi"]["sweep"])
-    wire = [r["value"] for job in ("comm_mpi", "comm_gloo") for r in results[job]["sweep"] if r["variant"] == "fp16_wire_ratio"]
+    wire = [
+        r["value"]
+        for job in ("comm_mpi", "comm_gloo")
+        for r in results[job]["sweep"]
+        if r["variant"] == "fp16_wire_ratio"
+    ]
     rows = [
         ("hvdkit / raw Horovod training throughput", horovod / hvdkit, ">= 0.99", horovod / hvdkit >= 0.99),
         ("hvdkit per-step overhead vs raw Horovod", hvdkit / horovod - 1, "<= 0.01", hvdkit / horovod - 1 <= 0.01),
         ("hvdkit (MPI) / torch DDP (gloo) throughput", ddp / hvdkit, ">= 1.0", ddp / hvdkit >= 1.0),
-        (f"Horovod MPI bus bandwidth / memcpy at {largest // MB} MB",
-         _sweep(results, "comm_mpi", "hvd_mpi")[largest]["fraction_of_memcpy"], "report", None),
-        (f"Horovod Gloo bus bandwidth / memcpy at {largest // MB} MB",
-         _sweep(results, "comm_gloo", "hvd_gloo")[largest]["fraction_of_memcpy"], "report", None),
+        (
+            f"Horovod MPI bus bandwidth / memcpy at {largest // MB} MB",
+            _sweep(results, "comm_mpi", "hvd_mpi")[largest]["fraction_of_memcpy"],
+            "report",
+            None,
+        ),
+        (
+            f"Horovod Gloo bus bandwidth / memcpy at {largest // MB} MB",
+            _sweep(results, "comm_gloo", "hvd_gloo")[largest]["fraction_of_memcpy"],
+            "report",
+            None,
+        ),
         ("fp16 bytes on the wire / fp32 (every size)", max(wire), "== 0.5", all(w == 0.5 for w in wire)),
-        ("hvdkit checkpoint save / torch.save + fsync", results["checkpoint"]["hvdkit_vs_torch_save_fsync"], "<= 1.10",
-         results["checkpoint"]["hvdkit_vs_torch_save_fsync"] <= 1.10),
-        ("hvdkit run start-up - raw mpirun (s)", results["startup"]["extra_s"], "<= 0.3", results["startup"]["extra_s"] <= 0.3),
+        (
+            "hvdkit checkpoint save / torch.save + fsync",
+            results["checkpoint"]["hvdkit_vs_torch_save_fsync"],
+            "<= 1.10",
+            results["checkpoint"]["hvdkit_vs_torch_save_fsync"] <= 1.10,
+        ),
+        (
+            "hvdkit run start-up - raw mpirun (s)",
+            results["startup"]["extra_s"],
+            "<= 0.3",
+            results["startup"]["extra_s"] <= 0.3,
+        ),
     ]
     return [{"name": n, "value": v, "target": tg, "met": m} for n, v, tg, m in rows]
 
@@ -83,25 +105,46 @@ def table(results):
             for v in variants:
                 r = _sweep(results, job, v)[n]
                 cells.append(f"{r['bandwidth_Bps'] / 1e9:8.3f} ({r['fraction_of_memcpy']:5.1%})")
-            add(f"{_fmt_bytes(n):>8} " + " ".join(f"{c_:>20}" for c_ in cells) + f" {mem[n]['bandwidth_Bps'] / 1e9:9.2f}")
+            add(
+                f"{_fmt_bytes(n):>8} "
+                + " ".join(f"{c_:>20}" for c_ in cells)
+                + f" {mem[n]['bandwidth_Bps'] / 1e9:9.2f}"
+            )
         plain, fp16 = _sweep(results, job, f"hvd_{c}"), _sweep(results, job, f"hvd_{c}_fp16")
-        add("(b) fp16 time / none: " + ", ".join(f"{_fmt_bytes(n)} {fp16[n]['median_s'] / plain[n]['median_s']:.2f}" for n in sorted(plain)))
+        add(
+            "(b) fp16 time / none: "
+            + ", ".join(f"{_fmt_bytes(n)} {fp16[n]['median_s'] / plain[n]['median_s']:.2f}" for n in sorted(plain))
+        )
         pays = compression_advice(results, job)
-        add("    advice: " + (f"compress gradients of {', '.join(_fmt_bytes(n) for n in pays)}" if pays
-                              else "do not compress (fp16 is not faster at any bandwidth-bound size here)"))
+        add(
+            "    advice: "
+            + (
+                f"compress gradients of {', '.join(_fmt_bytes(n) for n in pays)}"
+                if pays
+                else "do not compress (fp16 is not faster at any bandwidth-bound size here)"
+            )
+        )
         fu = results[job]["fusion"]
         base = fu["variants"]["one_tensor"]["median_s"]
-        add(f"(c) {fu['tensors']} x {fu['bytes_each'] >> 10} KB tensors, time / one tensor of the same total: "
-            + ", ".join(f"{v} {d['median_s'] / base:.1f}x" for v, d in fu["variants"].items()))
+        add(
+            f"(c) {fu['tensors']} x {fu['bytes_each'] >> 10} KB tensors, time / one tensor of the same total: "
+            + ", ".join(f"{v} {d['median_s'] / base:.1f}x" for v, d in fu["variants"].items())
+        )
     for key, title in (("train_torch", "PyTorch"), ("train_keras", "Keras")):
         t = results[key]
         add(f"\n(d) {title} training step, {t['model']}: per rank")
         for v, d in t["variants"].items():
-            add(f"  {v:>13}: {d['median_s'] * 1e3:8.2f} ms/step ±{d['spread']:.0%}  {d['samples_per_s']:9.0f} samples/s  scaling efficiency {d['scaling_efficiency']:.2f}")
+            add(
+                f"  {v:>13}: {d['median_s'] * 1e3:8.2f} ms/step ±{d['spread']:.0%}  "
+                f"{d['samples_per_s']:9.0f} samples/s  scaling efficiency {d['scaling_efficiency']:.2f}"
+            )
         if "comm_share" in t:
             add(f"  communication share of an hvdkit step: {t['comm_share']:.0%}")
     ck = results["checkpoint"]
-    add(f"\n(f) checkpoint of {ck['payload_bytes'] // MB} MB: " + ", ".join(f"{v} {d['median_s'] * 1e3:.0f} ms" for v, d in ck["variants"].items()))
+    add(
+        f"\n(f) checkpoint of {ck['payload_bytes'] // MB} MB: "
+        + ", ".join(f"{v} {d['median_s'] * 1e3:.0f} ms" for v, d in ck["variants"].items())
+    )
     st = results["startup"]
     add("(g) start-up of 2 ranks: " + ", ".join(f"{v} {d['median_s']:.2f} s" for v, d in st["variants"].items()))
     if "tuning" in results:
@@ -124,7 +167,7 @@ def plots(results, out):
 
     paths = []
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for ax, job in zip(axes, ("comm_mpi", "comm_gloo")):
+    for ax, job in zip(axes, ("comm_mpi", "comm_gloo"), strict=True):
         c = results[job]["controller"]
         for v in (f"hvd_{c}", f"hvd_{c}_fp16", "mpi4py", "torch_gloo", "memcpy"):
             rows = _sweep(results, job, v)
@@ -167,7 +210,8 @@ def markdown(results, plots, docs_dir):
     rel = [os.path.relpath(p, docs_dir) for p in plots]
     lines = [
         f"Recorded {m['date']} by `hvdkit bench` in {results['seconds']:.0f} s"
-        + (" (--quick: checks only, not figures)" if results["quick"] else "") + ".",
+        + (" (--quick: checks only, not figures)" if results["quick"] else "")
+        + ".",
         f"Machine: {m['cpu']}, {m['cores']} cores, {(m['memory_bytes'] or 0) / 2**30:.0f} GiB, {m['os']}; "
         f"load average at start {m['load_average_at_start'][0]:.2f}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
@@ -178,6 +222,13 @@ def markdown(results, plots, docs_dir):
     for g in results["goals"]:
         verdict = {True: "met", False: "**not met**", None: ""}[g["met"]]
         lines.append(f"| {g['name']} | {g['value']:.3f} | {g['target']} | {verdict} |")
-    lines += ["", *[f"![{os.path.splitext(os.path.basename(p))[0]}]({p})" for p in rel], "", "```", table(results).strip(), "```", ""]
+    lines += [
+        "",
+        *[f"![{os.path.splitext(os.path.basename(p))[0]}]({p})" for p in rel],
+        "",
+        "```",
+        table(results).strip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
-

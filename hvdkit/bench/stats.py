@@ -88,7 +88,8 @@ def timed(fn, iters, clock=time.perf_counter):
 
 def check_close(what, got, expected, tol):
     """Raise BenchmarkCheckError naming ``what`` unless every |got - expected| <= tol."""
-    worst = max((abs(float(g) - float(e)) for g, e in zip(got, expected)), default=0.0)
+    # strict=False: a length mismatch is reported below, naming ``what``, not as zip's ValueError
+    worst = max((abs(float(g) - float(e)) for g, e in zip(got, expected, strict=False)), default=0.0)
     if len(got) != len(expected) or not worst <= tol:
         raise BenchmarkCheckError(
             f"{what}: result is wrong (max |diff| {worst:.3g} > {tol:g}, {len(got)} values vs {len(expected)}); "

@@ -69,9 +69,13 @@ def parser(p=None):
     p.description = DESCRIPTION
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--out", default="build/bench", help="folder for results.json, results.md and the plots (default: build/bench)")
+    p.add_argument(
+        "--out", default="build/bench", help="folder for results.json, results.md and the plots (default: build/bench)"
+    )
     p.add_argument("-np", "--num-proc", dest="np", type=int, default=2, help="ranks per job (default: 2)")
-    p.add_argument("--quick", action="store_true", help="every variant on tiny sizes, once: checks the suite, measures nothing")
+    p.add_argument(
+        "--quick", action="store_true", help="every variant on tiny sizes, once: checks the suite, measures nothing"
+    )
     p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the Horovod cycle-time comparison")
     return p
 

@@ -4,8 +4,9 @@
 
 Variants, interleaved in one job: ``single`` (rank 0 alone, plain optimizer, the others wait
 without spinning), ``hvdkit`` (``hvdkit.torch.DistributedOptimizer``), ``horovod`` (a raw
-``horovod.torch`` loop) and ``ddp`` (``torch.nn.parallel.DistributedDataParallel`` over gloo), and ``compute_only`` (every
-rank steps a plain optimizer, nothing averaged: what sharing the machine alone costs); with
+``horovod.torch`` loop) and ``ddp`` (``torch.nn.parallel.DistributedDataParallel`` over gloo), and
+``compute_only`` (every rank steps a plain optimizer, nothing averaged: what sharing the machine
+alone costs); with
 ``--fp16`` also ``hvdkit_fp16`` (``compression="fp16"``), and with ``--auto`` the job records what
 ``compression="auto"`` picks for this model (``hvdkit.torch.autocompress``) with both times.
 Each rank keeps its own batch size (weak scaling), so scaling efficiency = t_single / t_variant.
@@ -100,7 +101,9 @@ class TrainJob(Job):
             worst[f"{n}_across_ranks"] = check_close(f"{n} parameters across ranks", gathered[0], gathered[-1], 0.0)
         for n in self.distributed[1:]:
             tol = FP16_TOL if n.endswith("fp16") else 1e-5
-            worst[f"{n}_vs_hvdkit"] = check_close(f"{n} vs hvdkit parameters", params[n].tolist(), params["hvdkit"].tolist(), tol)
+            worst[f"{n}_vs_hvdkit"] = check_close(
+                f"{n} vs hvdkit parameters", params[n].tolist(), params["hvdkit"].tolist(), tol
+            )
         return worst
 
     def time_single(self, step, steps):
@@ -174,8 +177,12 @@ class TrainJob(Job):
                 "scaling_efficiency": single / s.median if v != "single" else 1.0,
             }
         return {
-            "model": {"width": self.width, "depth": self.depth, "batch_per_rank": self.batch,
-                      "parameters": sum(p.numel() for p in variants["single"][1].parameters())},
+            "model": {
+                "width": self.width,
+                "depth": self.depth,
+                "batch_per_rank": self.batch,
+                "parameters": sum(p.numel() for p in variants["single"][1].parameters()),
+            },
             "steps_per_sample": steps,
             "checks": checks,
             "comm_share": self.comm_share(samples["hvdkit"].median),
