@@ -24,7 +24,7 @@ test-unit: setup
 # The GPU tests (skipped without a GPU; CI has none): 2 ranks on this machine's GPUs, NCCL in the
 # engine (the venv's torch must be a CUDA build; docs/gpu.md). scripts/gpu-proof.sh adds the benchmark.
 test-gpu: setup
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/gpu tests/unit/test_devices.py tests/unit/test_engine_plan.py
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/gpu tests/unit/core/test_devices.py tests/unit/engine/test_engine_plan.py
 
 test-dist: setup
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/distributed tests/e2e

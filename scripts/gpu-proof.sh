@@ -54,8 +54,8 @@ ls -la "$("$PY" -c 'import os; print(os.path.expanduser("~/.cache/hvdkit/wheels"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 
 step "tests/gpu and the pure GPU unit tests"
-timeout "${TEST_TIMEOUT:-200}" "$PY" -m pytest -q -ra -p no:cacheprovider tests/gpu tests/unit/test_devices.py \
-  tests/unit/test_engine_plan.py > "$OUT/tests.txt" 2>&1
+timeout "${TEST_TIMEOUT:-200}" "$PY" -m pytest -q -ra -p no:cacheprovider tests/gpu tests/unit/core/test_devices.py \
+  tests/unit/engine/test_engine_plan.py > "$OUT/tests.txt" 2>&1
 step "tests exit $?"
 tail -40 "$OUT/tests.txt"
 
