@@ -1,5 +1,7 @@
 """The one place that starts processes: run a Plan, stream rank-tagged output, report the outcome."""
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import re
@@ -8,7 +10,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Protocol, TextIO
 
 from ..core import env as _env
 from .plan import Plan
@@ -29,6 +34,18 @@ __all__ = ["Execution", "JobResult", "RankProgress", "LineDemux", "RankReports",
 
 # Horovod's stall inspector lists missing ranks as "1: [tensor, ...]"; "1!:" once past the shutdown time.
 _STALLED = re.compile(r"^\[rank \d+\] (\d+)!: \[(.*)\]")
+
+
+class _StopRequest(Protocol):
+    """What ``Execution.run`` reads of an ``elastic.loop.StopRequest`` (named by its shape: the loop
+    imports this module, so this module does not import the loop)."""
+
+    reason: str | None
+    hard: bool
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -53,14 +70,21 @@ class JobResult:
     saved_step: int | None = None  # the newest step rank 0 reported checkpointed
 
 
-def signal_name(num):
+def signal_name(num: int) -> str:
     try:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
 
 
-def _outcome(returncode, statuses, seconds, stalled=(), interrupted_by=None, started=None):
+def _outcome(
+    returncode: int,
+    statuses: Mapping[int, Mapping[str, Any]],
+    seconds: float,
+    stalled: Iterable[int] = (),
+    interrupted_by: int | None = None,
+    started: Mapping[int, Mapping[str, Any]] | None = None,
+) -> JobResult:
     failures = [r for r in statuses.values() if r.get("exit_code") != 0]
     extra = {"seconds": seconds, "stalled_ranks": tuple(stalled), "interrupted_by": interrupted_by}
     if not failures:
@@ -107,7 +131,15 @@ class Execution:
     ``broken`` (output streams the user can no longer read).
     """
 
-    def __init__(self, plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=True):
+    def __init__(
+        self,
+        plan: Plan,
+        job_id: str | None = None,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        grace: float = 30.0,
+        forward_usr1: bool = True,
+    ) -> None:
         self.plan, self.job_id, self.grace, self.forward_usr1 = plan, job_id, grace, forward_usr1
         self.out, self.err = out or sys.stdout, err or sys.stderr
         # HVDKIT_LOG_LEVEL=DEBUG shows the ranks' start-up chatter and the launcher's own failure report
@@ -126,7 +158,7 @@ class Execution:
         r = self.reports
         return RankProgress(r.last_start, r.last_step, r.training, r.resume_point())
 
-    def run(self, stop=None):
+    def run(self, stop: _StopRequest | None = None) -> JobResult:
         """Start the plan, stream every rank's output tagged with its rank, return a JobResult.
 
         ``job_id`` is the HVDKIT_JOB_ID the plan gave its rank wrappers: their reports (pid, how each
@@ -192,17 +224,17 @@ class Execution:
             saved_step=reports.saved_step,
         )
 
-    def _local_ranks(self):
+    def _local_ranks(self) -> list[int]:
         return local_rank_pids(self.reports.started, self.job_id)
 
-    def _stop_now(self):
+    def _stop_now(self) -> None:
         signal_pids(self._local_ranks(), signal.SIGTERM)
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 
-    def _graceful(self):
+    def _graceful(self) -> None:
         self.stopping = True
         signal_pids(self._local_ranks(), signal.SIGTERM)
         if self.forward_usr1:
@@ -215,14 +247,14 @@ class Execution:
         timer.start()
         self._timers.append(timer)
 
-    def _on_signal(self, signum, _frame):
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
         if len(self.signals) > 1 or self.stopping:
             self._stop_now()
             return
         self._graceful()
 
-    def _serve(self, stop):
+    def _serve(self, stop: _StopRequest) -> None:
         """Carry out a StopRequest made from another thread while the job runs."""
         while not self._finished.is_set():
             if stop.wait(0.2):
@@ -233,7 +265,7 @@ class Execution:
                     self._graceful()
                 return
 
-    def _take(self, lines):
+    def _take(self, lines: Iterable[tuple[str, str]]) -> None:
         """Lines from the launcher: rank reports are recorded, the rest filtered and shown."""
         for stream, text in lines:
             record = self.reports.take(text)
@@ -248,7 +280,7 @@ class Execution:
                 self.stalled.append(int(m.group(1)))
             self._show(self.quiet.feed(stream, text))
 
-    def _show(self, lines):
+    def _show(self, lines: Iterable[tuple[str, str]]) -> None:
         for stream, text in lines:
             target = self.out if stream == "stdout" else self.err
             if target in self.broken:
@@ -260,12 +292,20 @@ class Execution:
                 self.broken.add(target)
 
 
-def run(plan: Plan, job_id=None, out=None, err=None, grace=30.0, forward_usr1=True, stop=None):
+def run(
+    plan: Plan,
+    job_id: str | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    grace: float = 30.0,
+    forward_usr1: bool = True,
+    stop: _StopRequest | None = None,
+) -> JobResult:
     """Run ``plan`` to its end (``Execution(...).run(stop)``); its JobResult."""
     return Execution(plan, job_id, out, err, grace, forward_usr1).run(stop)
 
 
-def _end_with(launcher_pid):
+def _end_with(launcher_pid: int) -> Callable[[], None]:
     """For the launched mpirun/horovodrun: get SIGTERM when the launcher dies, however it dies.
 
     Both end the whole job on a SIGTERM, on every host; it reaches them although they run in
@@ -274,7 +314,7 @@ def _end_with(launcher_pid):
     ending the job (SIGPIPE), which would leave its session folder behind.
     """
 
-    def arm():
+    def arm() -> None:
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         die_with_parent(signal.SIGTERM)
         if os.getppid() != launcher_pid:  # the launcher died before the request took effect

@@ -4,10 +4,13 @@
 doctor`` lists them. Every probe is injectable, so the logic is tested on machines without GPUs.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["CUDA_VISIBLE_DEVICES", "PROC_GPUS", "gpu_count", "nvidia_smi", "physical_gpus", "visible_devices"]
 
@@ -18,7 +21,7 @@ _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
 _SMI_TIMEOUT = 20
 
 
-def visible_devices(value):
+def visible_devices(value: str | None) -> tuple[str, ...] | None:
     """The devices ``CUDA_VISIBLE_DEVICES=value`` lets CUDA see, as a tuple of strings; ``None`` when unset.
 
     Like the CUDA runtime: entries are indices (``0,2``) or UUIDs (``GPU-8e2c...``, ``MIG-...``),
@@ -38,7 +41,12 @@ def visible_devices(value):
     return tuple(kept)
 
 
-def nvidia_smi(args, *, which=shutil.which, run=subprocess.run):
+def nvidia_smi(
+    args: Sequence[str],
+    *,
+    which: Callable[[str], str | None] = shutil.which,
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+) -> str | None:
     """The output of ``nvidia-smi ARGS`` when it is on PATH and succeeds, else ``None``."""
     tool = which("nvidia-smi")
     if tool is None:
@@ -50,7 +58,12 @@ def nvidia_smi(args, *, which=shutil.which, run=subprocess.run):
     return done.stdout if done.returncode == 0 else None  # e.g. "NVIDIA-SMI has failed": no usable driver
 
 
-def physical_gpus(*, smi=None, listdir=os.listdir, proc_dir=PROC_GPUS):
+def physical_gpus(
+    *,
+    smi: Callable[[list[str]], str | None] | None = None,
+    listdir: Callable[[str], list[str]] = os.listdir,
+    proc_dir: str = PROC_GPUS,
+) -> int:
     """How many NVIDIA GPUs this machine has: the ``GPU n:`` lines of ``nvidia-smi -L``, else the
     entries of ``/proc/driver/nvidia/gpus``, else 0.
 
@@ -65,7 +78,7 @@ def physical_gpus(*, smi=None, listdir=os.listdir, proc_dir=PROC_GPUS):
         return 0
 
 
-def gpu_count(env=None, *, physical=None):
+def gpu_count(env: Mapping[str, str] | None = None, *, physical: int | Callable[[], int] | None = None) -> int:
     """How many GPUs the ranks started here can use; 0 on a machine without NVIDIA GPUs.
 
     The GPUs of this machine (``physical``: a count, or a function returning it; default

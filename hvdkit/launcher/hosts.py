@@ -5,8 +5,11 @@ reads ``os.environ`` itself, so callers (and tests) decide which environment cou
 An empty tuple means "this machine only", the launcher's local default.
 """
 
+from __future__ import annotations
+
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..core.errors import ConfigError
@@ -53,22 +56,22 @@ class Host:
     name: str
     slots: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise ConfigError(f"host name {self.name!r} is not a host name; {_H_FORMAT}")
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"host {self.name!r} needs slots >= 1 (got {self.slots!r}); {_H_FORMAT}")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.name}:{self.slots}"
 
 
-def _slots(text):
+def _slots(text: str) -> int | None:
     """The slot count in ``text`` or None when it is not a whole number >= 1."""
     return int(text) if _COUNT.fullmatch(text) and int(text) >= 1 else None
 
 
-def _unique(hosts, where):
+def _unique(hosts: Iterable[Host], where: str) -> tuple[Host, ...]:
     seen = set()
     for host in hosts:
         if host.name in seen:
@@ -77,7 +80,7 @@ def _unique(hosts, where):
     return tuple(hosts)
 
 
-def parse_host_list(text):
+def parse_host_list(text: str) -> tuple[Host, ...]:
     """Hosts from horovodrun/-H syntax: ``"a:2,b:2"``; a host without ``:N`` has 1 slot."""
     hosts = []
     for entry in text.split(","):
@@ -90,7 +93,7 @@ def parse_host_list(text):
     return _unique(hosts, f"-H {text!r}")
 
 
-def _hostfile_line(line):
+def _hostfile_line(line: str) -> Host | None:
     """``Host`` for one hostfile line without its comment, or None when it is not valid."""
     first, *options = line.split()
     name, sep, count = first.partition(":")
@@ -108,7 +111,7 @@ def _hostfile_line(line):
     return Host(name, slots or 1)
 
 
-def parse_hostfile(text, source="hostfile"):
+def parse_hostfile(text: str, source: str = "hostfile") -> tuple[Host, ...]:
     """Hosts from a hostfile: Open MPI (``node1 slots=4``) or horovodrun (``node1:4``) lines.
 
     ``#`` starts a comment; blank lines are skipped; a host without a count has 1 slot.
@@ -127,7 +130,7 @@ def parse_hostfile(text, source="hostfile"):
     return _unique(hosts, source)
 
 
-def read_hostfile(path):
+def read_hostfile(path: str) -> tuple[Host, ...]:
     """``parse_hostfile`` of the file at ``path``; a missing or unreadable file is a ConfigError."""
     try:
         with open(path) as f:
@@ -137,7 +140,7 @@ def read_hostfile(path):
     return parse_hostfile(text, source=path)
 
 
-def _split_top(text):
+def _split_top(text: str) -> list[str]:
     """``text`` split at the commas outside brackets: ``"a[1,2],b"`` -> ``["a[1,2]", "b"]``."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
@@ -150,7 +153,7 @@ def _split_top(text):
     return parts
 
 
-def _expand_range_set(body, where):
+def _expand_range_set(body: str, where: str) -> list[str]:
     """``"01-03,07"`` -> ``["01", "02", "03", "07"]``, keeping the zero padding of each start."""
     out = []
     for item in body.split(","):
@@ -167,7 +170,7 @@ def _expand_range_set(body, where):
     return out
 
 
-def _expand_one(pattern, where):
+def _expand_one(pattern: str, where: str) -> list[str]:
     """Every string one node-list entry stands for: ``rack[1-2]-n[1-2]`` gives four."""
     m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]*)\](.*)", pattern, re.S)
     if not m:
@@ -185,7 +188,7 @@ def _expand_one(pattern, where):
     return [f"{head}{n}{tail}" for n in numbers for tail in tails]
 
 
-def expand_nodelist(text):
+def expand_nodelist(text: str) -> tuple[str, ...]:
     """SLURM's compressed node list as names: ``"node[01-03,07],gpu1"`` -> node01 .. node07, gpu1."""
     names = []
     for entry in _split_top(text.strip()):
@@ -200,7 +203,7 @@ def expand_nodelist(text):
     return tuple(names)
 
 
-def expand_tasks_per_node(text):
+def expand_tasks_per_node(text: str) -> tuple[int, ...]:
     """SLURM_TASKS_PER_NODE as one count per node: ``"2(x3),1"`` -> ``(2, 2, 2, 1)``."""
     counts = []
     for entry in text.strip().split(","):
@@ -216,7 +219,7 @@ def expand_tasks_per_node(text):
     return tuple(counts)
 
 
-def slurm_hosts(environ):
+def slurm_hosts(environ: Mapping[str, str]) -> tuple[Host, ...]:
     """The hosts of the SLURM allocation described by ``environ``, or ``()`` outside one.
 
     Env: SLURM_JOB_NODELIST (or SLURM_NODELIST), SLURM_TASKS_PER_NODE (1 slot per node when unset).
@@ -235,7 +238,7 @@ def slurm_hosts(environ):
     return _unique([Host(n, c) for n, c in zip(names, counts, strict=True)], f"{SLURM_NODELIST}={nodelist!r}")
 
 
-def mpirun_uses_srun(environ):
+def mpirun_uses_srun(environ: Mapping[str, str]) -> bool:
     """True inside a SLURM job: Open MPI's mpirun then starts its daemons with srun, not ssh.
 
     Its plm/slurm component takes over there, so the nodes need not accept ssh from each other.
@@ -245,7 +248,11 @@ def mpirun_uses_srun(environ):
     return bool(environ.get(SLURM_JOBID))
 
 
-def mpi_operator_hostfile(environ, default_path=MPI_OPERATOR_HOSTFILE, exists=os.path.isfile):
+def mpi_operator_hostfile(
+    environ: Mapping[str, str],
+    default_path: str = MPI_OPERATOR_HOSTFILE,
+    exists: Callable[[str], bool] = os.path.isfile,
+) -> str | None:
     """The Kubeflow MPI Operator's hostfile path in this pod, or None outside one.
 
     Env: OMPI_MCA_orte_default_hostfile (the path; it must exist when set), else ``default_path``
@@ -261,7 +268,12 @@ def mpi_operator_hostfile(environ, default_path=MPI_OPERATOR_HOSTFILE, exists=os
     return default_path if exists(default_path) else None
 
 
-def resolve(host_list=None, hostfile=None, environ=None, operator_hostfile=MPI_OPERATOR_HOSTFILE):
+def resolve(
+    host_list: str | None = None,
+    hostfile: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    operator_hostfile: str = MPI_OPERATOR_HOSTFILE,
+) -> tuple[tuple[Host, ...], str]:
     """``(hosts, origin)`` by precedence: -H > --hostfile > MPI Operator hostfile > SLURM > local.
 
     ``origin`` says where the hosts came from, for messages; local is ``((), "localhost")``.
@@ -281,21 +293,21 @@ def resolve(host_list=None, hostfile=None, environ=None, operator_hostfile=MPI_O
     return (), "localhost"
 
 
-def format_hosts(hosts):
+def format_hosts(hosts: Iterable[Host]) -> str:
     """``"a:2,b:2"``: the form mpirun -H and horovodrun -H both take."""
     return ",".join(str(h) for h in hosts)
 
 
-def total_slots(hosts):
+def total_slots(hosts: Iterable[Host]) -> int:
     return sum(h.slots for h in hosts)
 
 
-def is_local(hosts):
+def is_local(hosts: Iterable[Host]) -> bool:
     """True when every host is this machine by name (``localhost``, ``127.0.0.1``)."""
     return all(h.name in LOCAL_NAMES for h in hosts)
 
 
-def check_slots(hosts, num_proc, origin="the hosts given"):
+def check_slots(hosts: Sequence[Host], num_proc: int, origin: str = "the hosts given") -> None:
     """Raise ConfigError when ``num_proc`` ranks do not fit the hosts' slots (no check for local)."""
     total = total_slots(hosts)
     if hosts and num_proc > total:

@@ -11,20 +11,25 @@ restart loop, one summary, one exit rule. Usable from code as from the command l
     code = run_job(JobSpec(command=["python", "train.py"], num_proc=2), RunOptions(max_restarts=1))
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import secrets
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TextIO
 
 from ..core import env
 from . import execute, plan, remote, slurm_nodes
 from .elastic.discovery import FixedDiscovery, ScriptDiscovery
 from .elastic.loop import ElasticGaveUp, ElasticMembership, FixedMembership, HostView, run_attempts
 from .elastic.rules import ElasticSettings, choose_world
-from .hosts import format_hosts, mpirun_uses_srun, total_slots
+from .execute import JobResult
+from .hosts import Host, format_hosts, mpirun_uses_srun, total_slots
 from .spec import JobSpec
 
 __all__ = ["RunOptions", "run_job", "exit_code", "host_check"]
@@ -51,7 +56,13 @@ class RunOptions:
     dry_run: bool = False
 
 
-def run_job(spec: JobSpec, options: RunOptions = RunOptions(), *, err=None, environ=None) -> int:
+def run_job(
+    spec: JobSpec,
+    options: RunOptions = RunOptions(),
+    *,
+    err: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
     """Run ``spec`` to its end as ``options`` say; the exit code (``exit_code`` of the last attempt).
 
     Every attempt is ``spec`` with HVDKIT_RESTART (the attempt, 0 first) and HVDKIT_WORLD_SIZE set
@@ -65,7 +76,7 @@ def run_job(spec: JobSpec, options: RunOptions = RunOptions(), *, err=None, envi
     if options.dry_run:
         return attempts.dry_run()
 
-    def say(text):
+    def say(text: str) -> None:
         err.write(f"hvdkit run: {text}\n")
         err.flush()
 
@@ -96,7 +107,7 @@ def run_job(spec: JobSpec, options: RunOptions = RunOptions(), *, err=None, envi
     return exit_code(final)
 
 
-def exit_code(result) -> int:
+def exit_code(result: JobResult) -> int:
     """The exit code of a job whose last attempt ended with ``result``: that attempt's, except that a
     job stopped by a signal to the launcher, every rank having exited cleanly, ends as the signal's
     default action would (128 + signal), as shells and schedulers expect."""
@@ -105,7 +116,9 @@ def exit_code(result) -> int:
     return result.exit_code
 
 
-def host_check(controller, environ=None):
+def host_check(
+    controller: str, environ: Mapping[str, str] | None = None
+) -> Callable[[Iterable[Host], float], dict[str, str]]:
     """How an elastic job tells which hosts are up: inside a SLURM allocation, where mpirun reaches
     the nodes through srun, SLURM's own node states (no ssh between nodes needed, as for fixed-size
     jobs); elsewhere, and for Gloo (horovodrun starts remote ranks over ssh), an ssh check.
@@ -119,12 +132,12 @@ def host_check(controller, environ=None):
 class _Attempts:
     """Builds each attempt of one job: its JobSpec, Plan and Execution."""
 
-    def __init__(self, spec, options, err):
+    def __init__(self, spec: JobSpec, options: RunOptions, err: TextIO) -> None:
         self.spec, self.options, self.err = spec, options, err
         self.is_root, self.cores = os.geteuid() == 0, len(os.sched_getaffinity(0))
         self.lineage = secrets.token_hex(8)  # the same for every attempt: the checkpoint lock knows its own job
 
-    def spec_of(self, world=None, attempt=None, changes=0):
+    def spec_of(self, world: tuple[Host, ...] | None = None, attempt: int | None = None, changes: int = 0) -> JobSpec:
         """``spec`` as attempt ``attempt`` runs it on ``world`` after ``changes`` membership changes
         (no attempt: as a dry run of a fixed-size job shows it)."""
         base = dict(self.spec.env)
@@ -144,7 +157,7 @@ class _Attempts:
         }
         return dataclasses.replace(self.spec, num_proc=size, hosts=world, env={**base, **extra})
 
-    def launch(self, world, attempt, changes):
+    def launch(self, world: tuple[Host, ...], attempt: int, changes: int) -> execute.Execution:
         """Attempt ``attempt`` (0 first), ready to run: an ``execute.Execution``."""
         job_id = secrets.token_hex(8)  # tags the reports of this attempt's rank wrappers
         if self.options.elastic is not None:
@@ -163,14 +176,14 @@ class _Attempts:
             built, job_id=job_id, grace=self.options.grace, forward_usr1=self.spec.controller == "mpi"
         )
 
-    def source(self):
+    def source(self) -> ScriptDiscovery | FixedDiscovery:
         """Where an elastic job's hosts come from: its discovery script, else the fixed ``spec.hosts``."""
         script = self.options.discovery_script
         if script:
             return ScriptDiscovery(script, default_slots=self.options.default_slots)
         return FixedDiscovery(self.spec.hosts, self.options.elastic.discovery)
 
-    def dry_run(self):
+    def dry_run(self) -> int:
         """Print what the first attempt would run (and, elastic, the settings and hosts now); 0."""
         settings = self.options.elastic
         if settings is None:

@@ -1,12 +1,15 @@
 """Turn a JobSpec into the exact argv and environment to start it. Pure: starts nothing."""
 
+from __future__ import annotations
+
 import os
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..core import env as _env
-from .hosts import format_hosts, is_local, total_slots
+from .hosts import Host, format_hosts, is_local, total_slots
 from .spec import JobSpec
 from .timeline_flags import MARK_CYCLES, TIMELINE
 
@@ -55,19 +58,19 @@ class Plan:
     argv: tuple
     env: dict
 
-    def full_env(self, base=None):
+    def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         merged = dict(os.environ if base is None else base)
         merged.update(self.env)
         return merged
 
 
-def find_tool(name, python):
+def find_tool(name: str, python: str) -> str:
     """``name`` next to ``python`` (the virtualenv's copy) if there, else from PATH, else bare."""
     beside = os.path.join(os.path.dirname(python), name)
     return beside if os.access(beside, os.X_OK) else (shutil.which(name) or name)
 
 
-def oversubscribed(num_proc, cores):
+def oversubscribed(num_proc: int, cores: int) -> str:
     """What running ``num_proc`` ranks on this host's ``cores`` means, in one line."""
     return (
         f"{num_proc} ranks on {cores} CPU cores here: they share cores (mpirun --oversubscribe), one thread "
@@ -75,7 +78,7 @@ def oversubscribed(num_proc, cores):
     )
 
 
-def default_num_proc(hosts, cores, gpus):
+def default_num_proc(hosts: Sequence[Host], cores: int, gpus: int) -> tuple[int, str]:
     """``(ranks, why)`` for a job started without ``-np``: every slot of ``hosts`` when given, else one
     rank per GPU of this machine when it has ``gpus``, else one per CPU core; ``why`` says which, in words."""
     if hosts:
@@ -86,7 +89,16 @@ def default_num_proc(hosts, cores, gpus):
     return cores, f"{cores} rank(s) on this machine (one per CPU core; no NVIDIA GPU visible)"
 
 
-def build(spec: JobSpec, *, is_root, cores, python=None, job_id=None, progress=None, base_env=None):
+def build(
+    spec: JobSpec,
+    *,
+    is_root: bool,
+    cores: int,
+    python: str | None = None,
+    job_id: str | None = None,
+    progress: bool | None = None,
+    base_env: Mapping[str, str] | None = None,
+) -> Plan:
     """The Plan that runs ``spec``.
 
     With ``job_id``, each rank runs ``python -m hvdkit.launcher.rankwrap -- COMMAND`` with

@@ -13,6 +13,8 @@ Two kinds of text bury hvdkit's own lines without telling the user anything new:
 With ``HVDKIT_LOG_LEVEL=DEBUG`` in the launcher's environment nothing is left out.
 """
 
+from __future__ import annotations
+
 import re
 
 __all__ = ["OutputFilter", "is_startup_chatter"]
@@ -42,7 +44,7 @@ _HOROVODRUN_LINE = re.compile(
 )
 
 
-def is_startup_chatter(text):
+def is_startup_chatter(text: str) -> bool:
     """True for a line (a rank's, with its ``[rank N]`` prefix, or the launcher's) that is start-up chatter."""
     body = _RANK_PREFIX.sub("", text, count=1).rstrip("\n")
     return body == _ABSL_NOTICE or bool(_CXX_INFO.match(body)) or bool(_CPU_FEATURES.match(body))
@@ -55,7 +57,7 @@ class OutputFilter:
     ``verbose`` (HVDKIT_LOG_LEVEL=DEBUG) passes everything through unchanged.
     """
 
-    def __init__(self, verbose=False):
+    def __init__(self, verbose: bool = False) -> None:
         self.verbose = verbose
         self.dropped = 0
         self._held = []  # launcher failure text, shown only when hvdkit has no report of its own
@@ -63,7 +65,7 @@ class OutputFilter:
         self._traceback = None  # the lines of a launcher traceback being read, or None
         self._after_horovodrun_error = False  # its "Process name:"/"Exit code:" lines follow
 
-    def feed(self, stream, text):
+    def feed(self, stream: str, text: str) -> list[tuple[str, str]]:
         """The lines to show now for one input line (often just that line, or nothing)."""
         if self.verbose:
             return [(stream, text)]
@@ -117,7 +119,7 @@ class OutputFilter:
         self._banner = self._traceback = None
         return lines
 
-    def end(self, rank_failed):
+    def end(self, rank_failed: bool) -> list[tuple[str, str]]:
         """The lines still to show once the job is over: the launcher's own report, unless
         ``rank_failed`` (hvdkit names the failed rank itself); a banner cut short is shown."""
         lines = self._release()

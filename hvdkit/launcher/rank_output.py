@@ -5,9 +5,12 @@ Pure (no processes): ``retag`` and ``LineDemux`` turn mpirun's/horovodrun's rank
 ``hvdkit.launcher.execute`` feeds them the launcher's output.
 """
 
+from __future__ import annotations
+
 import json
 import re
 import time
+from typing import Any
 
 from .rankwrap import MARK
 
@@ -20,7 +23,7 @@ _ANY_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 _REPORT = re.compile(rf"^\[rank (\d+)\] {MARK} (\S+) (\{{.*\}})\s*$")
 
 
-def retag(line):
+def retag(line: str) -> tuple[str, str]:
     """``(stream, text)`` with the launcher's rank tag turned into ``[rank N] ``.
 
     Lines that hvdkit's logger already prefixed with ``[rank N/size]`` keep just that prefix;
@@ -49,10 +52,10 @@ class LineDemux:
     line and returns the complete ``(stream, "[rank N] text\\n")`` lines it finishes.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._partial = {}  # (rank, stream) -> text so far
 
-    def feed(self, physical):
+    def feed(self, physical: str) -> list[tuple[str, str]]:
         marks = list(_ANY_TAG.finditer(physical))
         if not marks:
             return [("stderr", physical if physical.endswith("\n") else physical + "\n")]
@@ -67,7 +70,7 @@ class LineDemux:
                 done.append(self._emit(key))
         return done
 
-    def flush(self):
+    def flush(self) -> list[tuple[str, str]]:
         return [self._emit(key) for key in list(self._partial) if self._partial[key]]
 
     def _emit(self, key):
@@ -83,7 +86,7 @@ class RankReports:
     arrival, so ranks on hosts with different clocks are ordered as the launcher saw them end.
     """
 
-    def __init__(self, job_id):
+    def __init__(self, job_id: str | None) -> None:
         self.job_id = job_id
         self.started = {}  # rank -> {"pid", "host", ...}
         self.ended = {}  # rank -> {"exit_code", "signal", "host", "seconds", "ended", ...}
@@ -95,14 +98,14 @@ class RankReports:
         self.last_start = None  # time.monotonic() of the newest start report
         self.first_failure = None  # time.monotonic() of the first report of a rank that failed
 
-    def resume_point(self):
+    def resume_point(self) -> int | None:
         """The step the ranks resumed at: the one reported with ``"resumed": true``, else the first
         step reported less one (a loop that reports after every step), else None."""
         if self.resumed_step is not None:
             return self.resumed_step
         return None if self.first_step is None else self.first_step - 1
 
-    def take(self, text):
+    def take(self, text: str) -> dict[str, Any] | None:
         """The record if ``text`` is one of this job's reports (then not shown to the user), else None."""
         m = _REPORT.match(text)
         if not (m and self.job_id and m.group(2) == self.job_id):

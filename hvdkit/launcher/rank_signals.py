@@ -1,11 +1,15 @@
 """Which processes of a job get which signal: rank wrappers on this host (by the pids they reported,
 checked against /proc), ranks on other hosts (over ssh, by host and pid), and what a job left behind."""
 
+from __future__ import annotations
+
 import os
 import shlex
 import signal
 import socket
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..core import env as _env
 
@@ -21,7 +25,7 @@ __all__ = [
 ]
 
 
-def local_rank_pids(started, job_id, host=None):
+def local_rank_pids(started: Mapping[int, Mapping[str, Any]], job_id: str | None, host: str | None = None) -> list[int]:
     """Pids of this job's rank wrappers on this host that are still running, from their start reports.
 
     A pid counts only if its report names this host and the process with that pid here is a rank
@@ -49,7 +53,7 @@ def _is_wrapper_of(pid, job_id):
         return False
 
 
-def remote_rank_pids(started, host=None):
+def remote_rank_pids(started: Mapping[int, Mapping[str, Any]], host: str | None = None) -> list[tuple[str, int]]:
     """``[(host, pid)]`` of this job's rank wrappers on other hosts, by rank, from their start reports."""
     host = host or socket.gethostname()
     return [
@@ -59,7 +63,9 @@ def remote_rank_pids(started, host=None):
     ]
 
 
-def remote_ranks_to_stop(remote, local, guarded):
+def remote_ranks_to_stop(
+    remote: Sequence[tuple[str, int]], local: Sequence[int], guarded: bool
+) -> list[tuple[str, int]]:
     """Which remote ranks (``[(host, pid)]``, by rank) a graceful stop signals over ssh.
 
     Ranks that train under a PreemptionGuard (``guarded``) stop together once any one of them got the
@@ -72,7 +78,7 @@ def remote_ranks_to_stop(remote, local, guarded):
     return [] if local else list(remote[:1])
 
 
-def remote_term_command(pid, job_id):
+def remote_term_command(pid: int, job_id: str) -> str:
     """The shell command that sends SIGTERM to ``pid`` on its host if, and only if, it is a rank
     wrapper of ``job_id`` (its environment holds HVDKIT_JOB_ID=``job_id``): never a reused pid."""
     return (
@@ -81,7 +87,11 @@ def remote_term_command(pid, job_id):
     )
 
 
-def signal_remote(ranks, job_id, ssh=None):
+def signal_remote(
+    ranks: Sequence[tuple[str, int]],
+    job_id: str | None,
+    ssh: Callable[[str, list[str], float], tuple[int, str]] | None = None,
+) -> threading.Thread | None:
     """SIGTERM to each rank wrapper of ``ranks`` (``[(host, pid)]``) over ssh, all hosts at once, in the
     background: horovodrun passes no signal on, so under Gloo this is how ranks on other hosts hear of
     a stop (mpirun passes SIGUSR1 on instead). The wrapper passes it to its command."""
@@ -104,7 +114,7 @@ def signal_remote(ranks, job_id, ssh=None):
     return thread
 
 
-def signal_pids(pids, sig):
+def signal_pids(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -112,7 +122,7 @@ def signal_pids(pids, sig):
             pass
 
 
-def process_tree(pid):
+def process_tree(pid: int) -> list[int]:
     """``pid`` and every process below it (ssh clients run in sessions of their own), from /proc."""
     children = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
@@ -129,7 +139,7 @@ def process_tree(pid):
     return found
 
 
-def reap(pgid, rank_pids):
+def reap(pgid: int, rank_pids: Iterable[int]) -> None:
     """Kill whatever the job left behind on this host: the launcher's group and any rank wrapper
     still running (their commands die with them)."""
     try:

@@ -17,6 +17,8 @@ up: whoever read it, mpirun or ssh, is gone).
 Env: HVDKIT_JOB_ID (reports are made only when it is set), the launcher's rank variables.
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
@@ -28,6 +30,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..core import env as _env
 from ..core.topology import from_env
@@ -50,18 +54,18 @@ def _find_prctl():
 _prctl = _find_prctl()  # looked up now: a child between fork and exec must not load libraries
 
 
-def die_with_parent(sig=signal.SIGKILL):
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send ``sig`` to this process when the thread that started it ends."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(sig))
 
 
-def report_line(job, record):
+def report_line(job: str, record: Mapping[str, Any]) -> str:
     """The line a wrapper writes to tell the launcher of job ``job`` about ``record``."""
     return f"{MARK} {job} {json.dumps(record, sort_keys=True)}\n"
 
 
-def _report(job, record):
+def _report(job: str, record: Mapping[str, Any]) -> None:
     try:  # one write: whole, never interleaved with another process's output on the same pipe
         os.write(2, report_line(job, record).encode())
     except OSError:  # nobody reads it any more: the launcher is gone
@@ -91,7 +95,7 @@ def _kill_when_unread(child, fds):
     child.kill()
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]

@@ -1,20 +1,24 @@
 """Reaching other hosts over ssh before a job starts: is each host there, and is it the same?"""
 
+from __future__ import annotations
+
 import ipaddress
 import json
 import socket
 import subprocess
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..core.errors import LaunchError
-from .hosts import LOCAL_NAMES
+from .hosts import LOCAL_NAMES, Host
 
 __all__ = ["is_this_machine", "remote_hosts", "unreachable", "check_reachable", "ssh", "remote_json"]
 
 _SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=5")
 
 
-def is_this_machine(name):
+def is_this_machine(name: str) -> bool:
     """True when ``name`` is this machine: a local name, or an address some interface here holds."""
     if name in LOCAL_NAMES or name == socket.gethostname():
         return True
@@ -29,12 +33,12 @@ def is_this_machine(name):
         return False
 
 
-def remote_hosts(hosts):
+def remote_hosts(hosts: Iterable[Host]) -> list[Host]:
     """The hosts that are not this machine (ranks there are started over ssh)."""
     return [h for h in hosts if not is_this_machine(h.name)]
 
 
-def ssh(host, argv, timeout=30):
+def ssh(host: str, argv: Sequence[str], timeout: float = 30) -> tuple[int, str]:
     """Run ``argv`` on ``host`` over ssh (key-based, no prompts); returns (exit code, output)."""
     try:
         p = subprocess.run(
@@ -51,7 +55,7 @@ def ssh(host, argv, timeout=30):
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
-def unreachable(hosts, timeout=15):
+def unreachable(hosts: Iterable[Host], timeout: float = 15) -> dict[str, str]:
     """``{name: why}`` for every host that ssh cannot reach (checked in parallel); ``{}`` when all answer."""
     remote = remote_hosts(hosts)
     if not remote:
@@ -61,7 +65,7 @@ def unreachable(hosts, timeout=15):
     return {name: (out.splitlines() or [f"exit code {code}"])[-1] for name, code, out in results if code != 0}
 
 
-def check_reachable(hosts, timeout=15):
+def check_reachable(hosts: Iterable[Host], timeout: float = 15) -> None:
     """Raise LaunchError naming every host that ssh cannot reach (checked in parallel)."""
     failed = unreachable(hosts, timeout)
     if failed:
@@ -73,7 +77,7 @@ def check_reachable(hosts, timeout=15):
         )
 
 
-def remote_json(host, argv, timeout=60):
+def remote_json(host: str, argv: Sequence[str], timeout: float = 60) -> tuple[dict[str, Any] | None, str | None]:
     """``(dict, None)`` from a command on ``host`` that prints one JSON object, or ``(None, error)``."""
     code, out = ssh(host, argv, timeout)
     if code != 0:

@@ -6,7 +6,12 @@ which of its nodes are up: ``sinfo --nodes=LIST`` and each node's state. Down, d
 powered-off or not responding (a ``*`` after the state) nodes are left out, with SLURM's word for it.
 """
 
+from __future__ import annotations
+
 import subprocess
+from collections.abc import Callable, Iterable
+
+from .hosts import Host
 
 __all__ = ["parse_sinfo", "unavailable"]
 
@@ -14,7 +19,7 @@ SINFO_FORMAT = "%n %T"  # node name, extended state (e.g. "idle", "allocated", "
 _DOWN = {"down", "drained", "fail", "failing", "unknown", "future", "power_down", "powered_down", "powering_down"}
 
 
-def parse_sinfo(text):
+def parse_sinfo(text: str) -> dict[str, str]:
     """``{node: state}`` from ``sinfo --noheader --format='%n %T'`` output (malformed lines skipped)."""
     states = {}
     for line in text.splitlines():
@@ -24,7 +29,7 @@ def parse_sinfo(text):
     return states
 
 
-def why_down(state):
+def why_down(state: str) -> str | None:
     """SLURM's reason a node in ``state`` cannot run ranks now, or None when it can."""
     base = state.rstrip("*~#!%$@^+-")
     if state.endswith("*"):
@@ -34,7 +39,9 @@ def why_down(state):
     return None
 
 
-def unavailable(hosts, timeout=15, run=subprocess.run):
+def unavailable(
+    hosts: Iterable[Host], timeout: float = 15, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+) -> dict[str, str]:
     """``{name: why}`` for the hosts SLURM says cannot run ranks (down, drained, not responding, not
     listed). ``{}`` when sinfo cannot answer: the attempt's own failure is then what counts."""
     names = [h.name for h in hosts]

@@ -1,8 +1,11 @@
 """What a user asks to run: a typed, validated job description."""
 
+from __future__ import annotations
+
 import os
 import re
 import shutil
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError
@@ -33,7 +36,7 @@ class JobSpec:
     timeline: str | None = None  # Horovod timeline file rank 0 writes (HOROVOD_TIMELINE); made absolute
     timeline_mark_cycles: bool = False  # also mark each Horovod cycle in it (HOROVOD_TIMELINE_MARK_CYCLES)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "hosts", tuple(self.hosts))
         if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
@@ -56,7 +59,7 @@ class JobSpec:
         check_slots(self.hosts, self.num_proc)
 
 
-def _check_no_nul(spec):
+def _check_no_nul(spec: JobSpec) -> None:
     """Raise ConfigError for a command word or variable that is not text or holds NUL (no process can get it)."""
     words = [("command word", w) for w in spec.command] + [("mpi argument", w) for w in spec.mpi_args]
     words += [(f"-x {name}", value) for name, value in spec.env.items()] + [("-x name", n) for n in spec.env]
@@ -65,7 +68,7 @@ def _check_no_nul(spec):
             raise ConfigError(f"{what} {word!r} must be text without NUL characters; no process can receive it")
 
 
-def check_command(command, cwd=None):
+def check_command(command: Sequence[str], cwd: str | None = None) -> None:
     """Raise ConfigError when ``command`` cannot start: unknown program or missing script.
 
     Catches the common mistakes before any process is started on any rank.
@@ -86,7 +89,7 @@ def check_command(command, cwd=None):
             )
 
 
-def _python_script(args):
+def _python_script(args: Iterable[str]) -> str | None:
     """The script a python command line would run, or None (-m, -c, or only options)."""
     it = iter(args)
     for arg in it:
@@ -101,7 +104,7 @@ def _python_script(args):
     return None
 
 
-def parse_env_vars(items, environ):
+def parse_env_vars(items: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
     """``{NAME: VALUE}`` from ``-x`` arguments: ``NAME=VALUE``, or ``NAME`` for its value in ``environ``.
 
     Like mpirun's ``-x``: a bare NAME passes the launcher's own value, which must be set.

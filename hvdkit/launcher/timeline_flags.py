@@ -3,6 +3,8 @@
 What the job spec and the plan need, without the timeline reader (``timeline``) or plotting.
 """
 
+from __future__ import annotations
+
 import os
 
 from ..core import env as _env
@@ -14,7 +16,7 @@ TIMELINE = _env.HOROVOD_TIMELINE  # the file rank 0 writes
 MARK_CYCLES = _env.HOROVOD_TIMELINE_MARK_CYCLES  # "1": a CYCLE_START record per Horovod cycle
 
 
-def timeline_path(path):
+def timeline_path(path: str) -> str:
     """``path`` made absolute, once its folder exists or could be created; ConfigError otherwise."""
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"--timeline needs a file name, e.g. --timeline out/timeline.json (got {path!r})")
@@ -37,7 +39,7 @@ def timeline_path(path):
     return full
 
 
-def ensure_folder(path):
+def ensure_folder(path: str) -> None:
     """Create the folder of ``path``: Horovod skips the timeline with only a log line when it is missing."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -8,9 +8,12 @@ hosts are fixed (-H, a hostfile, SLURM, the MPI Operator's hostfile) and only th
 which of them are there. Parsing is pure; ``ScriptDiscovery`` runs the script.
 """
 
+from __future__ import annotations
+
 import os
 import signal
 import subprocess
+from collections.abc import Iterable
 
 from ...core.errors import ConfigError, LaunchError
 from ..hosts import _NAME, Host, _slots
@@ -24,7 +27,9 @@ class DiscoveryError(LaunchError):
     """The discovery script could not be run, failed, or printed something that is not a host list."""
 
 
-def parse_discovery_output(text, source="the host discovery script", default_slots=1):
+def parse_discovery_output(
+    text: str, source: str = "the host discovery script", default_slots: int = 1
+) -> tuple[Host, ...]:
     """The hosts in a discovery script's output, in order; ``()`` when it lists none. A host listed
     without ``:slots`` has ``default_slots``.
 
@@ -53,12 +58,12 @@ def parse_discovery_output(text, source="the host discovery script", default_slo
 class ScriptDiscovery:
     """Hosts from running ``path`` (an executable) each time ``hosts()`` is called."""
 
-    def __init__(self, path, timeout=30.0, default_slots=1):
+    def __init__(self, path: str, timeout: float = 30.0, default_slots: int = 1) -> None:
         self.path = os.path.abspath(path)
         self.timeout = timeout
         self.default_slots = default_slots  # of a host listed without ":slots"
 
-    def check(self):
+    def check(self) -> None:
         """Raise ConfigError when the script is missing or not executable (before anything starts)."""
         if not os.path.isfile(self.path):
             raise ConfigError(
@@ -67,7 +72,7 @@ class ScriptDiscovery:
         if not os.access(self.path, os.X_OK):
             raise ConfigError(f"--host-discovery-script {self.path!r} is not executable; chmod +x it")
 
-    def hosts(self):
+    def hosts(self) -> tuple[Host, ...]:
         """The hosts the script lists now; DiscoveryError when it fails, hangs or prints garbage.
 
         The script runs in a process group of its own, ended whole when it hangs: what it started
@@ -95,11 +100,11 @@ class ScriptDiscovery:
             raise DiscoveryError(f"host discovery script {self.path} exited with code {p.returncode}: {tail}")
         return parse_discovery_output(out, f"host discovery script {self.path}", self.default_slots)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"--host-discovery-script {self.path}"
 
 
-def _end_group(proc):
+def _end_group(proc: subprocess.Popen[str]) -> None:
     """SIGKILL the process group ``proc`` leads (its own: ``start_new_session``) and reap ``proc``."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -111,15 +116,15 @@ def _end_group(proc):
 class FixedDiscovery:
     """The same hosts every time (from -H, a hostfile, SLURM or the MPI Operator's hostfile)."""
 
-    def __init__(self, hosts, origin):
+    def __init__(self, hosts: Iterable[Host], origin: str) -> None:
         self._hosts = tuple(hosts)
         self.origin = origin
 
-    def check(self):
+    def check(self) -> None:
         pass
 
-    def hosts(self):
+    def hosts(self) -> tuple[Host, ...]:
         return self._hosts
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.origin

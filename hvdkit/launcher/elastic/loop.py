@@ -9,22 +9,26 @@ ssh cannot reach, and relaunches on what is left if it holds ``--min-np`` slots;
 waits up to ``--elastic-timeout`` seconds, then gives up naming what is missing.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 
 from ...core.errors import LaunchError
 from .. import remote
-from ..execute import RankProgress
-from ..hosts import format_hosts, total_slots
-from .discovery import DiscoveryError
+from ..execute import Execution, JobResult, RankProgress
+from ..hosts import Host, format_hosts, total_slots
+from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
 from .rules import (
     FAILED,
     FINISHED,
     GROW,
     INTERRUPTED,
     Attempt,
+    ElasticSettings,
     History,
     below_min_message,
     can_grow,
@@ -51,33 +55,39 @@ RECHECK, FRESH = 2.0, 5.0  # seconds: re-check joining hosts while ranks start; 
 LIVENESS_EVERY = 10.0  # seconds between ssh checks of the running attempt's remote hosts
 GROW_SETTLE = 60.0  # seconds after the ranks started before a job without a PreemptionGuard is asked to grow
 
+Clock = Callable[[], float]  # time.monotonic
+Sleep = Callable[[float], object]  # time.sleep
+Log = Callable[[str], object]  # one line for the user
+Check = Callable[[list[Host], float], Mapping[str, str]]  # (hosts, ssh timeout) -> {name: why unreachable}
+Launch = Callable[[tuple[Host, ...], int, int], Execution]  # (hosts, attempt, changes) -> the attempt, ready to run
+
 
 class StopRequest:
     """Asks a running job, from another thread, to stop as a SIGTERM to the launcher would: every
     rank gets the chance to checkpoint the same step (PreemptionGuard) and exit cleanly."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = None
         self.hard = False
 
-    def request(self, reason, hard=False):
+    def request(self, reason: str, hard: bool = False) -> None:
         """Ask once; ``hard``: a host is gone, so no rank can finish a step: end the job now."""
         if not self._event.is_set():
             self.reason, self.hard = reason, hard
             self._event.set()
 
-    def is_set(self):
+    def is_set(self) -> bool:
         return self._event.is_set()
 
-    def wait(self, timeout):
+    def wait(self, timeout: float | None) -> bool:
         return self._event.wait(timeout)
 
 
 class ElasticGaveUp(LaunchError):
     """Fewer than --min-np slots for longer than --elastic-timeout; ``history`` holds the attempts so far."""
 
-    def __init__(self, message, history):
+    def __init__(self, message: str, history: History) -> None:
         super().__init__(message)
         self.history = history
 
@@ -86,17 +96,19 @@ class HostView:
     """The hosts there now: what ``source`` lists (a discovery script or fixed hosts), less those
     ssh cannot reach. ``check(hosts, timeout)`` returns ``{name: why}`` of the unreachable."""
 
-    def __init__(self, source, check=remote.unreachable, ssh_timeout=15.0):
+    def __init__(
+        self, source: ScriptDiscovery | FixedDiscovery, check: Check = remote.unreachable, ssh_timeout: float = 15.0
+    ) -> None:
         self.source, self.check, self.ssh_timeout = source, check, ssh_timeout
 
-    def listed(self):
+    def listed(self) -> tuple[tuple[Host, ...] | None, str | None]:
         """What the source lists now, or None (and the reason) when it fails."""
         try:
             return self.source.hosts(), None
         except DiscoveryError as e:
             return None, str(e)
 
-    def now(self):
+    def now(self) -> tuple[tuple[Host, ...], Mapping[str, str]]:
         """``(available, {name: why unavailable})``: what is listed, less what ssh cannot reach."""
         listed, error = self.listed()
         if listed is None:
@@ -105,7 +117,15 @@ class HostView:
         return tuple(h for h in listed if h.name not in bad), bad
 
 
-def wait_for_world(view, settings, previous=(), first=False, clock=time.monotonic, sleep=time.sleep, log=print):
+def wait_for_world(
+    view: HostView,
+    settings: ElasticSettings,
+    previous: Sequence[Host] = (),
+    first: bool = False,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+    log: Log = print,
+) -> tuple[tuple[Host, ...], Mapping[str, str]]:
     """The hosts of the next attempt; waits (polling every ``interval``) while fewer than
     ``min_np`` slots are there, and raises LaunchError naming what is missing after ``timeout``."""
     t0 = clock()
@@ -128,7 +148,7 @@ def wait_for_world(view, settings, previous=(), first=False, clock=time.monotoni
         sleep(min(settings.interval, max(0.0, settings.timeout - waited)))
 
 
-def behind_message(resumed, saved):
+def behind_message(resumed: int, saved: int) -> str:
     """Why an attempt that resumed at step ``resumed`` after step ``saved`` was checkpointed must stop."""
     return (
         f"the ranks resumed at step {resumed}, but an earlier attempt checkpointed step {saved}: rank 0 does not "
@@ -138,13 +158,22 @@ def behind_message(resumed, saved):
     )
 
 
-def _behind(resumed, saved):
+def _behind(resumed: int | None, saved: int | None) -> bool:
     return resumed is not None and saved is not None and resumed < saved
 
 
 def watch(
-    view, running, settings, stop, ended, record, clock=time.monotonic, log=print, saved=None, progress=RankProgress
-):
+    view: HostView,
+    running: Sequence[Host],
+    settings: ElasticSettings,
+    stop: StopRequest,
+    ended: threading.Event,
+    record: Attempt,
+    clock: Clock = time.monotonic,
+    log: Log = print,
+    saved: int | None = None,
+    progress: Callable[[], RankProgress] = RankProgress,
+) -> None:
     """Poll discovery until ``ended`` is set; ask ``stop`` to end the attempt when a host of
     ``running`` is no longer listed, or when slots were added, the job may grow and its ranks are
     training (see ``_training``); end it at once when its ranks resumed below ``saved``, the newest
@@ -207,7 +236,7 @@ def watch(
             return
 
 
-def _say_discovery(error, said, log, running=False):
+def _say_discovery(error: str | None, said: str | None, log: Log, running: bool = False) -> str | None:
     """Log a discovery error when it starts or changes, and that discovery works again; the error now."""
     if error and error != said:
         log(f"host discovery failed: {error}" + ("; the ranks keep running on their hosts" if running else ""))
@@ -224,12 +253,19 @@ class _Liveness:
     them (``progress()``, rank 0's newest step) means every rank took part in collectives, so the
     host lives and ssh alone failed (a DNS hiccup, sshd throttling); that is logged, not acted on."""
 
-    def __init__(self, view, running, clock, progress=lambda: None, log=print):
+    def __init__(
+        self,
+        view: HostView,
+        running: Sequence[Host],
+        clock: Clock,
+        progress: Callable[[], int | None] = lambda: None,
+        log: Log = print,
+    ) -> None:
         self.view, self.running, self.clock, self.progress, self.log = view, running, clock, progress, log
         self.last, self.failed, self.step = clock(), {}, None
         self.excused = set()  # hosts said to fail ssh while the ranks train (said once, until they pass a check)
 
-    def check(self):
+    def check(self) -> dict[str, str]:
         if self.clock() - self.last < LIVENESS_EVERY:
             return {}
         self.last = self.clock()
@@ -250,7 +286,7 @@ class _Liveness:
         return dead
 
 
-def _training(progress, clock):
+def _training(progress: RankProgress, clock: Clock) -> bool:
     """True once the ranks can take a stop request: their PreemptionGuard reported (its first
     ``should_stop``), or, for scripts without one, GROW_SETTLE seconds after they started. A stop
     asked earlier would kill ranks still loading, before they can checkpoint."""
@@ -258,7 +294,7 @@ def _training(progress, clock):
     return progress.training or (started is not None and clock() - started >= GROW_SETTLE)
 
 
-def _ended(record, result, stop, clock, saved=None):
+def _ended(record: Attempt, result: JobResult, stop: StopRequest, clock: Clock, saved: int | None = None) -> str:
     """Fill ``record`` from the attempt's JobResult; its outcome."""
     record.running, record.ended = result.ranks_started_at, clock()
     record.resumed_step, record.last_step = result.resumed_step, result.last_step
@@ -289,29 +325,44 @@ class ElasticMembership:
 
     elastic = True
 
-    def __init__(self, settings, view, clock=time.monotonic, sleep=time.sleep, log=print):
+    def __init__(
+        self,
+        settings: ElasticSettings,
+        view: HostView,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = time.sleep,
+        log: Log = print,
+    ) -> None:
         self.settings, self.view, self.clock, self.sleep, self.log = settings, view, clock, sleep, log
 
-    def first(self):
+    def first(self) -> tuple[Host, ...]:
         return self._wait(first=True)
 
-    def next(self, previous, record, failed):
+    def next(self, previous: tuple[Host, ...], record: Attempt, failed: bool) -> tuple[Host, ...]:
         world = self._wait(previous=previous)
         gone = [h.name for h in record.hosts if h.name in self._bad]
         if failed and gone:  # what the launcher's own message could not say
             record.detail += f"; then {', '.join(gone)} could not be reached"
         return world
 
-    def _wait(self, previous=(), first=False):
+    def _wait(self, previous: Sequence[Host] = (), first: bool = False) -> tuple[Host, ...]:
         world, self._bad = wait_for_world(self.view, self.settings, previous, first, self.clock, self.sleep, self.log)
         for name, why in self._bad.items():  # attempt 1 too: a job that starts on fewer hosts says which and why
             self.log(f"host {name} left out: {why}")
         return world
 
-    def size(self, world):
+    def size(self, world: Sequence[Host]) -> int:
         return total_slots(world)
 
-    def watch(self, world, stop, ended, record, progress, saved):
+    def watch(
+        self,
+        world: Sequence[Host],
+        stop: StopRequest,
+        ended: threading.Event,
+        record: Attempt,
+        progress: Callable[[], RankProgress],
+        saved: int | None,
+    ) -> threading.Thread:
         args = (self.view, world, self.settings, stop, ended, record, self.clock, self.log, saved, progress)
         thread = threading.Thread(target=watch, args=args, daemon=True)
         thread.start()
@@ -324,28 +375,50 @@ class FixedMembership:
 
     elastic = False
 
-    def __init__(self, hosts, num_proc):
+    def __init__(self, hosts: Sequence[Host], num_proc: int) -> None:
         self.hosts, self.num_proc = tuple(hosts), num_proc
 
-    def first(self):
+    def first(self) -> tuple[Host, ...]:
         return self.hosts
 
-    def next(self, previous, record, failed):
+    def next(self, previous: tuple[Host, ...], record: Attempt, failed: bool) -> tuple[Host, ...]:
         return self.hosts
 
-    def size(self, world):
+    def size(self, world: Sequence[Host]) -> int:
         return self.num_proc
 
-    def watch(self, world, stop, ended, record, progress, saved):
+    def watch(
+        self,
+        world: Sequence[Host],
+        stop: StopRequest,
+        ended: threading.Event,
+        record: Attempt,
+        progress: Callable[[], RankProgress],
+        saved: int | None,
+    ) -> None:
         return None
 
 
-def run_elastic(settings, view, launch, max_restarts, clock=time.monotonic, sleep=time.sleep, log=print):
+def run_elastic(
+    settings: ElasticSettings,
+    view: HostView,
+    launch: Launch,
+    max_restarts: int,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+    log: Log = print,
+) -> tuple[History, JobResult]:
     """``run_attempts`` with the hosts of ``view`` re-discovered and watched (ElasticMembership)."""
     return run_attempts(ElasticMembership(settings, view, clock, sleep, log), launch, max_restarts, clock, log)
 
 
-def run_attempts(membership, launch, max_restarts, clock=time.monotonic, log=print):
+def run_attempts(
+    membership: ElasticMembership | FixedMembership,
+    launch: Launch,
+    max_restarts: int,
+    clock: Clock = time.monotonic,
+    log: Log = print,
+) -> tuple[History, JobResult]:
     """Run attempts until one finishes; ``(history, final JobResult)``. The one restart loop of
     every ``hvdkit run``: fixed-size jobs (FixedMembership) and elastic ones (ElasticMembership).
 

@@ -7,10 +7,17 @@ launcher re-discovers the hosts and relaunches on what is there, between ``--min
 runs the loop; everything here is pure and takes the clock's readings as numbers.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ...core.errors import ConfigError
 from ..hosts import Host, format_hosts, total_slots
+
+if TYPE_CHECKING:
+    from ..execute import JobResult
 
 __all__ = [
     "ElasticSettings",
@@ -46,7 +53,7 @@ class ElasticSettings:
     timeout: float = DEFAULT_ELASTIC_TIMEOUT
     discovery: str = ""  # where the hosts come from, for messages
 
-    def describe(self):
+    def describe(self) -> str:
         return (
             f"elastic: start with {self.num_proc} rank(s), run with {self.min_np}..{self.max_np}; "
             f"hosts from {self.discovery}, polled every {self.interval:g} s; "
@@ -54,7 +61,17 @@ class ElasticSettings:
         )
 
 
-def settings_from(num_proc, min_np, max_np, *, script, hosts, origin, interval, timeout):
+def settings_from(
+    num_proc: int,
+    min_np: int | None,
+    max_np: int | None,
+    *,
+    script: str | None,
+    hosts: Sequence[Host],
+    origin: str,
+    interval: float,
+    timeout: float,
+) -> ElasticSettings | None:
     """The ElasticSettings of ``hvdkit run``'s flags, or None when the job is not elastic.
 
     ``script`` is the discovery script (or None), ``hosts`` the known hosts (``()`` = this machine)
@@ -92,7 +109,9 @@ def settings_from(num_proc, min_np, max_np, *, script, hosts, origin, interval, 
     )
 
 
-def choose_world(available, settings, previous=(), first=False):
+def choose_world(
+    available: Sequence[Host], settings: ElasticSettings, previous: Iterable[Host] = (), first: bool = False
+) -> tuple[Host, ...] | None:
     """The hosts (slots trimmed) of the next attempt, or None when fewer than ``min_np`` slots are there.
 
     The first attempt takes up to ``num_proc`` ranks, later ones up to ``max_np``. Hosts of the
@@ -113,19 +132,25 @@ def choose_world(available, settings, previous=(), first=False):
     return tuple(chosen)
 
 
-def lost_hosts(running, discovered):
+def lost_hosts(running: Iterable[Host], discovered: Iterable[Host]) -> list[str]:
     """Names of the hosts of the running attempt that discovery no longer lists with their slots."""
     slots = {h.name: h.slots for h in discovered}
     return [h.name for h in running if slots.get(h.name, 0) < h.slots]
 
 
-def can_grow(running, available, settings):
+def can_grow(running: Iterable[Host], available: Iterable[Host], settings: ElasticSettings) -> bool:
     """True when the available hosts hold more slots than the running attempt uses, below ``max_np``."""
     size = total_slots(running)
     return size < settings.max_np and min(total_slots(available), settings.max_np) > size
 
 
-def below_min_message(settings, available, previous, unreachable, waited):
+def below_min_message(
+    settings: ElasticSettings,
+    available: Sequence[Host],
+    previous: Iterable[Host],
+    unreachable: Mapping[str, str],
+    waited: float,
+) -> str:
     """The error when fewer than ``min_np`` slots stayed available for ``waited`` seconds."""
     have = total_slots(available)
     names = {h.name for h in available}
@@ -157,7 +182,7 @@ class Attempt:
     ranks: int | None = None  # its number of ranks, when not every slot of ``hosts`` (a fixed-size job)
 
     @property
-    def size(self):
+    def size(self) -> int:
         return total_slots(self.hosts) if self.ranks is None else self.ranks
 
 
@@ -167,7 +192,7 @@ class History:
 
     attempts: list = field(default_factory=list)
 
-    def changes(self):
+    def changes(self) -> list[dict[str, Any]]:
         """One dict per relaunch: sizes, why, seconds from noticing to the new ranks running, steps recomputed."""
         out = []
         for before, after in zip(self.attempts, self.attempts[1:], strict=False):
@@ -192,7 +217,7 @@ class History:
             )
         return out
 
-    def summary(self, final=None, elastic=True):
+    def summary(self, final: JobResult | None = None, elastic: bool = True) -> list[str]:
         """The closing lines. Elastic: attempts, world size over time, and per change the time lost
         and steps recomputed. Fixed-size: one line, only when something failed: what failed, how,
         and how many restarts were used. With ``final`` (the last JobResult) an elastic summary also
@@ -205,7 +230,7 @@ class History:
             lines.append(final.message)
         return lines
 
-    def _restarts_line(self, final):
+    def _restarts_line(self, final: JobResult | None) -> str:
         if final is None or (final.interrupted_by is not None and final.exit_code == 0):
             return ""
         failed = [(i, a) for i, a in enumerate(self.attempts, start=1) if a.outcome == FAILED]
@@ -222,7 +247,7 @@ class History:
             line += f"; earlier: {'; '.join(f'attempt {i}: {a.detail}' for i, a in failed[:-1])}"
         return line
 
-    def _elastic_lines(self):
+    def _elastic_lines(self) -> list[str]:
         sizes = " -> ".join(str(a.size) for a in self.attempts)
         lines = [f"elastic summary: {len(self.attempts)} attempt(s), world size {sizes}"]
         for i, a in enumerate(self.attempts, start=1):

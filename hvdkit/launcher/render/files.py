@@ -4,10 +4,13 @@ Pure: ``render`` returns text. ``save`` and ``main`` (``python -m hvdkit.launche
 rewrites the examples in the top-level ``launch/`` folder) are the only parts that write files.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 
 from ...core.errors import ConfigError
 from .. import plan as _plan
@@ -67,7 +70,7 @@ def _line(argv):
     return " ".join(_word(a) for a in argv)
 
 
-def render_command(target, spec):
+def render_command(target: str, spec: RenderSpec) -> list[str]:
     """The ``hvdkit render`` argv that produces this file again (written into its header)."""
     argv = ["hvdkit", "render", target, "--name", spec.name, "-np", str(spec.num_proc)]
     gpus = spec.gpus_per_node
@@ -263,7 +266,7 @@ def _hostfile(spec):
     return "\n".join(lines) + "\n"
 
 
-def render(target, spec):
+def render(target: str, spec: RenderSpec) -> str:
     """The text of the ``target`` file (one of ``TARGETS``) for ``spec``."""
     if target == "slurm":
         return _slurm(spec)
@@ -312,14 +315,16 @@ EXAMPLE_GPU = dataclasses.replace(
 EXAMPLE_GPU_FILES = {"slurm-gpu.sbatch": "slurm", "mpijob-gpu.yaml": "mpijob"}
 
 
-def example_files(spec=EXAMPLE, elastic=EXAMPLE_ELASTIC, gpu=EXAMPLE_GPU):
+def example_files(
+    spec: RenderSpec = EXAMPLE, elastic: RenderSpec = EXAMPLE_ELASTIC, gpu: RenderSpec = EXAMPLE_GPU
+) -> dict[str, str]:
     """``{file name: text}`` of the example files kept in the top-level ``launch/`` folder."""
     files = {name: render(target, spec) for name, target in EXAMPLE_FILES.items()}
     files.update({name: render(target, elastic) for name, target in EXAMPLE_ELASTIC_FILES.items()})
     return {**files, **{name: render(target, gpu) for name, target in EXAMPLE_GPU_FILES.items()}}
 
 
-def save(path, text):
+def save(path: str, text: str) -> None:
     """Write ``text`` to ``path``; scripts (``#!``) become executable."""
     try:
         with open(path, "w") as f:
@@ -331,7 +336,7 @@ def save(path, text):
         raise ConfigError(f"{problem}; check that its folder exists and is writable") from None
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     """Rewrite the example files in DIR (default ``launch``): ``python -m hvdkit.launcher.render [DIR]``."""
     argv = sys.argv[1:] if argv is None else argv
     folder = argv[0] if argv else "launch"

@@ -4,6 +4,8 @@ Every field is checked in ``__post_init__`` (a ConfigError names the bad value a
 renderers in ``hvdkit.launcher.render.files`` only format.
 """
 
+from __future__ import annotations
+
 import re
 from dataclasses import dataclass
 
@@ -104,11 +106,11 @@ class RenderSpec:
             )
 
     @property
-    def elastic(self):
+    def elastic(self) -> bool:
         return self.min_np is not None or self.max_np is not None
 
     @property
-    def elastic_flags(self):
+    def elastic_flags(self) -> list[str]:
         """``--min-np MIN --max-np MAX`` for ``hvdkit run`` (empty when the job is not elastic)."""
         if not self.elastic:
             return []
@@ -120,12 +122,12 @@ class RenderSpec:
         ]
 
     @property
-    def launch_hosts(self):
+    def launch_hosts(self) -> tuple[Host, ...]:
         """The hosts the mpirun/horovodrun scripts name: the given ones, else placeholders."""
         return self.hosts or tuple(Host(f"node{i}", self.slots_per_node) for i in range(1, self.nodes + 1))
 
 
-def check_gpus_per_node(value):
+def check_gpus_per_node(value: int | str) -> int:
     """``value`` as an int if it is a whole number of GPUs >= 1 (an int, or its digits as text), else ConfigError."""
     text = value.strip() if isinstance(value, str) else None
     number = int(text) if text is not None and text.isdigit() else value
