@@ -3,10 +3,14 @@
 dispatch, ``--version`` and the one error rule: an ``HvdkitError`` is one line on stderr and exit 2.
 """
 
+from __future__ import annotations
+
 import argparse
 import importlib
 import re
 import sys
+from collections.abc import Sequence
+from types import ModuleType
 
 from ..core.errors import HvdkitError
 
@@ -15,11 +19,11 @@ __all__ = ["main", "version_line"]
 COMMANDS = ("run", "render", "timeline", "bench", "engine", "doctor")  # in the order --help lists them
 
 
-def _command(name):
+def _command(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvdkit", description="Horovod/MPI training toolkit.")
     p.add_argument("--version", action="store_true", help="print hvdkit's version and the engine's fix level, and exit")
     sub = p.add_subparsers(dest="cmd", metavar="{" + ",".join(COMMANDS) + "}")
@@ -28,7 +32,7 @@ def _parser():
     return p
 
 
-def installed_engine_level():
+def installed_engine_level() -> str | None:
     """The fix level of the installed Horovod engine (its ``horovod/hvdkit_fixes.py``), read without
     importing Horovod; None when no engine is installed, ``"upstream"`` for a Horovod without hvdkit's fixes."""
     from importlib.util import find_spec
@@ -50,7 +54,7 @@ def installed_engine_level():
     return "upstream"
 
 
-def version_line():
+def version_line() -> str:
     """``hvdkit X.Y.Z; engine fixes <level>; installed engine: <level> | none | ...``."""
     from .. import __version__
     from ..engine import fix_level
@@ -68,7 +72,7 @@ def version_line():
     return f"hvdkit {__version__}; engine fixes {shipped}; installed engine: {state}"
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     if args.version:

@@ -1,9 +1,13 @@
 """``hvdkit bench``: the user's own benchmark of this machine or cluster (flags and run: ``hvdkit.bench.suite``)."""
 
+from __future__ import annotations
+
+import argparse
+
 __all__ = ["register", "main"]
 
 
-def register(sub):
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hvdkit bench`` to the sub-command parsers ``sub``."""
     from ..bench.suite import parser  # framework-free: the workers import torch/TF
 
@@ -11,7 +15,7 @@ def register(sub):
     parser(sub.add_parser("bench", help=help_))
 
 
-def main(args):
+def main(args: argparse.Namespace) -> int:
     """Run ``hvdkit bench`` from parsed arguments; the exit code."""
     from ..bench.suite import run_args
 

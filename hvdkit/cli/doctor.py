@@ -1,9 +1,13 @@
 """``hvdkit doctor``: check the installation (and hosts), run 2-rank allreduces; exit 1 when something is wrong."""
 
+from __future__ import annotations
+
+import argparse
+
 __all__ = ["register", "main"]
 
 
-def register(sub):
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hvdkit doctor`` to the sub-command parsers ``sub``."""
     d = sub.add_parser("doctor", help="check the installation and run a 2-rank allreduce")
     d.add_argument("--no-smoke", action="store_true", help="skip the 2-rank smoke test")
@@ -14,7 +18,7 @@ def register(sub):
     d.add_argument("--network-interface", metavar="IFACE", help="the interface the job will use across hosts")
 
 
-def main(args):
+def main(args: argparse.Namespace) -> int:
     """Run ``hvdkit doctor`` from parsed arguments: 0 when nothing is wrong, else 1."""
     from ..diagnostics.doctor import diagnose
     from ..launcher import hosts

@@ -1,5 +1,8 @@
 """``hvdkit engine install``: build and install the Horovod engine into this Python environment."""
 
+from __future__ import annotations
+
+import argparse
 import sys
 
 from ..core.errors import ConfigError
@@ -7,7 +10,7 @@ from ..core.errors import ConfigError
 __all__ = ["register", "main"]
 
 
-def register(sub):
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hvdkit engine`` and its sub-commands to the sub-command parsers ``sub``."""
     p = sub.add_parser("engine", help="build and install the Horovod engine into this environment")
     actions = p.add_subparsers(dest="engine_cmd", required=True, metavar="{install}")
@@ -52,7 +55,7 @@ def register(sub):
     )
 
 
-def main(args):
+def main(args: argparse.Namespace) -> int:
     """Run ``hvdkit engine ...`` from parsed arguments; the exit code."""
     from ..engine import install
 

@@ -1,5 +1,7 @@
 """``hvdkit render``: a ready-to-submit file for one job (SLURM, MPIJob, mpirun/horovodrun script, hostfile)."""
 
+from __future__ import annotations
+
 import argparse
 import sys
 
@@ -8,7 +10,7 @@ from ..core.errors import ConfigError
 __all__ = ["register", "main"]
 
 
-def register(sub):
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hvdkit render`` to the sub-command parsers ``sub``."""
     from ..launcher.render.files import TARGETS
 
@@ -59,7 +61,7 @@ def register(sub):
         targets.add_parser(target, parents=[job], help=helps[target])
 
 
-def main(args):
+def main(args: argparse.Namespace) -> int:
     """Run ``hvdkit render`` from parsed arguments; the exit code."""
     from ..launcher import hosts
     from ..launcher.render import files as render

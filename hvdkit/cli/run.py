@@ -1,16 +1,26 @@
 """``hvdkit run``: start N ranks of a command, fixed-size (restarts on failure) or elastic."""
 
+from __future__ import annotations
+
 import argparse
 import os
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..core import env
 from ..core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from ..launcher.elastic.rules import ElasticSettings
+    from ..launcher.hosts import Host
+    from ..launcher.job import RunOptions
+    from ..launcher.spec import JobSpec
+
 __all__ = ["register", "main"]
 
 
-def register(sub):
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hvdkit run`` to the sub-command parsers ``sub``."""
     r = sub.add_parser(
         "run",
@@ -99,7 +109,16 @@ def register(sub):
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after '--'")
 
 
-def _env_option(parser, flag, var, kind, metavar, default, text, shown=None):
+def _env_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    var: str,
+    kind: env.Kind,
+    metavar: str,
+    default: float | None,
+    text: str,
+    shown: str | None = None,
+) -> None:
     """An option the variable ``var`` also sets (the flag wins; ``env.FromEnv``); its help ends with
     "(default: $VAR or DEFAULT)", DEFAULT shown as ``shown`` or ``default``."""
     shown = f"{default:g}" if shown is None else shown
@@ -114,7 +133,7 @@ def _env_option(parser, flag, var, kind, metavar, default, text, shown=None):
     )
 
 
-def _elastic_options(r):
+def _elastic_options(r: argparse.ArgumentParser) -> None:
     from ..launcher.elastic.rules import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT
 
     g = r.add_argument_group(
@@ -164,7 +183,7 @@ def _elastic_options(r):
     )
 
 
-def main(args):
+def main(args: argparse.Namespace) -> int:
     """Run ``hvdkit run`` from parsed arguments; the exit code."""
     from ..launcher import plan
     from ..launcher.job import run_job
@@ -181,7 +200,7 @@ def main(args):
     return run_job(spec, options)
 
 
-def job_of(args):
+def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
     """The frozen ``(JobSpec, RunOptions)`` that ``hvdkit run``'s flags ask for (flag > HVDKIT_* variable >
     default). Raises ConfigError naming a flag that cannot work."""
     from ..launcher import hosts, plan
@@ -233,11 +252,13 @@ def job_of(args):
     return spec, options
 
 
-def _cores():
+def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def _elastic_settings(args, num_proc, found, origin):
+def _elastic_settings(
+    args: argparse.Namespace, num_proc: int, found: Sequence[Host], origin: str
+) -> ElasticSettings | None:
     from ..core.options import check_positive_int
     from ..launcher.elastic import rules as elastic
     from ..launcher.elastic.discovery import ScriptDiscovery

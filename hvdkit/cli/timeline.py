@@ -1,11 +1,14 @@
 """``hvdkit timeline``: summarise a Horovod timeline (time per tensor and activity, communication against waits)."""
 
+from __future__ import annotations
+
+import argparse
 import sys
 
 __all__ = ["register", "main"]
 
 
-def register(sub):
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hvdkit timeline`` to the sub-command parsers ``sub``."""
     t = sub.add_parser(
         "timeline",
@@ -19,7 +22,7 @@ def register(sub):
     t.add_argument("--top", type=int, default=10, metavar="K", help="tensors to show (default 10)")
 
 
-def main(args):
+def main(args: argparse.Namespace) -> int:
     """Run ``hvdkit timeline`` from parsed arguments; the exit code."""
     from ..core.options import check_positive_int
     from ..diagnostics import timeline, timeline_plot
