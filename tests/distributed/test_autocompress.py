@@ -10,7 +10,6 @@ applied differently on one rank, fails.
 import re
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
@@ -109,8 +108,12 @@ def test_keras_variable_overrides_the_measurement(keras_ranks, label, expected):
 
 @pytest.mark.parametrize(
     "label, expected",
-    [("fit_explicit_none_env_fp16", "none"), ("fit_explicit_fp16", "fp16"), ("tape_explicit_none", "none"),
-     ("tape_explicit_fp16", "fp16")],
+    [
+        ("fit_explicit_none_env_fp16", "none"),
+        ("fit_explicit_fp16", "fp16"),
+        ("tape_explicit_none", "none"),
+        ("tape_explicit_fp16", "fp16"),
+    ],
 )
 def test_keras_explicit_argument_wins_and_logs_nothing(keras_ranks, label, expected):
     assert keras_ranks[0]["runs"][label]["logged_on_rank0"] == []

@@ -3,7 +3,6 @@ ConfigError on every rank at save time, naming key path and type; nothing is wri
 check, such a save succeeded and every checkpoint of the run was unloadable."""
 
 import pytest
-
 from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist

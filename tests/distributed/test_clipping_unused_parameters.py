@@ -8,7 +8,6 @@ on the concatenated batch with the same clipping.
 """
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist

@@ -7,8 +7,8 @@ ranks recorded and asserts one contract.
 import os
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_contract_worker
+
 from hvdkit.core.checkpoint import verify
 
 pytestmark = pytest.mark.dist

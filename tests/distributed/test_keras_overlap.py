@@ -6,7 +6,6 @@ both ranks and within 1e-6 of one process on the ranks' batches together (traini
 """
 
 import pytest
-
 from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist

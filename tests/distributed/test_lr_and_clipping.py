@@ -11,7 +11,6 @@ import json
 import math
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
@@ -25,8 +24,15 @@ def run(framework, launcher, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"lr-clip-{framework}-{launcher}")
     results = run_contract_worker(launcher, WORKERS / f"lr_clipping_{framework}.py", out, timeout=400)
     c = results[0]["clipping"]
-    print(json.dumps({"job": [framework, launcher], "per_rank_clip_diff": c["per_rank_clip_diff"],
-                      "max_diff_vs_reference": {k: v["max_diff_vs_reference"] for k, v in c.items() if isinstance(v, dict)}}))
+    print(
+        json.dumps(
+            {
+                "job": [framework, launcher],
+                "per_rank_clip_diff": c["per_rank_clip_diff"],
+                "max_diff_vs_reference": {k: v["max_diff_vs_reference"] for k, v in c.items() if isinstance(v, dict)},
+            }
+        )
+    )
     return results
 
 

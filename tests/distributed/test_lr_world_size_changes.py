@@ -7,8 +7,8 @@ state was loaded twice at a resume, so the ratio was squared: 0.4 at 2 ranks whe
 import json
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_ranks
+
 from hvdkit.core import warmup_factor
 
 pytestmark = pytest.mark.dist

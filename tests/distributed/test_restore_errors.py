@@ -5,7 +5,6 @@ a rank left waiting for rank 0 would hang the job and fail the fixture.
 """
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist

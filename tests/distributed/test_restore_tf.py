@@ -4,7 +4,6 @@ One job (mpirun) runs tests/distributed/workers/restore_tf.py with 1,000-byte ch
 """
 
 import pytest
-
 from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist

@@ -10,7 +10,6 @@ does not flip the verdict: the slowed rank is expected near 3.5x, the balanced j
 import json
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
@@ -18,15 +17,26 @@ WORKERS = ROOT / "tests" / "distributed" / "workers"
 THRESHOLD = 1.5
 
 
-@pytest.fixture(scope="module", params=[("torch", launcher) for launcher in LAUNCHERS] + [("keras", "mpirun")],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module",
+    params=[("torch", launcher) for launcher in LAUNCHERS] + [("keras", "mpirun")],
+    ids=lambda p: "-".join(p),
+)
 def ranks(request, tmp_path_factory):
     framework, launcher = request.param
     out = tmp_path_factory.mktemp(f"straggler-{framework}-{launcher}")
     results = run_contract_worker(launcher, WORKERS / f"straggler_{framework}.py", out, timeout=300)
     # What the job measured, in the test output (pytest -s, or -rA on failure).
-    print(json.dumps({"job": request.param, "slowdown": [r["slowdown"] for r in results[0]["reports"]],
-                      "rank0_log": results[0]["log"], "naive_slowdown": [r["slowdown"] for r in results[0].get("naive", [])]}))
+    print(
+        json.dumps(
+            {
+                "job": request.param,
+                "slowdown": [r["slowdown"] for r in results[0]["reports"]],
+                "rank0_log": results[0]["log"],
+                "naive_slowdown": [r["slowdown"] for r in results[0].get("naive", [])],
+            }
+        )
+    )
     return {"framework": framework, "r": results}
 
 

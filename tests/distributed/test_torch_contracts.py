@@ -8,8 +8,8 @@ import math
 import os
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_contract_worker
+
 from hvdkit.core.checkpoint import verify
 
 pytestmark = pytest.mark.dist

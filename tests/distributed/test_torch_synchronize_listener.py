@@ -8,7 +8,6 @@ same optimizer. The monitors used to reassign ``opt.synchronize`` on the instanc
 import json
 
 import pytest
-
 from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist

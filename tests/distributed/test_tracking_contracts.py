@@ -10,7 +10,6 @@ import json
 import os
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_ranks
 
 pytest.importorskip("tensorboard")
@@ -56,7 +55,9 @@ def check_mlflow_run(job, params, metrics):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{job['out'] / 'runs' / 'mlflow.db'}")
     run = client.get_run(job["r"][0]["run_id"])
-    history = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in run.data.metrics}
+    history = {
+        k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in run.data.metrics
+    }
     assert run.info.status == "FINISHED"
     assert {k: run.data.params.get(k) for k in params} == params
     for name, values in metrics.items():
@@ -76,16 +77,20 @@ def only_rank0_wrote(job):
 
 # --- torch: a tiny loop, hk.average_metrics, hk.Tracker -------------------------------------------
 
+
 def expected_torch(epoch):
     """Sample i (0..9) has loss (i - epoch)^2 and is correct when i > epoch + 4: over all ten samples."""
-    return {"loss": sum((i - epoch) ** 2 for i in range(10)) / 10,
-            "accuracy": sum(i > epoch + 4 for i in range(10)) / 10}
+    return {
+        "loss": sum((i - epoch) ** 2 for i in range(10)) / 10,
+        "accuracy": sum(i > epoch + 4 for i in range(10)) / 10,
+    }
 
 
 def test_torch_event_file_holds_the_metrics_over_all_ten_samples_at_each_epoch(torch_job):
     assert scalars(torch_job, "loss") == [(e, expected_torch(e)["loss"]) for e in range(EPOCHS)]  # 28.5, 20.5, 14.5
-    assert scalars(torch_job, "accuracy") == [(e, pytest.approx(expected_torch(e)["accuracy"], rel=1e-6))
-                                              for e in range(EPOCHS)]
+    assert scalars(torch_job, "accuracy") == [
+        (e, pytest.approx(expected_torch(e)["accuracy"], rel=1e-6)) for e in range(EPOCHS)
+    ]
     # each rank's own numbers are not the job's: the averaging did the work
     for r in torch_job["r"]:
         assert r["local"][0]["loss"] != pytest.approx(expected_torch(0)["loss"])
@@ -96,7 +101,10 @@ def test_torch_only_rank0_writes_files_in_the_shared_directory(torch_job):
 
 
 def test_torch_mlflow_run_holds_world_size_params_and_metrics(torch_job):
-    expected = {name: [pytest.approx(expected_torch(e)[name], rel=1e-12) for e in range(EPOCHS)] for name in ("loss", "accuracy")}
+    expected = {
+        name: [pytest.approx(expected_torch(e)[name], rel=1e-12) for e in range(EPOCHS)]
+        for name in ("loss", "accuracy")
+    }
     p, _ = check_mlflow_run(torch_job, {"world_size": "2", "lr": "0.05", "batch_size": "4", "model": "tiny"}, expected)
     assert p["torch_version"].startswith("2.") and "horovod_version" in p
 
@@ -125,7 +133,9 @@ def test_keras_event_file_holds_fits_metrics_over_all_ten_samples(keras_job):
 def test_keras_event_file_holds_the_learning_rate_and_history_agrees(keras_job):
     assert scalars(keras_job, "learning_rate") == [(e, pytest.approx(0.05, rel=1e-6)) for e in range(EPOCHS)]
     history = keras_job["r"][0]["history"]
-    assert scalars(keras_job, "val_loss") == [(e, pytest.approx(v, rel=1e-6)) for e, v in enumerate(history["val_loss"])]
+    assert scalars(keras_job, "val_loss") == [
+        (e, pytest.approx(v, rel=1e-6)) for e, v in enumerate(history["val_loss"])
+    ]
 
 
 def test_keras_only_rank0_writes_files_in_the_shared_directory(keras_job):
@@ -134,7 +144,9 @@ def test_keras_only_rank0_writes_files_in_the_shared_directory(keras_job):
 
 def test_keras_mlflow_run_holds_world_size_fit_params_and_metrics(keras_job):
     reference = keras_job["r"][0]["reference"]
-    expected = {tag: [pytest.approx(reference[e][tag], rel=1e-5, abs=1e-6) for e in range(EPOCHS)] for tag in KERAS_TAGS}
+    expected = {
+        tag: [pytest.approx(reference[e][tag], rel=1e-5, abs=1e-6) for e in range(EPOCHS)] for tag in KERAS_TAGS
+    }
     fit_params = {"world_size": "2", "epochs": "3", "steps_per_epoch": "1", "optimizer": "SGD", "lr": "0.05"}
     p, history = check_mlflow_run(keras_job, fit_params, expected)
     assert p["tensorflow_version"].startswith("2.") and p["keras_version"].startswith("3.")

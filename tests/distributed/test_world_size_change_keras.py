@@ -14,8 +14,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from helpers import ROOT, last_json_line, read_sample_logs, record_figures, run_example
+
 from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
@@ -27,7 +27,17 @@ LEGS = ((2, 1), (1, 2), (2, 3))  # (ranks, epochs to reach)
 
 
 def run(np_, epochs, ckpt, samples, *extra):
-    argv = [KERAS, *COMMON, "--epochs", str(epochs), "--checkpoint-dir", str(ckpt), "--sample-log", str(samples), *extra]
+    argv = [
+        KERAS,
+        *COMMON,
+        "--epochs",
+        str(epochs),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--sample-log",
+        str(samples),
+        *extra,
+    ]
     return run_example(np_, argv)
 
 
@@ -56,7 +66,9 @@ def test_fit_at_2_then_1_then_2_ranks_ends_within_1e_5_of_an_uninterrupted_run(j
     ref, got = newest_params(d / "ref"), newest_params(d / "elastic")
     assert sorted(ref) == sorted(got)
     diff = max(float(np.max(np.abs(ref[k] - got[k]))) for k in ref)
-    record_figures("world_size_change_keras_2_1_2" + ("_lr_decay" if jobs["schedule"] else ""), max_abs_param_diff=diff, epochs=3)
+    record_figures(
+        "world_size_change_keras_2_1_2" + ("_lr_decay" if jobs["schedule"] else ""), max_abs_param_diff=diff, epochs=3
+    )
     assert diff < 1e-5, f"final parameters differ by {diff}"
 
 

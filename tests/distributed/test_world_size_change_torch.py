@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 import torch
-
 from helpers import ROOT, last_json_line, read_sample_logs, record_figures, run_example, run_ranks
+
 from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]  # 4-5 jobs in one module fixture
@@ -66,7 +66,9 @@ def test_every_training_sample_is_used_exactly_once_per_epoch_across_the_changes
         for epoch in (0, 1):
             used = Counter(i for line in lines if line["epoch"] == epoch for i in line["indices"])
             assert sorted(used) == list(range(TRAIN_SAMPLES)), prefix
-            assert set(used.values()) == {1}, f"{prefix} epoch {epoch}: repeated {[i for i, c in used.items() if c > 1][:10]}"
+            assert set(used.values()) == {1}, (
+                f"{prefix} epoch {epoch}: repeated {[i for i, c in used.items() if c > 1][:10]}"
+            )
     sizes = {(line["step"], line["size"]) for line in read_sample_logs(d / "elastic-samples")}
     assert {size for step, size in sizes if step <= 10} == {2}
     assert {size for step, size in sizes if 10 < step <= 30} == {1}
@@ -90,7 +92,10 @@ def test_rank_0_logs_the_global_batch_plan_and_the_reseeding_at_each_world_size(
     two, one, again = (p.stderr + p.stdout for p in jobs["legs"])
     assert "world size 2: global batch 64 = 32 per rank x 2 ranks x 1 accumulation step" in two
     assert "world size 1: global batch 64 = 32 per rank x 1 rank x 2 accumulation steps" in one
-    assert "checkpoint was written by 2 ranks, this job has 1" in one and "RNG states re-seeded from (seed 0, step 10" in one
+    assert (
+        "checkpoint was written by 2 ranks, this job has 1" in one
+        and "RNG states re-seeded from (seed 0, step 10" in one
+    )
     assert "checkpoint was written by 1 ranks, this job has 2" in again and "step 30" in again
 
 

@@ -27,7 +27,9 @@ def test_every_allreduce_variant_returns_the_sum_over_ranks(quick, job, controll
     assert r[job]["controller"] == controller and r[job]["size"] == 2
     rows = [x for x in r[job]["sweep"] if x["variant"] != "fp16_wire_ratio"]
     variants = {x["variant"] for x in rows}
-    expected = {f"hvd_{controller}", f"hvd_{controller}_fp16", "torch_gloo", "memcpy"} | ({"mpi4py"} if controller == "mpi" else set())
+    expected = {f"hvd_{controller}", f"hvd_{controller}_fp16", "torch_gloo", "memcpy"} | (
+        {"mpi4py"} if controller == "mpi" else set()
+    )
     assert variants == expected
     for x in rows:
         tol = 1e-2 if x["variant"].endswith("fp16") else 0.0
@@ -54,7 +56,10 @@ def test_training_variants_end_identical_across_ranks_and_with_each_other(quick)
     _, r, _ = quick
     checks = r["train_torch"]["checks"]
     assert {k: v for k, v in checks.items() if k.endswith("across_ranks")} == {
-        "hvdkit_across_ranks": 0.0, "horovod_across_ranks": 0.0, "ddp_across_ranks": 0.0}
+        "hvdkit_across_ranks": 0.0,
+        "horovod_across_ranks": 0.0,
+        "ddp_across_ranks": 0.0,
+    }
     assert checks["horovod_vs_hvdkit"] <= 1e-5 and checks["ddp_vs_hvdkit"] <= 1e-5
     assert set(r["train_torch"]["variants"]) == {"single", "compute_only", "hvdkit", "horovod", "ddp"}
     keras = r["train_keras"]["checks"]

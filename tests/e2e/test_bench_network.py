@@ -19,8 +19,10 @@ from hvdkit.core.horovod_settings import DEFAULTS
 pytestmark = [
     pytest.mark.dist,
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, mounts and tc need root"),
-    pytest.mark.skipif(not (shutil.which("ip") and shutil.which("tc") and os.path.exists("/usr/sbin/sshd")),
-                       reason="needs iproute2 and openssh-server (make setup installs them)"),
+    pytest.mark.skipif(
+        not (shutil.which("ip") and shutil.which("tc") and os.path.exists("/usr/sbin/sshd")),
+        reason="needs iproute2 and openssh-server (make setup installs them)",
+    ),
 ]
 RATE = 10**9
 MARGIN = 1.15  # token-bucket burst and timer granularity; a link that shapes nothing gives ~10x
@@ -67,7 +69,9 @@ def test_every_allreduce_across_the_hosts_returns_the_sum_and_stays_under_the_sh
     comm = r["links"]["1gbit"][job]
     assert comm["controller"] == controller and comm["size"] == 2
     rows = [x for x in comm["sweep"] if x["variant"] not in ("fp16_wire_ratio", "memcpy")]
-    expected = {f"hvd_{controller}", f"hvd_{controller}_fp16", "torch_gloo"} | ({"mpi4py"} if controller == "mpi" else set())
+    expected = {f"hvd_{controller}", f"hvd_{controller}_fp16", "torch_gloo"} | (
+        {"mpi4py"} if controller == "mpi" else set()
+    )
     assert {x["variant"] for x in rows} == expected
     for x in rows:
         assert x["check_max_abs_diff"] <= (1e-2 if x["variant"].endswith("fp16") else 0.0), x
@@ -94,7 +98,10 @@ def test_settings_jobs_apply_horovods_defaults_and_hvdkits_and_report_ratios(qui
     tuned = r["tuned"]
     assert set(tuned["runs"]) == {"horovod defaults", "hvdkit defaults"}
     assert r["latency"]["settings"]["horovod defaults"] == {
-        "HOROVOD_CYCLE_TIME": "1", "HOROVOD_CACHE_CAPACITY": "1024", "HOROVOD_FUSION_THRESHOLD": str(128 << 20)}
+        "HOROVOD_CYCLE_TIME": "1",
+        "HOROVOD_CACHE_CAPACITY": "1024",
+        "HOROVOD_FUSION_THRESHOLD": str(128 << 20),
+    }
     cycle = "HOROVOD_CYCLE_TIME"  # hvdkit.torch.init set hvdkit's value on both hosts; the other job set Horovod's
     assert [run["horovod_env"][cycle] for run in tuned["runs"]["hvdkit defaults"]] == [DEFAULTS["mpi"][cycle]]
     assert [run["horovod_env"][cycle] for run in tuned["runs"]["horovod defaults"]] == ["1"]
@@ -112,7 +119,12 @@ def test_the_run_writes_a_table_plots_and_the_docs_section_and_leaves_nothing_be
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     docs = (out / "benchmarks.md").read_text()
-    assert "old" not in docs and docs.endswith("tail\n") and "| 1gbit |" in docs and "![network_bandwidth](network_bandwidth.png)" in docs
+    assert (
+        "old" not in docs
+        and docs.endswith("tail\n")
+        and "| 1gbit |" in docs
+        and "![network_bandwidth](network_bandwidth.png)" in docs
+    )
     assert r["leftovers"] == []
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     assert not set(r["host_names"]) & set(namespaces)

@@ -11,6 +11,7 @@ import time
 
 from checkpoint_files import read
 from helpers import PYTHON, ROOT, record_figures, run_bounded
+
 from hvdkit.core import CheckpointError, CheckpointStore, LocalCommunicator
 from hvdkit.core.checkpoint import verify
 from hvdkit.core.checkpoint.folder import listing
@@ -23,8 +24,9 @@ TRIALS = 24
 
 
 def kill_writer(root, rng, in_rename_window):
-    proc = subprocess.Popen([PYTHON, WRITER, str(root), "0.3" if in_rename_window else "0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, WRITER, str(root), "0.3" if in_rename_window else "0"], stdout=subprocess.PIPE, text=True
+    )
     saved = []
     try:
         if in_rename_window:
@@ -85,7 +87,9 @@ def test_killing_a_resave_of_the_newest_step_at_every_operation_never_loses_that
         if proc.returncode == 0:
             assert "DONE after" in proc.stdout and kill_at > 8, proc.stdout  # every point was reached
             break
-        assert proc.returncode == -signal.SIGKILL and "KILLED before operation" in proc.stdout, proc.stdout + proc.stderr
+        assert proc.returncode == -signal.SIGKILL and "KILLED before operation" in proc.stdout, (
+            proc.stdout + proc.stderr
+        )
         outcomes["kill_points"] += 1
         leftovers = any(n.startswith(".tmp-") for n in os.listdir(root))
         store = CheckpointStore(root, LocalCommunicator(), keep=1)

@@ -8,8 +8,8 @@ import subprocess
 import time
 
 import pytest
-
 from helpers import BIN, PYTHON, ROOT, launcher_argv, record_figures, run_bounded
+
 from hvdkit.core import CheckpointStore, LocalCommunicator
 from hvdkit.core.checkpoint import verify
 
@@ -20,8 +20,16 @@ TIMEOUT = 300
 
 def start(argv):
     env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-                            start_new_session=True, stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def wait_for(path, proc):
@@ -54,10 +62,15 @@ def jobs(tmp_path_factory):
         except ProcessLookupError:
             pass
     return {
-        "out": out, "ckpt": ckpt, "before": before, "during": during, "second": second,
-        "second_wall": second_wall, "first": (first.returncode, first_out, first_err),
+        "out": out,
+        "ckpt": ckpt,
+        "before": before,
+        "during": during,
+        "second": second,
+        "second_wall": second_wall,
+        "first": (first.returncode, first_out, first_err),
         "holding": json.loads((out / "holding").read_text()),
-    }  # fmt: skip
+    }
 
 
 def records(out, role):

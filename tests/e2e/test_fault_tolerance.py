@@ -12,9 +12,17 @@ import time
 
 import numpy as np
 import pytest
+from helpers import (
+    BIN,
+    HVDKIT,
+    PYTHON,
+    ROOT,
+    fixed_compression,  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
+    hvdkit_run,
+    record_figures,
+    result_line,
+)
 
-from helpers import BIN, HVDKIT, PYTHON, ROOT, hvdkit_run, record_figures, result_line
-from helpers import fixed_compression  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
 from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = pytest.mark.dist
@@ -69,7 +77,9 @@ def test_sigkill_of_rank1_mid_epoch_restarts_and_ends_bitwise_equal_to_an_uninte
     d = tmp_path / "ckpt"
     # step 100 lies in epoch 5 (steps 93-115): the newest checkpoint then is the end of epoch 4
     t0 = time.monotonic()
-    proc = hvdkit_run("-np", "2", "--max-restarts", "1", "--", PYTHON, KILL_ONCE, "100", script, "--checkpoint-dir", str(d))
+    proc = hvdkit_run(
+        "-np", "2", "--max-restarts", "1", "--", PYTHON, KILL_ONCE, "100", script, "--checkpoint-dir", str(d)
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "rank 1 was killed by SIGKILL" in proc.stderr and "restarting (1/1)" in proc.stderr
     assert "job finished after 1 restart used" in proc.stderr
@@ -136,13 +146,17 @@ def test_sigterm_mid_epoch_saves_the_current_step_and_the_next_start_continues_e
     assert plain.returncode == 0
     assert resumed["steps"] == result_line(plain.stdout)["steps"] == 60 * STEPS_PER_EPOCH
     assert_bitwise_equal(torch_params(d), torch_params(ref))
-    record_figures("sigterm_mid_epoch", seconds_to_clean_exit=round(stop_seconds, 2), stopped_at_step=step, steps_lost=0)
+    record_figures(
+        "sigterm_mid_epoch", seconds_to_clean_exit=round(stop_seconds, 2), stopped_at_step=step, steps_lost=0
+    )
 
 
 def test_flipped_bytes_in_the_newest_checkpoint_make_resume_fall_back_and_say_so(uninterrupted, tmp_path):
     d = tmp_path / "ckpt"
     shutil.copytree(uninterrupted["torch"]["dir"], d)
-    largest = max(pathlib.Path(newest(d).path).iterdir(), key=lambda p: p.stat().st_size)  # the tensors, whatever the layout
+    largest = max(
+        pathlib.Path(newest(d).path).iterdir(), key=lambda p: p.stat().st_size
+    )  # the tensors, whatever the layout
     data = bytearray(largest.read_bytes())
     data[len(data) // 2] ^= 0xFF
     largest.write_bytes(bytes(data))

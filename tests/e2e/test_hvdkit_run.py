@@ -4,9 +4,14 @@ import os
 import shutil
 
 import pytest
-
-from helpers import HVDKIT, PYTHON, hvdkit_run, result_line, run_bounded
-from helpers import fixed_compression  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
+from helpers import (
+    HVDKIT,
+    PYTHON,
+    fixed_compression,  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
+    hvdkit_run,
+    result_line,
+    run_bounded,
+)
 
 pytestmark = pytest.mark.dist
 EXAMPLE = "examples/torch_digits.py"
@@ -146,7 +151,21 @@ def test_doctor_reports_versions_build_and_a_passing_smoke_test():
 def test_an_elastic_run_makes_the_folder_of_its_timeline(tmp_path):
     """Horovod records nothing (one log line) when the timeline's folder is missing; elastic runs never made it."""
     timeline = tmp_path / "new" / "timeline.json"
-    proc = hvdkit_run("-np", "1", "--min-np", "1", "--max-np", "1", "-H", "localhost:1", "--timeline", str(timeline),
-                      "--", PYTHON, "-c", "import hvdkit.torch as hk; hk.init()")  # fmt: skip
+    proc = hvdkit_run(
+        "-np",
+        "1",
+        "--min-np",
+        "1",
+        "--max-np",
+        "1",
+        "-H",
+        "localhost:1",
+        "--timeline",
+        str(timeline),
+        "--",
+        PYTHON,
+        "-c",
+        "import hvdkit.torch as hk; hk.init()",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert timeline.is_file()  # Horovod opened it (it writes events as they come: none here)

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from helpers import HVDKIT, PYTHON, run_bounded
+
 from hvdkit.diagnostics import timeline
 
 pytestmark = pytest.mark.dist
@@ -18,13 +18,22 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def traced_job(folder, *flags, env=None):
     """Run the job on 2 ranks with a timeline in a folder that does not exist yet; summarise it."""
     tl = folder / "new" / "tl.json"
-    proc = run_bounded([HVDKIT, "run", "--timeline", str(tl), *flags, "-np", "2", "--", PYTHON, JOB, str(STEPS)], 60, env=env)
+    proc = run_bounded(
+        [HVDKIT, "run", "--timeline", str(tl), *flags, "-np", "2", "--", PYTHON, JOB, str(STEPS)], 60, env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"hvdkit timeline {tl}" in proc.stderr
     out_json, out_png = folder / "summary.json", folder / "plot.png"
-    report = run_bounded([HVDKIT, "timeline", str(tl), "--json", str(out_json), "--plot", str(out_png), "--top", "3"], 60)
+    report = run_bounded(
+        [HVDKIT, "timeline", str(tl), "--json", str(out_json), "--plot", str(out_png), "--top", "3"], 60
+    )
     assert report.returncode == 0, report.stdout + report.stderr
-    return {"path": tl, "report": report.stdout, "summary": json.loads(out_json.read_text()), "png": out_png.read_bytes()}
+    return {
+        "path": tl,
+        "report": report.stdout,
+        "summary": json.loads(out_json.read_text()),
+        "png": out_png.read_bytes(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +44,9 @@ def mpi(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gloo(tmp_path_factory):
     """Over Gloo, with cycle markers and the response cache off, so every negotiation records its ticks."""
-    return traced_job(tmp_path_factory.mktemp("gloo"), "--gloo", "--timeline-mark-cycles", env={"HOROVOD_CACHE_CAPACITY": "0"})
+    return traced_job(
+        tmp_path_factory.mktemp("gloo"), "--gloo", "--timeline-mark-cycles", env={"HOROVOD_CACHE_CAPACITY": "0"}
+    )
 
 
 @pytest.fixture(params=["mpi", "gloo"])

@@ -18,7 +18,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from helpers import ROOT, run_bounded
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1800)]
@@ -68,7 +67,12 @@ json.dump({
 def user_env(venv):
     """The environment of a user whose shell has only their venv and the system on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    return {**env, "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv), "PYTHONUNBUFFERED": "1"}
+    return {
+        **env,
+        "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "VIRTUAL_ENV": str(venv),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def run(argv, env, cwd, timeout=600):
@@ -80,7 +84,9 @@ def run(argv, env, cwd, timeout=600):
 
 
 def must(done, what):
-    assert done.returncode == 0, f"{what} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    assert done.returncode == 0, (
+        f"{what} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    )
     return done
 
 
@@ -113,7 +119,9 @@ def venv(tmp_path_factory):
     # front is most of an install's time on 2 cores.
     pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile"]
     # As scripts/setup.sh: mpi4py compiled against the system Open MPI (pip keeps the built wheel).
-    done, times["frameworks"] = run([*pip, "-c", ROOT / "constraints.txt", "--no-binary", "mpi4py", *FRAMEWORKS], env, home, 900)
+    done, times["frameworks"] = run(
+        [*pip, "-c", ROOT / "constraints.txt", "--no-binary", "mpi4py", *FRAMEWORKS], env, home, 900
+    )
     must(done, "pip install of the frameworks")
     done, times["hvdkit"] = run([*pip, wheel], env, home)
     must(done, "pip install of the hvdkit wheel")
@@ -147,8 +155,13 @@ def test_the_hvdkit_wheel_carries_the_engine_recipe_and_every_fix_with_the_scrip
 
 def test_engine_install_in_a_new_venv_is_a_cache_hit_on_the_wheel_make_setup_built(venv, engine):
     first, _ = engine
-    key = subprocess.run(["bash", str(ROOT / "scripts" / "build-horovod.sh"), "--key"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHON": sys.executable}, check=True).stdout.strip()  # fmt: skip
+    key = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-horovod.sh"), "--key"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+        check=True,
+    ).stdout.strip()
     assert f"using cached wheel {key}/horovod-" in first, first
     assert "no cached wheel" not in first and "installed from the cached wheel (cache hit)" in first
     assert "check-build" in first  # a new engine in this venv is checked once
@@ -163,10 +176,15 @@ def test_a_second_engine_install_skips_check_build_when_the_installed_engine_is_
 def test_doctor_in_the_new_venv_confirms_the_engine_its_frameworks_and_the_fix_level_hvdkit_ships(venv, engine):
     from hvdkit.engine import fix_level
 
-    done, venv["times"]["doctor --no-smoke"] = run([venv["venv"] / "bin" / "hvdkit", "doctor", "--no-smoke"], venv["env"], venv["home"])
+    done, venv["times"]["doctor --no-smoke"] = run(
+        [venv["venv"] / "bin" / "hvdkit", "doctor", "--no-smoke"], venv["env"], venv["home"]
+    )
     must(done, "hvdkit doctor")
+
     def row(name):  # doctor prints f"  {name:<26} {value}"
-        found = [line[2:].removeprefix(name).strip() for line in done.stdout.splitlines() if line.startswith(f"  {name} ")]
+        found = [
+            line[2:].removeprefix(name).strip() for line in done.stdout.splitlines() if line.startswith(f"  {name} ")
+        ]
         assert len(found) == 1, done.stdout
         return found[0]
 
@@ -194,7 +212,9 @@ def test_a_training_script_outside_the_repo_trains_on_two_ranks_in_the_new_venv(
     print("install-anywhere seconds:", {k: round(v, 1) for k, v in venv["times"].items()})
 
 
-def test_a_cache_miss_without_mpi_headers_or_cmake_names_their_debian_packages_and_changes_nothing(venv, engine, tmp_path):
+def test_a_cache_miss_without_mpi_headers_or_cmake_names_their_debian_packages_and_changes_nothing(
+    venv, engine, tmp_path
+):
     tools = tmp_path / "bin"  # the system's tools except the MPI compiler wrapper and cmake
     tools.mkdir()
     for source in ("/usr/bin", "/bin"):

@@ -7,7 +7,6 @@ Restore used to pickle the whole state into one object whose size Horovod sends 
 import json
 
 import pytest
-
 from helpers import ROOT, run_ranks
 
 pytestmark = pytest.mark.dist

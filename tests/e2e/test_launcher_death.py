@@ -13,7 +13,6 @@ import subprocess
 import time
 
 import pytest
-
 from helpers import BIN, HVDKIT, PYTHON, ROOT, end_job, pid_running, record_figures, wait_until_gone
 
 pytestmark = pytest.mark.dist
@@ -52,8 +51,15 @@ def test_every_process_of_the_job_ends_within_seconds_of_the_launchers_death(tmp
     gloo = ["--gloo"] if controller == "gloo" else []
     argv = [HVDKIT, "run", "-np", "2", *gloo, "--", PYTHON, SCRIPT, str(out), str(os.getpid())]
     with open(tmp_path / "launcher.log", "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=ROOT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
     job = set()
     try:
         records = wait_for_records(out, proc)

@@ -50,7 +50,11 @@ def test_the_quickstart_trains_to_a_good_accuracy(quickstart):
     which, _, first, _ = quickstart
     done = [ln for ln in first.stdout.splitlines() if "done:" in ln]
     assert len(done) == 1 and done[0].startswith("[rank 0]")
-    accuracy = float(re.search(r"(?:val_)?accuracy (\d\.\d+)", done[0] if which == "keras" else first.stdout.split("epoch 4:")[1]).group(1))
+    accuracy = float(
+        re.search(
+            r"(?:val_)?accuracy (\d\.\d+)", done[0] if which == "keras" else first.stdout.split("epoch 4:")[1]
+        ).group(1)
+    )
     assert accuracy > 0.85
 
 

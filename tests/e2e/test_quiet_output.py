@@ -2,7 +2,6 @@
 failure report, not the launcher's banner after it (HVDKIT_LOG_LEVEL=DEBUG shows everything)."""
 
 import pytest
-
 from helpers import HVDKIT, PYTHON, run_bounded
 
 pytestmark = pytest.mark.dist

@@ -11,7 +11,6 @@ import subprocess
 import time
 
 import pytest
-
 from helpers import PYTHON, ROOT, hvdkit_run, run_bounded
 
 pytestmark = pytest.mark.dist
@@ -27,9 +26,15 @@ RANK_1_OF_2 = {
 def start_wrapper(job_id, folder):
     """A real rank wrapper of job ``job_id`` running ``sleep`` (in its own session, ended by the test)."""
     env = dict(os.environ, HVDKIT_JOB_ID=job_id, HVDKIT_STATUS_DIR=str(folder), **RANK_1_OF_2)
-    proc = subprocess.Popen([PYTHON, "-m", "hvdkit.launcher.rankwrap", "--", "sleep", "300"], env=env, cwd=ROOT,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "hvdkit.launcher.rankwrap", "--", "sleep", "300"],
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # running its command: the wrapper is set up
         with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:

@@ -4,7 +4,6 @@ import os
 import re
 
 import pytest
-
 from helpers import PYTHON, hvdkit_run, result_line
 
 pytestmark = pytest.mark.dist
@@ -37,7 +36,10 @@ def test_keras_fit_example_resumes_from_its_last_checkpoint(keras_run):
     assert proc.returncode == 0, proc.stderr[-5000:]
     again = result_line(proc.stdout)
     assert again["resumed_from_epoch"] == 12 and again["steps"] == 276
-    assert (again["val_accuracy"], again["val_loss"]) == (keras_run["result"]["val_accuracy"], keras_run["result"]["val_loss"])
+    assert (again["val_accuracy"], again["val_loss"]) == (
+        keras_run["result"]["val_accuracy"],
+        keras_run["result"]["val_loss"],
+    )
 
 
 def test_tf_custom_loop_example_reaches_95_percent_on_two_ranks(tmp_path):
@@ -51,6 +53,8 @@ def test_tf_custom_loop_example_reaches_95_percent_on_two_ranks(tmp_path):
 
 
 def test_keras_example_over_gloo_reaches_the_same_bar(tmp_path):
-    proc = hvdkit_run("-np", "2", "--gloo", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(tmp_path / "c"))
+    proc = hvdkit_run(
+        "-np", "2", "--gloo", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(tmp_path / "c")
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
     assert result_line(proc.stdout)["val_accuracy"] >= 0.95

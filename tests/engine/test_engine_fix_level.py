@@ -12,4 +12,6 @@ def test_check_build_and_doctor_name_the_fix_level_of_this_checkout():
     doctor.diagnose(smoke=False, out=out)  # runs `horovodrun --check-build` and parses its fix-level line
     rows = [line for line in out.getvalue().splitlines() if "horovod engine fixes" in line]
     assert len(rows) == 1, out.getvalue()
-    assert rows[0].split()[3] == level, f"installed engine: {rows[0].strip()}; this checkout: {level} (rerun make setup)"
+    assert rows[0].split()[3] == level, (
+        f"installed engine: {rows[0].strip()}; this checkout: {level} (rerun make setup)"
+    )

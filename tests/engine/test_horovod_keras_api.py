@@ -7,7 +7,6 @@ Fixes: hvdkit/engine/recipe/horovod-fixes/4*.patch.
 """
 
 import pytest
-
 from helpers import LAUNCHERS, PYTHON, ROOT, launcher_argv, run_bounded, run_contract_worker
 
 pytestmark = pytest.mark.dist

@@ -7,7 +7,6 @@ the concatenated batches (computed inside the rank script).
 """
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
@@ -33,8 +32,15 @@ def case(ranks, name, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
-    "name", ["tape_keras_dense", "tape_keras_groups", "tape_tf_variable", "tape_embedding_sparse", "tape_embedding_sparse_as_dense",
-             "tape_fp16_compression"]
+    "name",
+    [
+        "tape_keras_dense",
+        "tape_keras_groups",
+        "tape_tf_variable",
+        "tape_embedding_sparse",
+        "tape_embedding_sparse_as_dense",
+        "tape_fp16_compression",
+    ],
 )
 def test_distributed_gradient_tape_trains_like_one_process_on_the_concatenated_batch(ranks, name, mode):
     entries = case(ranks, name, mode)

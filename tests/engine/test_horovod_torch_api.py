@@ -10,7 +10,6 @@ within its own rounding). Horovod's stall check is shortened so that a collectiv
 import json
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_ranks
 
 pytestmark = pytest.mark.dist
@@ -83,7 +82,9 @@ def test_a_failed_step_leaves_no_collective_in_flight(ranks):
     that is currently being processed") nor in the optimizer (zero_grad() refused ever after)."""
     adasum = None if ranks[0] == "mpirun" else "HorovodInternalError: No Adasum operation enabled"
     for rec in both(ranks, "failed_step"):
-        assert rec["skewed"]["step"].startswith("HorovodInternalError: Mismatched ALLREDUCE tensor shapes: One rank sent")
+        assert rec["skewed"]["step"].startswith(
+            "HorovodInternalError: Mismatched ALLREDUCE tensor shapes: One rank sent"
+        )
         assert rec["adasum"]["step"] == adasum
         for case in ("skewed", "adasum"):
             assert (rec[case]["zero_grad"], rec[case]["next_step"]) == (None, None), case
@@ -125,7 +126,13 @@ def test_allgather_object_with_different_types_per_rank(ranks):
 def test_collectives_give_their_closed_form_results(ranks):
     c0, c1 = both(ranks, "collectives")
     for c in (c0, c1):  # rank r contributes r + 1
-        assert (c["Average"], c["Sum"], c["Min"], c["Max"], c["Product"]) == ([1.5] * 3, [3.0] * 3, [1.0] * 3, [2.0] * 3, [2.0] * 3)
+        assert (c["Average"], c["Sum"], c["Min"], c["Max"], c["Product"]) == (
+            [1.5] * 3,
+            [3.0] * 3,
+            [1.0] * 3,
+            [2.0] * 3,
+            [2.0] * 3,
+        )
         assert c["allreduce_"] == c["allreduce_async"] == [3.0] * 3
         assert c["grouped_allreduce"] == [[3.0] * 3, [6.0] * 3]
         assert c["allgather"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]

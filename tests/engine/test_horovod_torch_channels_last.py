@@ -9,7 +9,6 @@ CPU (the format is the same there), under mpirun and horovodrun --gloo.
 import json
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_ranks
 
 pytestmark = pytest.mark.dist

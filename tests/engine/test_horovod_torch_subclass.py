@@ -8,7 +8,6 @@ after ``broadcast_optimizer_state``. Upstream every call recursed forever (Recur
 import json
 
 import pytest
-
 from helpers import LAUNCHERS, ROOT, run_ranks
 
 pytestmark = pytest.mark.dist

@@ -8,7 +8,6 @@ rank 0) under horovodrun --gloo, mpirun and hvdkit run, 2 ranks each.
 import re
 
 import pytest
-
 from helpers import PYTHON, ROOT, hvdkit_run, launcher_argv, run_bounded
 
 pytestmark = pytest.mark.dist

@@ -7,7 +7,6 @@ On the upstream engine it dies on both ranks at its first step, in ``Distributed
 """
 
 import pytest
-
 from helpers import ROOT
 from synthetic import run_synthetic_benchmark
 
@@ -15,8 +14,23 @@ pytestmark = pytest.mark.dist
 
 SCRIPT = ROOT / "tests" / "engine" / "scripts" / "tf2_synthetic_benchmark.py"
 # Small enough for shared CPU cores: a 32x32 MobileNetV2, batch 4, three timed steps.
-FLAGS = ["--model", "MobileNetV2", "--image-size", "32", "--num-classes", "10", "--batch-size", "4",
-         "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "2", "--no-cuda"]
+FLAGS = [
+    "--model",
+    "MobileNetV2",
+    "--image-size",
+    "32",
+    "--num-classes",
+    "10",
+    "--batch-size",
+    "4",
+    "--num-warmup-batches",
+    "1",
+    "--num-batches-per-iter",
+    "1",
+    "--num-iters",
+    "2",
+    "--no-cuda",
+]
 COMMANDS = ("horovodrun-gloo", "mpirun", "hvdkit-run")
 
 

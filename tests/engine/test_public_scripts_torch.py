@@ -8,7 +8,6 @@ load here). Only rank 0 prints.
 """
 
 import pytest
-
 from helpers import ROOT
 from synthetic import run_synthetic_benchmark
 
@@ -16,8 +15,24 @@ pytestmark = pytest.mark.dist
 
 SCRIPT = ROOT / "tests" / "engine" / "scripts" / "pytorch_synthetic_benchmark.py"
 # Small enough for shared CPU cores: 16x16 images, batch 4, two timed iterations of two batches.
-FLAGS = ["--fp16-allreduce", "--model", "resnet_tiny", "--image-size", "16", "--num-classes", "10", "--batch-size", "4",
-         "--num-warmup-batches", "2", "--num-batches-per-iter", "2", "--num-iters", "2", "--no-cuda"]
+FLAGS = [
+    "--fp16-allreduce",
+    "--model",
+    "resnet_tiny",
+    "--image-size",
+    "16",
+    "--num-classes",
+    "10",
+    "--batch-size",
+    "4",
+    "--num-warmup-batches",
+    "2",
+    "--num-batches-per-iter",
+    "2",
+    "--num-iters",
+    "2",
+    "--no-cuda",
+]
 COMMANDS = ("horovodrun-gloo", "mpirun", "hvdkit-run")
 
 

@@ -6,7 +6,6 @@ test asserts one contract against a 1-process reference computed in the same job
 """
 
 import pytest
-
 from gpu_jobs import gpu_or_skip, run_gpu_worker
 from helpers import ROOT
 

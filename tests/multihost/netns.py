@@ -26,8 +26,10 @@ ROOT = HERE.parents[1]
 # What a test module that makes hosts needs (its pytestmark): root, iproute2 and sshd
 NEEDS_HOSTS = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and mounts need root"),
-    pytest.mark.skipif(not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")),
-                       reason="needs iproute2 and openssh-server (make setup installs them)"),
+    pytest.mark.skipif(
+        not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")),
+        reason="needs iproute2 and openssh-server (make setup installs them)",
+    ),
 ]
 
 
@@ -43,14 +45,42 @@ class TwoHosts(_Hosts):
         if not self.private_tmp:
             return super().sshd_argv(i, config)
         # every session sshd starts shares its mount namespace, so its /tmp
-        return ["ip", "netns", "exec", self.ns[i], "unshare", "-m", "-u", str(PRIVATE_TMP), str(ROOT), "--",
-                "sh", "-c", 'hostname "$0" && exec /usr/sbin/sshd -f "$1"', self.names[i], str(config)]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.ns[i],
+            "unshare",
+            "-m",
+            "-u",
+            str(PRIVATE_TMP),
+            str(ROOT),
+            "--",
+            "sh",
+            "-c",
+            'hostname "$0" && exec /usr/sbin/sshd -f "$1"',
+            self.names[i],
+            str(config),
+        ]
 
     def argv_on(self, i, argv):
         """``argv`` run on host i (0 = a, 1 = b) with the test's ssh settings."""
         tmp = ["--private-tmp", str(ROOT)] if self.private_tmp else []
-        return ["ip", "netns", "exec", self.ns[i], "unshare", "-m", "-u",
-                str(IN_HOST), self.names[i], str(self.ssh_dir), *tmp, "--", *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.ns[i],
+            "unshare",
+            "-m",
+            "-u",
+            str(IN_HOST),
+            self.names[i],
+            str(self.ssh_dir),
+            *tmp,
+            "--",
+            *argv,
+        ]
 
 
 PYENV_LOCK = Path.home() / ".pyenv" / "shims" / ".pyenv-shim"

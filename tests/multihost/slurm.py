@@ -63,9 +63,16 @@ class SlurmCluster:
         key = self.dir / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        argv = [_tool("munged"), "--foreground", "--force", f"--key-file={key}", f"--socket={self.socket}",
-                f"--pid-file={self.dir / 'munge' / 'munged.pid'}", f"--log-file={self.dir / 'munged.log'}",
-                f"--seed-file={self.dir / 'munge' / 'munged.seed'}"]
+        argv = [
+            _tool("munged"),
+            "--foreground",
+            "--force",
+            f"--key-file={key}",
+            f"--socket={self.socket}",
+            f"--pid-file={self.dir / 'munge' / 'munged.pid'}",
+            f"--log-file={self.dir / 'munged.log'}",
+            f"--seed-file={self.dir / 'munge' / 'munged.seed'}",
+        ]
         log = open(self.dir / "munged.out", "w")
         self._daemons.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         log.close()
@@ -110,7 +117,10 @@ class SlurmCluster:
             f"PlugStackConfig={d / 'plugstack.conf'}",
         ]
         for node, address in zip(self.nodes, self.hosts.addresses):
-            lines.append(f"NodeName={node} NodeAddr={address} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=4096 State=UNKNOWN")
+            lines.append(
+                f"NodeName={node} NodeAddr={address} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 "
+                "RealMemory=4096 State=UNKNOWN"
+            )
         lines.append(f"PartitionName=test Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         (d / "plugstack.conf").write_text("")
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
@@ -119,8 +129,9 @@ class SlurmCluster:
     def _start(self, i, argv, name):
         log = open(self.dir / f"{name}.out", "w")
         env = dict(os.environ, **self.env)
-        proc = subprocess.Popen(self.argv_on(i, argv), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            self.argv_on(i, argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
         log.close()
         self._daemons.append(proc)
         time.sleep(0.2)
@@ -149,14 +160,31 @@ class SlurmCluster:
         cluster whose compute nodes refuse ssh.
         """
         ns, name = self.hosts.ns[i], self.hosts.names[i]
-        return ["ip", "netns", "exec", ns, "unshare", "-m", "-u", "sh", "-c", 'hostname "$0" && shift && exec "$@"',
-                name, "--", str(PRIVATE_TMP), str(ROOT), "--", *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "unshare",
+            "-m",
+            "-u",
+            "sh",
+            "-c",
+            'hostname "$0" && shift && exec "$@"',
+            name,
+            "--",
+            str(PRIVATE_TMP),
+            str(ROOT),
+            "--",
+            *argv,
+        ]
 
     def run(self, i, argv, check=True, timeout=60, env=None):
         """Run a short SLURM command on host i and return the CompletedProcess."""
         full = dict(os.environ, **self.env, **(env or {}))
-        p = subprocess.run(self.argv_on(i, argv), capture_output=True, text=True, timeout=timeout, env=full,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            self.argv_on(i, argv), capture_output=True, text=True, timeout=timeout, env=full, stdin=subprocess.DEVNULL
+        )
         if check and p.returncode != 0:
             raise RuntimeError(f"{argv} failed ({p.returncode}): {p.stdout}{p.stderr}")
         return p
@@ -180,8 +208,9 @@ class SlurmCluster:
             if info.get("JobState") in states:
                 return info
             if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} is {info.get('JobState')}, not {states}, after {timeout} s:\n"
-                                     f"{self.logs()}")
+                raise AssertionError(
+                    f"job {job_id} is {info.get('JobState')}, not {states}, after {timeout} s:\n{self.logs()}"
+                )
             time.sleep(0.5)
 
     def logs(self, *names):

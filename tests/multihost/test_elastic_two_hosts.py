@@ -20,7 +20,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from helpers import HVDKIT, PYTHON, ROOT, hvdkit_run, record_figures
 from netns import NEEDS_HOSTS, NIC, open_hosts
 
@@ -30,14 +29,33 @@ pytestmark = [
 ]
 EXAMPLE = str(ROOT / "examples" / "torch_digits.py")
 EPOCHS = 3
-TRAIN = [PYTHON, EXAMPLE, "--epochs", str(EPOCHS), "--batch-size", "8", "--global-batch-size", "16", "--compression", "none"]
+TRAIN = [
+    PYTHON,
+    EXAMPLE,
+    "--epochs",
+    str(EPOCHS),
+    "--batch-size",
+    "8",
+    "--global-batch-size",
+    "16",
+    "--compression",
+    "none",
+]
 SAME_THREADS = ["-x", "HVDKIT_NUM_THREADS=1"]
 # Who may listen on a test host while the job runs: sshd, Open MPI's launcher and daemons, the ranks.
 ALLOWED_LISTENERS = ("sshd", "mpirun", "orted", "prterun", "prted")
 # Words in a command line that would mean Horovod's own launcher or elastic mode runs (any rank,
 # daemon or launcher it starts). `hvdkit run` itself, and the ip/unshare/in_host.sh chain that execs
 # it, carry the elastic flags on their own command lines: those are told apart by LAUNCHER.
-FORBIDDEN = ("horovodrun", "horovod.runner", "--min-np", "--max-np", "--host-discovery-script", "gloo_run", "rendezvous")
+FORBIDDEN = (
+    "horovodrun",
+    "horovod.runner",
+    "--min-np",
+    "--max-np",
+    "--host-discovery-script",
+    "gloo_run",
+    "rendezvous",
+)
 LAUNCHER = f"{HVDKIT} run -np"
 
 
@@ -63,7 +81,9 @@ def kill_host(hosts, i):
 
 def set_link(hosts, i, up):
     """Take host i's link down (nothing reaches it any more) or bring it up again."""
-    subprocess.run(["ip", "-n", hosts.ns[i], "link", "set", NIC, "up" if up else "down"], check=True, capture_output=True)
+    subprocess.run(
+        ["ip", "-n", hosts.ns[i], "link", "set", NIC, "up" if up else "down"], check=True, capture_output=True
+    )
 
 
 class Paused:
@@ -76,9 +96,13 @@ class Paused:
         self.hosts, self.i, self.script, self.pids = hosts, i, script, []
 
     def __enter__(self):
-        for pid in subprocess.run(["ip", "netns", "pids", self.hosts.ns[self.i]], capture_output=True, text=True).stdout.split():
+        for pid in subprocess.run(
+            ["ip", "netns", "pids", self.hosts.ns[self.i]], capture_output=True, text=True
+        ).stdout.split():
             argv = _cmdline(int(pid)).split(" ")
-            if len(argv) > 1 and Path(argv[0]).name.startswith("python") and argv[1] == self.script:  # the rank, not its wrapper
+            if (
+                len(argv) > 1 and Path(argv[0]).name.startswith("python") and argv[1] == self.script
+            ):  # the rank, not its wrapper
                 try:
                     os.kill(int(pid), signal.SIGSTOP)
                     self.pids.append(int(pid))
@@ -132,8 +156,15 @@ class Job:
         self.hosts, self.log_path = hosts, workdir / "launcher.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(hosts.argv_on(0, [HVDKIT, "run", *args]), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                hosts.argv_on(0, [HVDKIT, "run", *args]),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+            )
         self.listeners, self.forbidden, self.samples = set(), set(), 0
 
     def text(self):
@@ -185,7 +216,11 @@ def final_model(folder):
     from hvdkit.core.checkpoint.state import read_newest
 
     newest = read_newest(folder)
-    return {"step": newest.step, "epoch": newest.epoch, "model": {k: torch.from_numpy(a) for k, a in newest.state["model"].items()}}
+    return {
+        "step": newest.step,
+        "epoch": newest.epoch,
+        "model": {k: torch.from_numpy(a) for k, a in newest.state["model"].items()},
+    }
 
 
 def discovery_script(workdir, listed):
@@ -198,8 +233,18 @@ def discovery_script(workdir, listed):
 
 def run_uninterrupted(work, train, timeout):
     """The same training on 2 ranks of one host, no change: what an elastic run must match."""
-    proc = hvdkit_run("-np", "2", *SAME_THREADS, "--", *train, "--checkpoint-dir", str(work / "c"), "--sample-log", str(work / "s"),
-                      timeout=timeout)  # fmt: skip
+    proc = hvdkit_run(
+        "-np",
+        "2",
+        *SAME_THREADS,
+        "--",
+        *train,
+        "--checkpoint-dir",
+        str(work / "c"),
+        "--sample-log",
+        str(work / "s"),
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return work
 
@@ -211,9 +256,27 @@ def shrink_and_grow(hosts, work, train, script_path):
     a, b = hosts.names
     script = discovery_script(work, f"{a}:1\n{b}:1\n")  # b stays listed: ssh decides that it is gone
     # A alone trains fast (no allreduce over the link): poll often so that the grow comes mid-run
-    args = ["-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", script, "--discovery-interval", "0.3",
-            "--network-interface", NIC, *SAME_THREADS, "--", *train, "--checkpoint-dir", str(work / "c"),
-            "--sample-log", str(work / "s")]  # fmt: skip
+    args = [
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--max-np",
+        "2",
+        "--host-discovery-script",
+        script,
+        "--discovery-interval",
+        "0.3",
+        "--network-interface",
+        NIC,
+        *SAME_THREADS,
+        "--",
+        *train,
+        "--checkpoint-dir",
+        str(work / "c"),
+        "--sample-log",
+        str(work / "s"),
+    ]
     job = Job(hosts, work, args)
     started = time.monotonic()
     try:
@@ -232,8 +295,15 @@ def shrink_and_grow(hosts, work, train, script_path):
     finally:
         set_link(hosts, 1, True)
         job.kill()
-    return {"work": work, "code": code, "log": job.text(), "job": job, "seconds": time.monotonic() - started,
-            "kill_to_training_alone": shrunk_at - killed_at, "kill_to_relaunch": relaunched_at - killed_at}  # fmt: skip
+    return {
+        "work": work,
+        "code": code,
+        "log": job.text(),
+        "job": job,
+        "seconds": time.monotonic() - started,
+        "kill_to_training_alone": shrunk_at - killed_at,
+        "kill_to_relaunch": relaunched_at - killed_at,
+    }
 
 
 def check_shrunk_and_grew(elastic, epochs):
@@ -314,7 +384,10 @@ def test_every_sample_is_used_exactly_once_per_epoch_across_the_changes(elastic,
     figures = {c["kind"]: c for c in _changes(elastic["log"])}
     # what the summary says was redone: the steps the ranks reported before the failure less where
     # the relaunch resumed (rank 1 may have logged a step rank 0 had not reported)
-    assert figures["grow"]["recomputed"] == 0 and 0 <= figures["shrink"]["recomputed"] <= recomputed, (figures, recomputed)
+    assert figures["grow"]["recomputed"] == 0 and 0 <= figures["shrink"]["recomputed"] <= recomputed, (
+        figures,
+        recomputed,
+    )
     record_change_figures(
         "elastic: host b dies mid-epoch, comes back (torch, 2 hosts, min 1 max 2)",
         figures,
@@ -329,11 +402,21 @@ def _changes(log):
     None where the summary says the ranks reported no steps)."""
     out = []
     for line in log.splitlines():
-        m = re.match(r"hvdkit run:\s+(shrink|grow) \d+ -> \d+ \(.*\): ([0-9.]+) s from noticing to the new ranks running"
-                     r"(?: \(([0-9.]+) s of it for the old ranks to end\))?, steps recomputed: (\d+|unknown)", line)  # fmt: skip
+        m = re.match(
+            r"hvdkit run:\s+(shrink|grow) \d+ -> \d+ \(.*\): ([0-9.]+) s from noticing to the new ranks running"
+            r"(?: \(([0-9.]+) s of it for the old ranks to end\))?, steps recomputed: (\d+|unknown)",
+            line,
+        )
         if m:
             redo = None if m.group(4) == "unknown" else int(m.group(4))
-            out.append({"kind": m.group(1), "seconds": float(m.group(2)), "stopping": m.group(3) and float(m.group(3)), "recomputed": redo})
+            out.append(
+                {
+                    "kind": m.group(1),
+                    "seconds": float(m.group(2)),
+                    "stopping": m.group(3) and float(m.group(3)),
+                    "recomputed": redo,
+                }
+            )
     return out
 
 
@@ -371,8 +454,25 @@ def test_no_horovod_elastic_driver_or_store_runs_in_any_attempt(elastic):
 def test_below_min_np_past_the_timeout_fails_naming_the_missing_host_with_the_checkpoint_intact(hosts, tmp_path):
     a, b = hosts.names
     script = discovery_script(tmp_path, f"{a}:1\n{b}:1\n")
-    args = ["-np", "2", "--min-np", "2", "--host-discovery-script", script, "--discovery-interval", "1", "--elastic-timeout", "6",
-            "--network-interface", NIC, *SAME_THREADS, "--", *TRAIN, "--checkpoint-dir", str(tmp_path / "c")]  # fmt: skip
+    args = [
+        "-np",
+        "2",
+        "--min-np",
+        "2",
+        "--host-discovery-script",
+        script,
+        "--discovery-interval",
+        "1",
+        "--elastic-timeout",
+        "6",
+        "--network-interface",
+        NIC,
+        *SAME_THREADS,
+        "--",
+        *TRAIN,
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+    ]
     job = Job(hosts, tmp_path, args)
     try:
         job.wait_for(lambda: list((tmp_path / "c").glob("ckpt-*")), "a first checkpoint")
@@ -394,15 +494,22 @@ def test_below_min_np_past_the_timeout_fails_naming_the_missing_host_with_the_ch
 
     manifest = verify(newest)  # every file matches its SHA-256 in the manifest
     assert final_model(tmp_path / "c")["step"] == manifest["step"]
-    record_figures("elastic: below --min-np past --elastic-timeout 6", seconds_from_kill_to_failure=round(gave_up_after, 1))
+    record_figures(
+        "elastic: below --min-np past --elastic-timeout 6", seconds_from_kill_to_failure=round(gave_up_after, 1)
+    )
 
 
 def test_the_process_check_would_catch_a_horovod_driver_and_a_store_listening(hosts):
     # What the check above must catch, on host a: a process named like Horovod's elastic launcher,
     # and a Python process serving on a port (as a rendezvous/KV server would).
     code = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(); print('up', flush=True); time.sleep(60)"
-    proc = subprocess.Popen(hosts.argv_on(0, [PYTHON, "-c", code, "horovodrun", "--min-np", "1"]), stdout=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        hosts.argv_on(0, [PYTHON, "-c", code, "horovodrun", "--min-np", "1"]),
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout.readline() == "up\n"
         listeners, forbidden = snapshot(hosts)

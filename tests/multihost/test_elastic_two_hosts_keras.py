@@ -10,13 +10,17 @@ uninterrupted 2-rank run, and the per-sample logs show every sample used exactly
 Needs root (namespaces, mounts).
 """
 
-
 import numpy as np
 import pytest
-
 from helpers import PYTHON, ROOT, record_figures
 from netns import NEEDS_HOSTS, open_hosts
-from test_elastic_two_hosts import _changes, check_every_sample_once, check_shrunk_and_grew, job_fixtures, record_change_figures
+from test_elastic_two_hosts import (
+    _changes,
+    check_every_sample_once,
+    check_shrunk_and_grew,
+    job_fixtures,
+    record_change_figures,
+)
 
 pytestmark = [
     pytest.mark.dist,
@@ -25,8 +29,21 @@ pytestmark = [
 ]
 EXAMPLE = str(ROOT / "examples" / "keras_digits.py")
 # 45 steps an epoch: long enough for b to die mid-epoch, not only at an epoch end
-EPOCHS = 4  # b dies in epoch 2; a alone, held until the launcher asks it to stop, ends that epoch; the last run at 2 again
-TRAIN = [PYTHON, EXAMPLE, "--epochs", str(EPOCHS), "--batch-size", "16", "--global-batch-size", "32", "--compression", "none"]
+EPOCHS = (
+    4  # b dies in epoch 2; a alone, held until the launcher asks it to stop, ends that epoch; the last run at 2 again
+)
+TRAIN = [
+    PYTHON,
+    EXAMPLE,
+    "--epochs",
+    str(EPOCHS),
+    "--batch-size",
+    "16",
+    "--global-batch-size",
+    "32",
+    "--compression",
+    "none",
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +80,10 @@ def test_every_sample_is_used_exactly_once_per_epoch_across_the_keras_changes(el
     figures = {c["kind"]: c for c in _changes(elastic["log"])}
     # the summary counts the steps of the epoch b died in (reported at each batch end) as redone;
     # the grow stops at an epoch end, where the checkpoint is: nothing redone
-    assert figures["grow"]["recomputed"] == 0 and 0 < figures["shrink"]["recomputed"] <= recomputed, (figures, recomputed)
+    assert figures["grow"]["recomputed"] == 0 and 0 < figures["shrink"]["recomputed"] <= recomputed, (
+        figures,
+        recomputed,
+    )
     record_change_figures(
         "elastic: host b dies mid-epoch, comes back (keras fit, 2 hosts, min 1 max 2)",
         figures,

@@ -13,7 +13,10 @@ from benchmarks.netns import TwoHosts
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and mounts need root"),
-    pytest.mark.skipif(not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")), reason="needs iproute2 and openssh-server (make setup installs them)"),
+    pytest.mark.skipif(
+        not (shutil.which("ip") and os.path.exists("/usr/sbin/sshd")),
+        reason="needs iproute2 and openssh-server (make setup installs them)",
+    ),
 ]
 
 
@@ -26,8 +29,13 @@ def test_closing_one_set_of_hosts_keeps_ssh_working_on_another_set_still_open():
         second.open()
         first.close()
         b = second.names[1]
-        proc = subprocess.run(second.argv_on(0, ["ssh", b, "hostname"]), capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            second.argv_on(0, ["ssh", b, "hostname"]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert (proc.returncode, proc.stdout.strip()) == (0, b), proc.stderr
     finally:
         first.close()

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import BIN, HVDKIT, PYTHON, ROOT, end_job, pid_running, record_figures, run_bounded, wait_until_gone
 from netns import NEEDS_HOSTS, open_hosts
 
@@ -53,8 +52,23 @@ def test_each_test_host_has_a_tmp_of_its_own(hosts):
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_a_failing_remote_rank_is_named_with_its_host_and_exit_code(hosts, controller):
     a, b = hosts.names
-    argv = [HVDKIT, "run", "-np", "2", *CONTROLLERS[controller], "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0",
-            "--", PYTHON, BEHAVE, "exit", "1", "3"]  # fmt: skip
+    argv = [
+        HVDKIT,
+        "run",
+        "-np",
+        "2",
+        *CONTROLLERS[controller],
+        "-H",
+        f"{a}:1,{b}:1",
+        "--network-interface",
+        "hvd0",
+        "--",
+        PYTHON,
+        BEHAVE,
+        "exit",
+        "1",
+        "3",
+    ]
     proc = run_bounded(hosts.argv_on(0, argv), 240)
     last = proc.stderr.strip().splitlines()[-1]
     record_figures(f"remote rank fails ({controller})", exit_code=proc.returncode, message=last)
@@ -68,11 +82,32 @@ def test_a_failing_remote_rank_is_named_with_its_host_and_exit_code(hosts, contr
 def test_ranks_on_the_remote_host_end_when_the_launcher_is_killed(hosts, shared_dir, controller):
     a, b = hosts.names
     env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    argv = [HVDKIT, "run", "-np", "2", *CONTROLLERS[controller], "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0",
-            "--", PYTHON, RECORD_PIDS, str(shared_dir), str(os.getpid())]  # fmt: skip
+    argv = [
+        HVDKIT,
+        "run",
+        "-np",
+        "2",
+        *CONTROLLERS[controller],
+        "-H",
+        f"{a}:1,{b}:1",
+        "--network-interface",
+        "hvd0",
+        "--",
+        PYTHON,
+        RECORD_PIDS,
+        str(shared_dir),
+        str(os.getpid()),
+    ]
     with open(shared_dir / "launcher.log", "w") as log:
-        proc = subprocess.Popen(hosts.argv_on(0, argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=ROOT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            hosts.argv_on(0, argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
     job = set()
     try:
         deadline = time.monotonic() + 240
@@ -93,4 +128,3 @@ def test_ranks_on_the_remote_host_end_when_the_launcher_is_killed(hosts, shared_
         end_job(job, proc)
         proc.wait()
     record_figures(f"launcher death, two hosts ({controller})", seconds_until_every_rank_gone=round(gone_after, 2))
-

@@ -16,16 +16,17 @@ from datetime import datetime
 
 import pytest
 import torch
-
 from helpers import BIN, HVDKIT, PYTHON, ROOT, hvdkit_run, result_line
-
 from slurm import SlurmCluster, missing_binaries  # tests/multihost is on sys.path
 
 OPT_IN = "HVDKIT_TEST_SLURM"
 pytestmark = [
     pytest.mark.dist,
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, mounts and SLURM daemons need root"),
-    pytest.mark.skipif(bool(missing_binaries()), reason=f"needs {', '.join(missing_binaries())} (Debian: slurm-wlm munge; make setup installs them)"),
+    pytest.mark.skipif(
+        bool(missing_binaries()),
+        reason=f"needs {', '.join(missing_binaries())} (Debian: slurm-wlm munge; make setup installs them)",
+    ),
     # About 4 minutes on 2 quiet cores (each job starts torch and Horovod on two nodes): more than
     # `make test` should add, so it runs with `make slurm-test`.
     pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=f"opt-in, a few minutes: make slurm-test (or {OPT_IN}=1)"),
@@ -51,7 +52,9 @@ def cluster():
 def one_host(tmp_path_factory):
     """The same training as one 2-rank job on this host: its result line and final parameters."""
     d = tmp_path_factory.mktemp("one") / "c"
-    proc = hvdkit_run("-np", "2", "-x", "HVDKIT_NUM_THREADS=1", "--", PYTHON, EXAMPLE, *ARGS, "--checkpoint-dir", str(d))
+    proc = hvdkit_run(
+        "-np", "2", "-x", "HVDKIT_NUM_THREADS=1", "--", PYTHON, EXAMPLE, *ARGS, "--checkpoint-dir", str(d)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return result_line(proc.stdout), params(d)
 
@@ -75,9 +78,29 @@ def assert_same_params(a, b):
 
 def render_job(folder, checkpoints):
     """``hvdkit render slurm`` for 2 nodes x 1 rank, written unchanged to FOLDER/job.sbatch."""
-    argv = [HVDKIT, "render", "slurm", "--name", "hvdkit-slurm-test", "-np", "2", "--nodes", "2",
-            "--slots-per-node", "1", "--cpu", "1", "--memory", "512Mi", "--", PYTHON, EXAMPLE, *ARGS,
-            "--checkpoint-dir", str(checkpoints)]
+    argv = [
+        HVDKIT,
+        "render",
+        "slurm",
+        "--name",
+        "hvdkit-slurm-test",
+        "-np",
+        "2",
+        "--nodes",
+        "2",
+        "--slots-per-node",
+        "1",
+        "--cpu",
+        "1",
+        "--memory",
+        "512Mi",
+        "--",
+        PYTHON,
+        EXAMPLE,
+        *ARGS,
+        "--checkpoint-dir",
+        str(checkpoints),
+    ]
     text = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     path = folder / "job.sbatch"
     path.write_text(text)
@@ -87,8 +110,14 @@ def render_job(folder, checkpoints):
 def sbatch(cluster, folder, *options, timeout=60):
     """Submit FOLDER/job.sbatch from host a (output FOLDER/job.out); ``(exit code, job id)``."""
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **JOB_ENV}
-    argv = ["sh", "-c", 'cd "$0" && exec sbatch --parsable "$@" job.sbatch', str(folder),
-            f"--output={folder / 'job.out'}", *options]
+    argv = [
+        "sh",
+        "-c",
+        'cd "$0" && exec sbatch --parsable "$@" job.sbatch',
+        str(folder),
+        f"--output={folder / 'job.out'}",
+        *options,
+    ]
     p = cluster.run(0, argv, check=False, timeout=timeout, env=env)
     assert p.returncode == 0 or "--wait" in options, p.stdout + p.stderr
     return p.returncode, p.stdout.strip().splitlines()[0]
@@ -144,8 +173,13 @@ def test_rendered_batch_script_trains_across_both_nodes_and_ends_where_one_host_
 def test_srun_with_pmix_starts_the_ranks_itself_and_ends_where_one_host_ends(cluster, one_host):
     folder = cluster.folder("pmix")
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **JOB_ENV}
-    p = cluster.run(0, ["srun", "--mpi=pmix", "-N", "2", "-n", "2", PYTHON, EXAMPLE, *ARGS, "--checkpoint-dir",
-                        str(folder / "c")], check=False, timeout=400, env=env)
+    p = cluster.run(
+        0,
+        ["srun", "--mpi=pmix", "-N", "2", "-n", "2", PYTHON, EXAMPLE, *ARGS, "--checkpoint-dir", str(folder / "c")],
+        check=False,
+        timeout=400,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])  # srun does not tag lines; only rank 0 prints it
     reference, reference_params = one_host
@@ -158,8 +192,13 @@ def test_srun_with_pmi2_cannot_start_debians_open_mpi_which_lacks_slurms_pmi(clu
     listed = cluster.run(0, ["srun", "--mpi=list"]).stdout + cluster.run(0, ["srun", "--mpi=list"]).stderr
     assert "pmix" in listed and "pmi2" in listed  # Debian's SLURM offers both
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    p = cluster.run(0, ["srun", "--mpi=pmi2", "-N", "2", "-n", "2", PYTHON, "-c", "from mpi4py import MPI"],
-                    check=False, timeout=120, env=env)
+    p = cluster.run(
+        0,
+        ["srun", "--mpi=pmi2", "-N", "2", "-n", "2", PYTHON, "-c", "from mpi4py import MPI"],
+        check=False,
+        timeout=120,
+        env=env,
+    )
     assert p.returncode != 0
     assert "OMPI was not built with SLURM's PMI support" in p.stdout + p.stderr
 

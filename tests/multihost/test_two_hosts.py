@@ -10,9 +10,15 @@ Needs root (namespaces, mounts).
 import time
 
 import pytest
-
-from helpers import HVDKIT, PYTHON, ROOT, hvdkit_run, result_line, run_bounded
-from helpers import fixed_compression  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
+from helpers import (
+    HVDKIT,
+    PYTHON,
+    ROOT,
+    fixed_compression,  # noqa: F401 - autouse: HVDKIT_COMPRESSION=fp16 for this module's runs
+    hvdkit_run,
+    result_line,
+    run_bounded,
+)
 from netns import NEEDS_HOSTS, open_hosts
 
 pytestmark = [
@@ -35,7 +41,9 @@ def hosts():
 
 @pytest.fixture(scope="module")
 def one_host_result(tmp_path_factory):
-    proc = hvdkit_run("-np", "2", *SAME_THREADS, "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path_factory.mktemp("one") / "c"))
+    proc = hvdkit_run(
+        "-np", "2", *SAME_THREADS, "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path_factory.mktemp("one") / "c")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_threads(proc)
     return result_line(proc.stdout)
@@ -50,8 +58,23 @@ def run_on_a(hosts, *args, timeout=240):
 def test_training_across_two_hosts_reaches_what_one_host_reaches(hosts, one_host_result, tmp_path, controller):
     a, b = hosts.names
     gloo = ["--gloo"] if controller == "gloo" else []
-    proc = run_on_a(hosts, "run", "-np", "2", *gloo, "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0",
-                    *SAME_THREADS, "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path / "c"))
+    proc = run_on_a(
+        hosts,
+        "run",
+        "-np",
+        "2",
+        *gloo,
+        "-H",
+        f"{a}:1,{b}:1",
+        "--network-interface",
+        "hvd0",
+        *SAME_THREADS,
+        "--",
+        PYTHON,
+        EXAMPLE,
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     check_threads(proc)
     r = result_line(proc.stdout)
@@ -86,11 +109,32 @@ def test_the_launchers_horovod_nccl_and_hvdkit_settings_reach_the_ranks_on_both_
     ways, a setting exported where `hvdkit run` starts holds for every rank on every host."""
     a, b = hosts.names
     gloo = ["--gloo"] if controller == "gloo" else []
-    probe = "import os, socket; print('SEEN', socket.gethostname(), *(os.environ.get(v) for v in %r), flush=True)" % (
-        ["HOROVOD_CYCLE_TIME", "NCCL_DEBUG", "HVDKIT_NUM_THREADS"],)
-    argv = hosts.argv_on(0, ["env", "HOROVOD_CYCLE_TIME=7", "NCCL_DEBUG=WARN", "HVDKIT_NUM_THREADS=1", HVDKIT, "run",
-                             "-np", "2", *gloo, "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0", "--",
-                             PYTHON, "-c", probe])  # fmt: skip
+    names = ["HOROVOD_CYCLE_TIME", "NCCL_DEBUG", "HVDKIT_NUM_THREADS"]
+    probe = (
+        f"import os, socket; print('SEEN', socket.gethostname(), *(os.environ.get(v) for v in {names!r}), flush=True)"
+    )
+    argv = hosts.argv_on(
+        0,
+        [
+            "env",
+            "HOROVOD_CYCLE_TIME=7",
+            "NCCL_DEBUG=WARN",
+            "HVDKIT_NUM_THREADS=1",
+            HVDKIT,
+            "run",
+            "-np",
+            "2",
+            *gloo,
+            "-H",
+            f"{a}:1,{b}:1",
+            "--network-interface",
+            "hvd0",
+            "--",
+            PYTHON,
+            "-c",
+            probe,
+        ],
+    )
     proc = run_bounded(argv, 240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     seen = sorted(line.split("SEEN ", 1)[1].split() for line in proc.stdout.splitlines() if "SEEN " in line)
@@ -102,22 +146,47 @@ def test_sigterm_to_the_launcher_stops_ranks_on_another_host_at_a_checkpointed_s
     """Every rank on the other host, none on the launcher's: mpirun passes SIGUSR1 on; horovodrun passes
     nothing, so the launcher sends SIGTERM over ssh to the pids the rank wrappers reported (issue 21
     item 10). Either way the ranks stop together at one step, checkpoint it, and exit cleanly."""
-    from hvdkit.core.checkpoint.state import read_newest
-
     import os
     import signal
     import subprocess
 
     from helpers import BIN
 
+    from hvdkit.core.checkpoint.state import read_newest
+
     a, b = hosts.names
     d = tmp_path / "ckpt"
     gloo = ["--gloo"] if controller == "gloo" else []
-    argv = [HVDKIT, "run", "-np", "2", *gloo, "-H", f"{b}:2", "--network-interface", "hvd0", *SAME_THREADS, "--",
-            PYTHON, EXAMPLE, "--epochs", "200", "--checkpoint-dir", str(d)]  # fmt: skip
+    argv = [
+        HVDKIT,
+        "run",
+        "-np",
+        "2",
+        *gloo,
+        "-H",
+        f"{b}:2",
+        "--network-interface",
+        "hvd0",
+        *SAME_THREADS,
+        "--",
+        PYTHON,
+        EXAMPLE,
+        "--epochs",
+        "200",
+        "--checkpoint-dir",
+        str(d),
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.Popen(hosts.argv_on(0, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT, start_new_session=True, stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        hosts.argv_on(0, argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 180
         while not (d.exists() and len([p for p in os.listdir(d) if p.startswith("ckpt-")]) >= 2):  # two epochs done

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from helpers import BIN, PYTHON, run_bounded
+
 from hvdkit.core.devices import per_rank_hostid_argv, shared_gpu_env
 
 
@@ -31,8 +31,15 @@ def run_gpu_worker(worker, out, np_=2, timeout=300):
     """Run ``worker OUT`` on ``np_`` ranks under horovodrun --gloo; every rank's JSON, by rank."""
     torch = gpu_or_skip()
     env, wrap = gpu_job_env(torch, np_)
-    argv = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-            *wrap([PYTHON, str(worker), str(out)])]  # fmt: skip
+    argv = [
+        str(BIN / "horovodrun"),
+        "-np",
+        str(np_),
+        "-H",
+        f"localhost:{np_}",
+        "--gloo",
+        *wrap([PYTHON, str(worker), str(out)]),
+    ]
     proc = run_bounded(argv, timeout, env=env)
     assert proc.returncode == 0, f"GPU job failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(np_)]

@@ -4,8 +4,8 @@ import json
 import os
 import signal
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,7 +101,9 @@ def run_bounded(argv, timeout, env=None, cwd=None, term_grace=None, cleanup=None
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         out, err = _end_group(proc, term_grace)
-        pytest.fail(f"{argv[:4]}... did not finish within {timeout} s (hang?)\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+        pytest.fail(
+            f"{argv[:4]}... did not finish within {timeout} s (hang?)\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+        )
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # no stray ranks survive a test

@@ -46,9 +46,16 @@ def test_a_module_below_a_moved_package_moves_with_it_and_new_paths_are_left_alo
 
 def test_a_name_deprecated_before_its_module_moved_still_works_from_the_old_path():
     out = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c",
-         "from hvdkit.core.tracking import Tracker, tracker_for; import hvdkit.core.monitoring.tracking as t; "
-         "print(Tracker is t.Tracker, callable(tracker_for), hasattr(t, 'tracker_for'))"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-c",
+            "from hvdkit.core.tracking import Tracker, tracker_for; import hvdkit.core.monitoring.tracking as t; "
+            "print(Tracker is t.Tracker, callable(tracker_for), hasattr(t, 'tracker_for'))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.stdout.split() == ["True", "True", "False"], out.stderr[-2000:]

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import ROOT
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -543,13 +542,43 @@ def test_a_login_works_with_the_image_sshd_config_strict_modes_and_the_entrypoin
         Path("/run/sshd").mkdir(exist_ok=True)
         # The image's sshd runs as hvdkit and logs in hvdkit; this one runs as root and logs in root.
         proc = subprocess.Popen(
-            [sshd, "-D", "-e", "-f", str(config), "-p", str(port), "-o", "ListenAddress=127.0.0.1",
-             "-o", "PermitRootLogin=prohibit-password"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                sshd,
+                "-D",
+                "-e",
+                "-f",
+                str(config),
+                "-p",
+                str(port),
+                "-o",
+                "ListenAddress=127.0.0.1",
+                "-o",
+                "PermitRootLogin=prohibit-password",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        login = ["ssh", "-F", "/dev/null", "-p", str(port), "-i", str(home / ".ssh" / "id_rsa"), "-o", "BatchMode=yes",
-                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-                 "root@127.0.0.1", "echo", "logged-in"]
+        login = [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-p",
+            str(port),
+            "-i",
+            str(home / ".ssh" / "id_rsa"),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "root@127.0.0.1",
+            "echo",
+            "logged-in",
+        ]
         deadline = time.monotonic() + 30
         while True:
             done = subprocess.run(login, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
@@ -623,7 +652,11 @@ def test_hvdkit_is_installed_in_the_runtime_stage_after_the_engine_copy(build, r
     assert [sources for sources, _, _ in copies(build) if any(s.startswith("hvdkit") for s in sources)] == [
         ["hvdkit/engine/recipe"]  # the recipe only, which the engine's wheel is keyed by anyway
     ]
-    order = [i for i, (keyword, rest) in enumerate(runtime) if keyword == "COPY" and ("--from=" in rest or " hvdkit " in f" {rest} ")]
+    order = [
+        i
+        for i, (keyword, rest) in enumerate(runtime)
+        if keyword == "COPY" and ("--from=" in rest or " hvdkit " in f" {rest} ")
+    ]
     assert len(order) == 2 and runtime[order[0]][1].startswith("--from="), [runtime[i] for i in order]
     installs = [i for i, (keyword, rest) in enumerate(runtime) if keyword == "RUN" and "pip install" in rest]
     assert len(installs) == 1 and installs[0] > order[1]
@@ -632,7 +665,7 @@ def test_hvdkit_is_installed_in_the_runtime_stage_after_the_engine_copy(build, r
 
 
 def test_the_runtime_stage_proves_the_copied_engine_finds_its_libraries(runtime):
-    after_copy = runtime[[i for i, (k, r) in enumerate(runtime) if k == "COPY" and "--from=" in r][0]:]
+    after_copy = runtime[[i for i, (k, r) in enumerate(runtime) if k == "COPY" and "--from=" in r][0] :]
     runs = " ".join(rest for keyword, rest in after_copy if keyword == "RUN")
     assert "xargs -0 ldd | grep 'not found'" in runs and "! find" in runs
     assert 'LD_LIBRARY_PATH="$site/tensorflow:$site/torch/lib"' in runs  # only the frameworks' own folders
@@ -641,7 +674,9 @@ def test_the_runtime_stage_proves_the_copied_engine_finds_its_libraries(runtime)
 
 def test_the_frameworks_headers_stay_in_the_build_stage(build):
     builds = [i for i, (keyword, rest) in enumerate(build) if keyword == "RUN" and "build-horovod.sh" in rest]
-    removes = [i for i, (keyword, rest) in enumerate(build) if keyword == "RUN" and "site-packages/tensorflow/include" in rest]
+    removes = [
+        i for i, (keyword, rest) in enumerate(build) if keyword == "RUN" and "site-packages/tensorflow/include" in rest
+    ]
     assert builds and removes and removes[0] > builds[0]  # after the engine compiled against them
     assert "site-packages/torch/include" in build[removes[0]][1]
 
@@ -660,33 +695,65 @@ def test_the_mpijob_the_renderer_and_the_build_script_name_one_image(mpijob, tex
     build_sh = (ROOT / "docker" / "build.sh").read_text()
     assert "IMAGE=${HVDKIT_IMAGE:-localhost/hvdkit:cpu}" in build_sh  # buildah's local name of hvdkit:cpu
     assert "docker build -f docker/Dockerfile -t hvdkit:cpu ." in text
-    rendered = subprocess.run([sys.executable, "-m", "hvdkit", "render", "mpijob", "--", "python", "x.py"],
-                              capture_output=True, text=True, timeout=120)
+    rendered = subprocess.run(
+        [sys.executable, "-m", "hvdkit", "render", "mpijob", "--", "python", "x.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rendered.returncode == 0, rendered.stderr
     assert set(re.findall(r"^\s*image: (\S+)$", rendered.stdout, re.M)) == {"hvdkit:cpu"}  # the renderer's default
 
 
 # --- docker/oci_config.py: the runc config of one host of `make docker-test-hosts` ---
 
+
 def oci_config(tmp_path, image_config, *command):
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc").mkdir(parents=True)
-    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\nhvdkit:x:1000:1000::/home/hvdkit:/bin/bash\n")
+    (rootfs / "etc" / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\nhvdkit:x:1000:1000::/home/hvdkit:/bin/bash\n"
+    )
     image = json.dumps({"OCIv1": {"config": image_config}})
-    argv = [sys.executable, str(ROOT / "docker" / "oci_config.py"), "--rootfs", str(rootfs), "--netns", "/run/netns/n0",
-            "--hostname", "job-worker-0", "--hosts", "/x/hosts", "--secret", "/x/secret",
-            "--secret-mount", "/home/hvdkit/.mpi-operator/ssh", "--", *command]
+    argv = [
+        sys.executable,
+        str(ROOT / "docker" / "oci_config.py"),
+        "--rootfs",
+        str(rootfs),
+        "--netns",
+        "/run/netns/n0",
+        "--hostname",
+        "job-worker-0",
+        "--hosts",
+        "/x/hosts",
+        "--secret",
+        "/x/secret",
+        "--secret-mount",
+        "/home/hvdkit/.mpi-operator/ssh",
+        "--",
+        *command,
+    ]
     return subprocess.run(argv, input=image, capture_output=True, text=True, timeout=60)
 
 
 def test_oci_config_runs_the_worker_command_through_the_entrypoint_as_the_image_user(tmp_path):
-    image = {"User": "1000:1000", "WorkingDir": "/opt/hvdkit/app", "Env": ["PATH=/opt/hvdkit/venv/bin:/usr/bin", "HOME=/"],
-             "Entrypoint": ["/usr/local/bin/hvdkit-entrypoint"]}
+    image = {
+        "User": "1000:1000",
+        "WorkingDir": "/opt/hvdkit/app",
+        "Env": ["PATH=/opt/hvdkit/venv/bin:/usr/bin", "HOME=/"],
+        "Entrypoint": ["/usr/local/bin/hvdkit-entrypoint"],
+    }
     done = oci_config(tmp_path, image, "/usr/sbin/sshd", "-De", "-f", "/home/hvdkit/.sshd_config")
     assert done.returncode == 0, done.stderr
     spec = json.loads(done.stdout)
     process = spec["process"]
-    assert process["args"] == ["/usr/local/bin/hvdkit-entrypoint", "/usr/sbin/sshd", "-De", "-f", "/home/hvdkit/.sshd_config"]
+    assert process["args"] == [
+        "/usr/local/bin/hvdkit-entrypoint",
+        "/usr/sbin/sshd",
+        "-De",
+        "-f",
+        "/home/hvdkit/.sshd_config",
+    ]
     assert process["user"] == {"uid": 1000, "gid": 1000} and process["cwd"] == "/opt/hvdkit/app"
     assert process["env"] == ["PATH=/opt/hvdkit/venv/bin:/usr/bin", "HOME=/home/hvdkit", "HOSTNAME=job-worker-0"]
     assert spec["hostname"] == "job-worker-0"

@@ -9,7 +9,9 @@ from helpers import ROOT
 
 
 def test_api_reference_is_regenerated_from_the_current_docstrings():
-    proc = subprocess.run([sys.executable, "scripts/gen_api_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "scripts/gen_api_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

@@ -22,7 +22,9 @@ def rules():
             continue
         layer = cells[0].strip("`")
         own = None if cells[2] == "any" else set(re.findall(r"`([\w.]+)`", cells[2]))
-        frameworks = None if cells[3] == "any" else set() if cells[3] == "none" else {f.strip() for f in cells[3].split(",")}
+        frameworks = (
+            None if cells[3] == "any" else set() if cells[3] == "none" else {f.strip() for f in cells[3].split(",")}
+        )
         table[layer] = (own, frameworks)
     return table
 
@@ -96,12 +98,16 @@ def test_every_module_imports_only_what_its_layer_may(path):
     assert violations(path, table) == [], f"{path.relative_to(ROOT)} breaks docs/architecture.md's import rules"
 
 
-def test_the_checker_catches_a_core_module_importing_torch_lazily_or_an_adapter_importing_another(tmp_path, monkeypatch):
+def test_the_checker_catches_a_core_module_importing_torch_lazily_or_an_adapter_importing_another(
+    tmp_path, monkeypatch
+):
     table = rules()
     bad_core = PACKAGE / "core" / "_probe_bad.py"
     bad_torch = PACKAGE / "torch" / "_probe_bad.py"
-    fake = {bad_core: "def f():\n    import torch\n    from ..launcher import plan\n",
-            bad_torch: "from ..keras import callbacks\nfrom .. import tensorflow\n"}
+    fake = {
+        bad_core: "def f():\n    import torch\n    from ..launcher import plan\n",
+        bad_torch: "from ..keras import callbacks\nfrom .. import tensorflow\n",
+    }
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: fake[self] if self in fake else Path.open(self).read())
     assert violations(bad_core, table) == ["torch", "hvdkit.launcher.plan"]  # also inside a function
     assert violations(bad_torch, table) == ["hvdkit.keras.callbacks", "hvdkit.tensorflow"]

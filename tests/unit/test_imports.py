@@ -37,8 +37,16 @@ def test_tracking_and_timeline_are_split_into_modules_of_one_job_under_400_lines
     assert tracking.MlflowRun.__module__ == "hvdkit.core.monitoring.mlflow_store"
     assert tracking.crc32c.__module__ == "hvdkit.core.monitoring.tfrecord"
     assert timeline.timeline_path.__module__ == "hvdkit.launcher.timeline_flags"
-    split = ("core.monitoring.tracking", "core.monitoring.tfrecord", "core.monitoring.tensorboard_events",
-             "core.monitoring.mlflow_store", "diagnostics.timeline", "launcher.timeline_flags", "diagnostics.timeline_plot")
-    lines = {m: len(pathlib.Path(importlib.import_module(f"hvdkit.{m}").__file__).read_text().splitlines())
-             for m in split}
+    split = (
+        "core.monitoring.tracking",
+        "core.monitoring.tfrecord",
+        "core.monitoring.tensorboard_events",
+        "core.monitoring.mlflow_store",
+        "diagnostics.timeline",
+        "launcher.timeline_flags",
+        "diagnostics.timeline_plot",
+    )
+    lines = {
+        m: len(pathlib.Path(importlib.import_module(f"hvdkit.{m}").__file__).read_text().splitlines()) for m in split
+    }
     assert max(lines.values()) <= 400, lines

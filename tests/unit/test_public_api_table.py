@@ -59,14 +59,14 @@ def names_in(cell):
 
 def concept_table():
     """{column header: {row concept: names}} of the table whose first header is "concept"."""
-    (header, rows), = [t for t in tables() if t[0][0] == "concept"]
+    ((header, rows),) = [t for t in tables() if t[0][0] == "concept"]
     columns = [h.strip("`") for h in header]
     return {col: {row[0]: names_in(row[i]) for row in rows} for i, col in enumerate(columns) if i > 0}
 
 
 def deprecated_table():
     """[(adapter, old name, new name)] of the table whose first header is "adapter"."""
-    (header, rows), = [t for t in tables() if t[0][0] == "adapter"]
+    ((header, rows),) = [t for t in tables() if t[0][0] == "adapter"]
     assert header[1:3] == ["old name", "new name"]
     return [(row[0].strip("`"), row[1].strip("`"), row[2].strip("`")) for row in rows]
 
@@ -195,8 +195,10 @@ def test_an_old_scaled_schedule_still_scales_and_serialises_under_its_old_name()
 def test_torch_scale_lr_warns_and_returns_the_scaled_lr_scheduler():
     opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
     sched, messages = _warns(hk_torch.scale_lr, opt, "linear", warmup_steps=2, size=4)
-    assert messages == ["hvdkit.torch.scale_lr is deprecated and will be removed in hvdkit 0.3; "
-                        "use hvdkit.torch.ScaledLRScheduler instead"]
+    assert messages == [
+        "hvdkit.torch.scale_lr is deprecated and will be removed in hvdkit 0.3; "
+        "use hvdkit.torch.ScaledLRScheduler instead"
+    ]
     assert isinstance(sched, hk_torch.ScaledLRScheduler)
     rates = []
     for _ in range(4):

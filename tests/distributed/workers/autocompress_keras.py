@@ -10,20 +10,19 @@ Usage: python autocompress_keras.py OUT
 import sys
 from functools import partial
 
+import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
-
-import horovod.tensorflow as hvd
-import hvdkit.keras as hk
-import hvdkit.tensorflow as htf
-from hvdkit.tensorflow.autocompress import measure_and_choose
 from model_params import keras_clone, keras_mlp, max_weight_diff, weights_digest
 from recording import error_of, logged_runs, with_env, write_rank_result
 
+import hvdkit.keras as hk
+import hvdkit.tensorflow as htf
+from hvdkit.tensorflow.autocompress import measure_and_choose
+
 STEPS, B, LR = 3, 4, 0.1
 VAR = "HVDKIT_COMPRESSION"
-
 
 
 def make_model(seed=0):
@@ -73,7 +72,6 @@ def tape(init, x, y, rank, compression):
     return model
 
 
-
 RUNS = [  # (label, train function, compression argument, HVDKIT_COMPRESSION)
     ("fit_auto", fit, "auto", None),
     ("fit_auto_env_fp16", fit, "auto", "fp16"),
@@ -92,12 +90,21 @@ def main(out_dir):
     x, y = global_data(topo.size)
     ref = reference(init, x, y)
     out = {"rank": topo.rank, "measured": measure_and_choose(init.trainable_variables).as_dict()}
-    runs = [(label, partial(with_env, VAR, env, partial(train, init, x, y, topo.rank, arg))) for label, train, arg, env in RUNS]
+    runs = [
+        (label, partial(with_env, VAR, env, partial(train, init, x, y, topo.rank, arg)))
+        for label, train, arg, env in RUNS
+    ]
     rank0_view = partial(hvd.broadcast_object, root_rank=0, name="test.autocompress.logged")
-    out["runs"] = logged_runs("hvdkit.autocompress", runs, rank0_view,
-                              lambda model: {"digest": weights_digest(model), "max_diff_vs_reference": max_weight_diff(model, ref)})
+    out["runs"] = logged_runs(
+        "hvdkit.autocompress",
+        runs,
+        rank0_view,
+        lambda model: {"digest": weights_digest(model), "max_diff_vs_reference": max_weight_diff(model, ref)},
+    )
     out["errors"] = {
-        "optimizer": error_of(lambda: hk.DistributedOptimizer(keras.optimizers.SGD(LR), compression="int8"), ValueError),
+        "optimizer": error_of(
+            lambda: hk.DistributedOptimizer(keras.optimizers.SGD(LR), compression="int8"), ValueError
+        ),
         "tape": error_of(lambda: htf.DistributedGradientTape(tf.GradientTape(), compression="bf16"), ValueError),
         "variable": with_env(VAR, "half", lambda: error_of(lambda: fit(init, x, y, topo.rank, "auto"), ValueError)),
     }

@@ -9,17 +9,16 @@ import copy
 import sys
 from functools import partial
 
-import torch
-
 import horovod.torch as hvd
-import hvdkit.torch as hk
-from hvdkit.torch.autocompress import measure_and_choose
+import torch
 from model_params import max_param_diff, params_digest
 from recording import error_of, logged_runs, with_env, write_rank_result
 
+import hvdkit.torch as hk
+from hvdkit.torch.autocompress import measure_and_choose
+
 STEPS, B, LR = 3, 4, 0.1
 VAR = "HVDKIT_COMPRESSION"
-
 
 
 def make_model():
@@ -53,7 +52,6 @@ def reference(init, x, y):
     return model
 
 
-
 def main(out_dir):
     topo = hk.init(threads=1)
     init = make_model()
@@ -61,17 +59,30 @@ def main(out_dir):
     ref = reference(init, x, y)
     out = {"rank": topo.rank, "measured": measure_and_choose(init).as_dict()}
     rank1_only = "fp16" if topo.rank == 1 else None  # a variable set on one host only: rank 0's view wins
-    runs = [(label, partial(with_env, VAR, env, partial(train, init, x, y, topo.rank, arg)))
-            for label, arg, env in [("auto", "auto", None), ("auto_env_fp16", "auto", "fp16"), ("auto_env_none", "auto", "none"),
-                                    ("explicit_none_env_fp16", "none", "fp16"), ("explicit_fp16", "fp16", None),
-                                    ("auto_env_fp16_on_rank1_only", "auto", rank1_only)]]
+    runs = [
+        (label, partial(with_env, VAR, env, partial(train, init, x, y, topo.rank, arg)))
+        for label, arg, env in [
+            ("auto", "auto", None),
+            ("auto_env_fp16", "auto", "fp16"),
+            ("auto_env_none", "auto", "none"),
+            ("explicit_none_env_fp16", "none", "fp16"),
+            ("explicit_fp16", "fp16", None),
+            ("auto_env_fp16_on_rank1_only", "auto", rank1_only),
+        ]
+    ]
     rank0_view = partial(hvd.broadcast_object, root_rank=0, name="test.autocompress.logged")
-    out["runs"] = logged_runs("hvdkit.autocompress", runs, rank0_view,
-                              lambda model: {"digest": params_digest(model), "max_diff_vs_reference": max_param_diff(model, ref)})
+    out["runs"] = logged_runs(
+        "hvdkit.autocompress",
+        runs,
+        rank0_view,
+        lambda model: {"digest": params_digest(model), "max_diff_vs_reference": max_param_diff(model, ref)},
+    )
     plain = torch.optim.SGD(init.parameters(), lr=LR)
     out["errors"] = {
         "argument": error_of(lambda: hk.DistributedOptimizer(plain, compression="int8"), ValueError),
-        "variable": with_env(VAR, "bf16", lambda: error_of(lambda: hk.DistributedOptimizer(plain, compression="auto"), ValueError)),
+        "variable": with_env(
+            VAR, "bf16", lambda: error_of(lambda: hk.DistributedOptimizer(plain, compression="auto"), ValueError)
+        ),
     }
     write_rank_result(out_dir, topo.rank, out)
 

@@ -11,9 +11,9 @@ import sys
 
 import numpy as np
 import torch
+from recording import error_of, write_rank_result
 
 import hvdkit.torch as hk
-from recording import error_of, write_rank_result
 from hvdkit.core import ConfigError
 
 BAD = {
@@ -46,9 +46,8 @@ def main(out_dir):
         "listing_after_refusals": listing,
         "resumed_step": resumed.step,
         "resumed_types": {k: type(v).__name__ for k, v in got.items()},
-        "resumed_equal": got.keys() == GOOD.keys() and all(
-            torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v for k, v in GOOD.items()
-        ),
+        "resumed_equal": got.keys() == GOOD.keys()
+        and all(torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v for k, v in GOOD.items()),
     }
     write_rank_result(out_dir, rank, result)
 

@@ -12,10 +12,10 @@ import copy
 import sys
 
 import torch
-
-import hvdkit.torch as hk
 from model_params import max_param_diff, params_digest
 from recording import write_rank_result
+
+import hvdkit.torch as hk
 
 STEPS = 5
 B = 4  # per-rank batch

@@ -8,16 +8,16 @@ Usage: python keras_contracts.py OUT
 import os
 import sys
 
-import numpy as np
 import keras
+import numpy as np
 import tensorflow as tf
-
-import hvdkit.keras as hk
+from model_params import keras_clone, keras_mlp, weights_of
 from model_params import max_weight_diff as max_diff
 from model_params import weights_digest as digest
-from model_params import keras_clone, keras_mlp, weights_of
-import hvdkit.tensorflow as htf
 from recording import error_of, write_sections
+
+import hvdkit.keras as hk
+import hvdkit.tensorflow as htf
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError
 
 STEPS = 4
@@ -61,8 +61,14 @@ def section_fit(rank, size):
     for name, kwargs in {"fp32": {}, "fp16": {"compression": "fp16"}}.items():
         model = clone(init)
         model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), **kwargs), loss="mse")
-        model.fit(rank_rows(x, rank), rank_rows(y, rank), batch_size=B, shuffle=False, verbose=0,
-                  callbacks=[hk.BroadcastInitialStateCallback()])
+        model.fit(
+            rank_rows(x, rank),
+            rank_rows(y, rank),
+            batch_size=B,
+            shuffle=False,
+            verbose=0,
+            callbacks=[hk.BroadcastInitialStateCallback()],
+        )
         out[name] = {"digest": digest(model), "max_diff_vs_reference": max_diff(model, ref)}
         if name == "fp32":
             hvdkit_fp32 = model
@@ -73,8 +79,11 @@ def section_fit(rank, size):
     model = clone(init)
     model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9)), loss="mse")
     model.fit(rank_rows(x, rank), rank_rows(y, rank), batch_size=B, shuffle=False, verbose=0)
-    out["horovod_keras"] = {"digest": digest(model), "max_diff_vs_reference": max_diff(model, ref),
-                            "max_diff_vs_hvdkit_fp32": max_diff(model, hvdkit_fp32)}
+    out["horovod_keras"] = {
+        "digest": digest(model),
+        "max_diff_vs_reference": max_diff(model, ref),
+        "max_diff_vs_hvdkit_fp32": max_diff(model, hvdkit_fp32),
+    }
     # What a wrong reduction would give: only this rank's half of every batch.
     out["wrong_missing_rank_diff"] = max_diff(reference_fit(init, x[:, :B], y[:, :B], batch=B), ref)
     out["moved"] = max_diff(ref, init)
@@ -138,14 +147,25 @@ def section_metrics(rank, size):
     y_all = g.randint(0, 4, size=10)
     mine = slice(0, 7) if rank == 0 else slice(7, 10)
     model = make_model(0)
-    model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.0)),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.0)),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     # the truth: one process over all 10 samples (no collectives)
     expect = model.evaluate(x_all, y_all, batch_size=10, verbose=0, return_dict=True)
     n = 7 if rank == 0 else 3  # one step per rank: the same number of steps on both
-    hist = model.fit(x_all[mine], y_all[mine], batch_size=n, epochs=1, shuffle=False, verbose=0,
-                     validation_data=(x_all[mine], y_all[mine]), validation_batch_size=n,
-                     callbacks=[hk.MetricAverageCallback()])
+    hist = model.fit(
+        x_all[mine],
+        y_all[mine],
+        batch_size=n,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        validation_data=(x_all[mine], y_all[mine]),
+        validation_batch_size=n,
+        callbacks=[hk.MetricAverageCallback()],
+    )
     model.evaluate(x_all[mine], y_all[mine], batch_size=n, verbose=0)
     after_evaluate = hk.average_model_metrics(model)
     local_only = model.evaluate(x_all[mine], y_all[mine], batch_size=n, verbose=0, return_dict=True)
@@ -170,33 +190,60 @@ def section_checkpoint_and_warmup(rank, size, out_dir):
         on_train_batch_begin=lambda b, logs: lrs.append(float(model.optimizer.learning_rate))
     )
     warm = hk.LearningRateWarmupCallback(initial_lr=LR, warmup_epochs=2)
-    model.fit(rank_rows(x, rank), rank_rows(y, rank), batch_size=B, epochs=3, shuffle=False, verbose=0,
-              callbacks=[hk.BroadcastInitialStateCallback(), warm, record, ckpt])
-    saved = {"digest": digest(model), "opt": [np.asarray(v).tolist() for v in model.optimizer.variables],
-             "iterations": int(model.optimizer.iterations)}
+    model.fit(
+        rank_rows(x, rank),
+        rank_rows(y, rank),
+        batch_size=B,
+        epochs=3,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hk.BroadcastInitialStateCallback(), warm, record, ckpt],
+    )
+    saved = {
+        "digest": digest(model),
+        "opt": [np.asarray(v).tolist() for v in model.optimizer.variables],
+        "iterations": int(model.optimizer.iterations),
+    }
     model2 = make_model(seed=50 + rank)
     model2.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9)), loss="mse")
     ckpt2 = hk.CheckpointCallback(ckpt_dir, model2)
     resumed = ckpt2.restore()
-    restored = {"digest": digest(model2), "opt": [np.asarray(v).tolist() for v in model2.optimizer.variables],
-                "iterations": int(model2.optimizer.iterations)}
+    restored = {
+        "digest": digest(model2),
+        "opt": [np.asarray(v).tolist() for v in model2.optimizer.variables],
+        "iterations": int(model2.optimizer.iterations),
+    }
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     other.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     wrong_model_error = error_of(lambda: hk.CheckpointCallback(ckpt_dir, other).restore(), CheckpointError)
     listing = sorted(os.listdir(ckpt_dir)) if os.path.exists(ckpt_dir) else None
-    return {"first_restore": first, "first_initial_epoch": first_initial_epoch,
-            "resumed_epoch": resumed.epoch, "initial_epoch": ckpt2.initial_epoch, "saved": saved, "restored": restored,
-            "lrs": lrs, "listing": listing, "wrong_model_error": wrong_model_error}
+    return {
+        "first_restore": first,
+        "first_initial_epoch": first_initial_epoch,
+        "resumed_epoch": resumed.epoch,
+        "initial_epoch": ckpt2.initial_epoch,
+        "saved": saved,
+        "restored": restored,
+        "lrs": lrs,
+        "listing": listing,
+        "wrong_model_error": wrong_model_error,
+    }
 
 
 def section_bad_input(rank):
     out = {
         "not_optimizer": error_of(lambda: hk.DistributedOptimizer("adam"), ConfigError),
-        "compression": error_of(lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="int8"), ConfigError),
-        "tape_compression": error_of(lambda: htf.DistributedGradientTape(tf.GradientTape(), compression="bf16"), ConfigError),
+        "compression": error_of(
+            lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="int8"), ConfigError
+        ),
+        "tape_compression": error_of(
+            lambda: htf.DistributedGradientTape(tf.GradientTape(), compression="bf16"), ConfigError
+        ),
     }
     # a variable list that differs across ranks: rank 1 has one variable more
-    variables = [tf.Variable(np.zeros((2, 2), "float32"))] + ([tf.Variable(np.zeros(3, "float32"))] if rank == 1 else [])
+    variables = [tf.Variable(np.zeros((2, 2), "float32"))] + (
+        [tf.Variable(np.zeros(3, "float32"))] if rank == 1 else []
+    )
     out["variables"] = error_of(lambda: hk.broadcast_variables(variables), CollectiveError)
     return out
 
@@ -208,9 +255,11 @@ def section_save_load(out_dir, rank):
     path = os.path.join(out_dir, f"model-{rank}.keras")
     model.save(path)
     loaded = keras.models.load_model(path)
-    return {"same_weights": bool(np.array_equal(weights_of(model), weights_of(loaded))),
-            "optimizer_class": type(loaded.optimizer).__name__,
-            "learning_rate": float(loaded.optimizer.learning_rate)}
+    return {
+        "same_weights": bool(np.array_equal(weights_of(model), weights_of(loaded))),
+        "optimizer_class": type(loaded.optimizer).__name__,
+        "learning_rate": float(loaded.optimizer.learning_rate),
+    }
 
 
 def main(out_dir):

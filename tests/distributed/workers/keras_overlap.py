@@ -10,11 +10,11 @@ import sys
 
 import keras
 import numpy as np
+from model_params import keras_clone, keras_mlp, max_weight_diff, weights_digest
+from recording import write_rank_result
 
 import hvdkit.keras as hk
 from hvdkit.tensorflow.gradients import _split
-from model_params import keras_clone, keras_mlp, max_weight_diff, weights_digest
-from recording import write_rank_result
 
 STEPS, B, LR = 3, 4, 0.1
 GROUPS = (1, 2, 3, 0)
@@ -39,15 +39,28 @@ def main(out_dir):
     ref = clone(init, keras.optimizers.SGD(LR))
     ref.fit(x.reshape(-1, 8), y.reshape(-1, 4), batch_size=topo.size * B, shuffle=False, verbose=0)
     mine = slice(topo.rank * B, (topo.rank + 1) * B)
-    out = {"rank": topo.rank, "moved": max_weight_diff(ref, init), "groups": {},
-           "split_6_into_4": _split(list(range(6)), 4), "split_3_into_0": _split([0, 1, 2], 0)}
+    out = {
+        "rank": topo.rank,
+        "moved": max_weight_diff(ref, init),
+        "groups": {},
+        "split_6_into_4": _split(list(range(6)), 4),
+        "split_3_into_0": _split([0, 1, 2], 0),
+    }
     for groups in GROUPS:
         opt = hk.DistributedOptimizer(keras.optimizers.SGD(LR))
         opt._hvdkit_groups = groups
         model = clone(init, opt)
-        model.fit(np.concatenate([s[mine] for s in x]), np.concatenate([s[mine] for s in y]), batch_size=B,
-                  shuffle=False, verbose=0)
-        out["groups"][str(groups)] = {"digest": weights_digest(model), "max_diff_vs_reference": max_weight_diff(model, ref)}
+        model.fit(
+            np.concatenate([s[mine] for s in x]),
+            np.concatenate([s[mine] for s in y]),
+            batch_size=B,
+            shuffle=False,
+            verbose=0,
+        )
+        out["groups"][str(groups)] = {
+            "digest": weights_digest(model),
+            "max_diff_vs_reference": max_weight_diff(model, ref),
+        }
     write_rank_result(out_dir, topo.rank, out)
 
 

@@ -9,14 +9,14 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
+from lr_clipping_setup import LR, MAX_NORM, B
+from model_params import keras_clone, keras_mlp
+from model_params import max_weight_diff as max_diff
+from model_params import weights_digest as digest
+from recording import run_sections
 
 import hvdkit.keras as hk
-from lr_clipping_setup import B, LR, MAX_NORM
-from model_params import max_weight_diff as max_diff
-from model_params import keras_clone, keras_mlp
-from model_params import weights_digest as digest
 import hvdkit.tensorflow as htf
-from recording import run_sections
 
 STEPS = 4
 
@@ -58,8 +58,10 @@ def per_rank_clip(init, x, y, size):
     model = clone(init)
     opt = keras.optimizers.SGD(LR, momentum=0.9)
     for s in range(STEPS):
-        parts = [tf.clip_by_global_norm(grads_of(model, x[s][r * B : (r + 1) * B], y[s][r * B : (r + 1) * B]), MAX_NORM)[0]
-                 for r in range(size)]
+        parts = [
+            tf.clip_by_global_norm(grads_of(model, x[s][r * B : (r + 1) * B], y[s][r * B : (r + 1) * B]), MAX_NORM)[0]
+            for r in range(size)
+        ]
         opt.apply([sum(gs) / size for gs in zip(*parts)], model.trainable_variables)
     return model
 
@@ -111,8 +113,15 @@ def fit_recording_lr(optimizer, callbacks, rank, epochs, passes=1):
 
     record = keras.callbacks.LambdaCallback(on_train_batch_begin=on_batch)
     g = np.random.RandomState(rank)
-    model.fit(g.randn(4 * B, 8).astype("float32"), g.randn(4 * B, 4).astype("float32"), batch_size=B, epochs=epochs,
-              shuffle=False, verbose=0, callbacks=[hk.BroadcastInitialStateCallback(), *callbacks, record])
+    model.fit(
+        g.randn(4 * B, 8).astype("float32"),
+        g.randn(4 * B, 4).astype("float32"),
+        batch_size=B,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hk.BroadcastInitialStateCallback(), *callbacks, record],
+    )
     return lrs
 
 

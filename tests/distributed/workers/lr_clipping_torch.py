@@ -9,12 +9,12 @@ import math
 import sys
 
 import torch
-
-import hvdkit.torch as hk
-from lr_clipping_setup import B, LR, MAX_NORM
+from lr_clipping_setup import LR, MAX_NORM, B
 from model_params import max_param_diff as max_diff
 from model_params import params_digest as digest
 from recording import run_sections
+
+import hvdkit.torch as hk
 
 STEPS = 5
 
@@ -95,7 +95,7 @@ def section_lr(rank, size):
         opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), model=model, max_grad_norm=1e6)
         sched = hk.ScaledLRScheduler(opt, rule=rule, warmup_steps=4)
         lrs = []
-        for s in range(7):
+        for _ in range(7):
             lrs.append(opt.param_groups[0]["lr"])
             opt.zero_grad()
             model(torch.ones(2, 8)).sum().backward()

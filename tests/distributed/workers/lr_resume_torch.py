@@ -9,10 +9,10 @@ Usage: python lr_resume_torch.py OUT CKPT STEPS
 import sys
 
 import torch
-
-import hvdkit.torch as hk
 from lr_clipping_setup import LR
 from recording import write_sections
+
+import hvdkit.torch as hk
 
 WARMUP_STEPS = 4
 

@@ -11,9 +11,9 @@ import sys
 import time
 
 import torch
+from recording import error_of, write_rank_result
 
 import hvdkit.torch as hk
-from recording import error_of, write_rank_result
 from hvdkit.core import CheckpointError, CollectiveError
 
 

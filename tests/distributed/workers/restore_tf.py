@@ -12,10 +12,10 @@ import sys
 
 import keras
 import numpy as np
+from recording import error_of, write_rank_result
 
 import hvdkit.tensorflow as htf
 import hvdkit.tensorflow.comm as tf_comm
-from recording import error_of, write_rank_result
 from hvdkit.core import CheckpointError
 
 tf_comm.CHUNK_BYTES = 1000
@@ -53,7 +53,9 @@ def main(out_dir):
         "restored": digest(fresh),
         "resumed": [resumed.step, resumed.epoch, resumed.extra],
         "iterations": int(fresh.optimizer.iterations),
-        "mismatch_error": error_of(lambda: htf.Checkpointer(ckpt_dir, other, other.optimizer).restore(), CheckpointError),
+        "mismatch_error": error_of(
+            lambda: htf.Checkpointer(ckpt_dir, other, other.optimizer).restore(), CheckpointError
+        ),
     }
     write_rank_result(out_dir, topo.rank, result)
 

@@ -10,11 +10,11 @@ import time
 
 import keras
 import numpy as np
+from recording import write_rank_result
+from straggler_log import THRESHOLD, capture_straggler_log, compute_seconds
 
 import hvdkit.keras as hk
 from hvdkit.keras.optimizer import allreduce_seconds
-from straggler_log import THRESHOLD, capture_straggler_log, compute_seconds
-from recording import write_rank_result
 
 STEPS = 12
 B = 4
@@ -45,10 +45,19 @@ def main(out_dir):
     x, y = g.randn(STEPS * B, 8).astype("float32"), g.randn(STEPS * B, 4).astype("float32")
     report = hk.StragglerMonitorCallback(threshold=THRESHOLD)
     logs = []
-    epoch_logs = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, l: (logs.append(list(log_lines)), log_lines.clear()))
+    epoch_logs = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda _epoch, _logs: (logs.append(list(log_lines)), log_lines.clear())
+    )
     # SlowRank runs before StragglerMonitorCallback at batch begin: the report times from batch end to batch end.
-    hist = model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0,
-                     callbacks=[hk.BroadcastInitialStateCallback(), SlowRank(topo.rank), report, epoch_logs])
+    hist = model.fit(
+        x,
+        y,
+        batch_size=B,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hk.BroadcastInitialStateCallback(), SlowRank(topo.rank), report, epoch_logs],
+    )
     result = {
         "rank": topo.rank,
         "size": topo.size,

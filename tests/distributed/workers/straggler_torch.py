@@ -9,10 +9,10 @@ import sys
 import time
 
 import torch
+from recording import write_rank_result
+from straggler_log import THRESHOLD, capture_straggler_log, compute_seconds
 
 import hvdkit.torch as hk
-from straggler_log import THRESHOLD, capture_straggler_log, compute_seconds
-from recording import write_rank_result
 
 STEPS = 12
 B = 4

@@ -11,10 +11,10 @@ import sys
 import time
 
 import torch
+from recording import write_rank_result
 
 import hvdkit.torch as hk
 from hvdkit.core import ConfigError
-from recording import write_rank_result
 
 STEPS = 4
 SLEEP = 0.15
@@ -49,8 +49,10 @@ def main(out_dir):
             else:
                 opt.step()
     refused = []
-    for bad in (lambda: hk.StragglerMonitor(name="plain", optimizer=torch.optim.SGD(model.parameters(), lr=0.1)),
-                lambda: opt.add_synchronize_listener(42)):
+    for bad in (
+        lambda: hk.StragglerMonitor(name="plain", optimizer=torch.optim.SGD(model.parameters(), lr=0.1)),
+        lambda: opt.add_synchronize_listener(42),
+    ):
         try:
             bad()
         except ConfigError as e:

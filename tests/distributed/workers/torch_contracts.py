@@ -11,11 +11,11 @@ import os
 import sys
 
 import torch
-
-import hvdkit.torch as hk
 from model_params import max_param_diff as max_diff
 from model_params import params_of
 from recording import error_of, write_sections
+
+import hvdkit.torch as hk
 from hvdkit.core import CheckpointError, CollectiveError, ConfigError, MetricTracker
 
 STEPS = 5
@@ -160,7 +160,9 @@ def section_bad_input(out_dir):
     hk.communicator().barrier()
     sgd = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
     return {
-        "unwritable": error_of(lambda: hk.Checkpointer(os.path.join(blocker, "ckpt"), torch.nn.Linear(2, 2)), CheckpointError),
+        "unwritable": error_of(
+            lambda: hk.Checkpointer(os.path.join(blocker, "ckpt"), torch.nn.Linear(2, 2)), CheckpointError
+        ),
         "compression": error_of(lambda: hk.DistributedOptimizer(sgd, compression="int8"), ConfigError),
         "not_optimizer": error_of(lambda: hk.DistributedOptimizer("sgd"), ConfigError),
     }
@@ -175,7 +177,9 @@ def section_zero_grad(rank):
         model(torch.ones(1, 2) * (rank + 1)).sum().backward()
         opt.step()
         opt.zero_grad(set_to_none=set_to_none)
-        out[f"set_to_none_{set_to_none}"] = [None if p.grad is None else p.grad.abs().sum().item() for p in model.parameters()]
+        out[f"set_to_none_{set_to_none}"] = [
+            None if p.grad is None else p.grad.abs().sum().item() for p in model.parameters()
+        ]
     model(torch.ones(1, 2)).sum().backward()  # averaging in flight: zeroing now is Horovod's error
     out["before_step"] = error_of(lambda: opt.zero_grad(set_to_none=True), AssertionError)
     opt.step()

@@ -69,16 +69,22 @@ def keras_job(out_dir):
     idx = list(mine(topo.rank))
     x, y = x_all[idx], y_all[idx]
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
-                              keras.layers.Dense(4, activation="softmax")])
-    model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(PARAMS["lr"])),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(4, activation="softmax")]
+    )
+    model.compile(
+        optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(PARAMS["lr"])),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
 
     def metrics_of(xs, ys):
         p = model(xs, training=False)
         loss = keras.losses.sparse_categorical_crossentropy(ys, p)
-        return {"loss": float(np.mean(keras.ops.convert_to_numpy(loss))),
-                "accuracy": float(np.mean(np.argmax(keras.ops.convert_to_numpy(p), axis=1) == ys))}
+        return {
+            "loss": float(np.mean(keras.ops.convert_to_numpy(loss))),
+            "accuracy": float(np.mean(np.argmax(keras.ops.convert_to_numpy(p), axis=1) == ys)),
+        }
 
     reference, local = [], []
 
@@ -91,9 +97,17 @@ def keras_job(out_dir):
 
     record = keras.callbacks.LambdaCallback(on_epoch_begin=begin, on_epoch_end=end)
     track = hk.TrackMetricsCallback(os.path.join(out_dir, "runs"), backends=("tensorboard", "mlflow"), params=PARAMS)
-    hist = model.fit(x, y, batch_size=len(idx), epochs=EPOCHS, shuffle=False, verbose=0,
-                     validation_data=(x, y), validation_batch_size=len(idx),
-                     callbacks=[hk.BroadcastInitialStateCallback(), record, hk.MetricAverageCallback(), track])
+    hist = model.fit(
+        x,
+        y,
+        batch_size=len(idx),
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        validation_data=(x, y),
+        validation_batch_size=len(idx),
+        callbacks=[hk.BroadcastInitialStateCallback(), record, hk.MetricAverageCallback(), track],
+    )
     history = {k: [float(v) for v in vs] for k, vs in hist.history.items()}
     return topo, track.tracker, {"reference": reference, "local": local, "history": history}
 

@@ -1,8 +1,8 @@
 """A tiny rank program for launcher tests (no framework): greet, then fail as told.
 
-    rank_behaviour.py hello                 every rank prints a line and exits 0
-    rank_behaviour.py exit RANK CODE        RANK exits with CODE; the others wait 120 s
-    rank_behaviour.py kill RANK             RANK kills itself with SIGKILL; the others wait 120 s
+rank_behaviour.py hello                 every rank prints a line and exits 0
+rank_behaviour.py exit RANK CODE        RANK exits with CODE; the others wait 120 s
+rank_behaviour.py kill RANK             RANK kills itself with SIGKILL; the others wait 120 s
 """
 
 import os

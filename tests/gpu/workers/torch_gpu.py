@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import traceback
 
 import torch
@@ -29,8 +28,10 @@ def digest(model):
 
 
 def max_diff(a, b):
-    return max((p.detach().double().cpu() - q.detach().double().cpu()).abs().max().item()
-               for p, q in zip(a.parameters(), b.parameters()))
+    return max(
+        (p.detach().double().cpu() - q.detach().double().cpu()).abs().max().item()
+        for p, q in zip(a.parameters(), b.parameters())
+    )
 
 
 def make_model(seed):
@@ -98,8 +99,14 @@ def section_amp(rank, size):
     r = train(ref, x, y, amp=True, steps=steps)
     model = copy.deepcopy(init)
     d = train(model, x, y, rank=rank, amp=True, steps=steps)
-    return {"digest": digest(model), "ref_diff": max_diff(model, ref), "scale": d["scale"], "ref_scale": r["scale"],
-            "first_loss": r["losses"][0], "last_loss": r["losses"][-1]}
+    return {
+        "digest": digest(model),
+        "ref_diff": max_diff(model, ref),
+        "scale": d["scale"],
+        "ref_scale": r["scale"],
+        "first_loss": r["losses"][0],
+        "last_loss": r["losses"][-1],
+    }
 
 
 def section_checkpoint(rank, size, folder):
@@ -112,16 +119,24 @@ def section_checkpoint(rank, size, folder):
     cpu = make_model(seed=11)  # CPU model, other values
     cpu_opt = torch.optim.SGD(cpu.parameters(), lr=LR, momentum=0.9)
     resumed = hk.Checkpointer(os.path.join(folder, "from-gpu"), cpu, cpu_opt).restore()
-    out = {"gpu_to_cpu": {"step": resumed.step if resumed else None, "diff": max_diff(cpu, gpu),
-                          "param_device": str(next(cpu.parameters()).device),
-                          "state_devices": sorted({str(s["momentum_buffer"].device) for s in cpu_opt.state.values()})}}
+    out = {
+        "gpu_to_cpu": {
+            "step": resumed.step if resumed else None,
+            "diff": max_diff(cpu, gpu),
+            "param_device": str(next(cpu.parameters()).device),
+            "state_devices": sorted({str(s["momentum_buffer"].device) for s in cpu_opt.state.values()}),
+        }
+    }
     hk.Checkpointer(os.path.join(folder, "from-cpu"), cpu, cpu_opt).save(step=STEPS + 1, epoch=0)
     back = make_model(seed=12).cuda()
     back_opt = torch.optim.SGD(back.parameters(), lr=LR, momentum=0.9)
     resumed = hk.Checkpointer(os.path.join(folder, "from-cpu"), back, back_opt).restore()
-    out["cpu_to_gpu"] = {"step": resumed.step if resumed else None, "diff": max_diff(back, gpu),
-                         "param_device": str(next(back.parameters()).device),
-                         "state_devices": sorted({str(s["momentum_buffer"].device) for s in back_opt.state.values()})}
+    out["cpu_to_gpu"] = {
+        "step": resumed.step if resumed else None,
+        "diff": max_diff(back, gpu),
+        "param_device": str(next(back.parameters()).device),
+        "state_devices": sorted({str(s["momentum_buffer"].device) for s in back_opt.state.values()}),
+    }
     return out
 
 
@@ -140,8 +155,13 @@ def main():
 
     result = {"rank": rank, "size": size, "nccl_built": bool(hvd.nccl_built())}
     folder = os.path.join(out, "ckpt")
-    sections = [("device", section_device), ("contracts", section_contracts), ("amp", section_amp),
-                ("checkpoint", lambda r, s: section_checkpoint(r, s, folder)), ("metrics", section_metrics)]
+    sections = [
+        ("device", section_device),
+        ("contracts", section_contracts),
+        ("amp", section_amp),
+        ("checkpoint", lambda r, s: section_checkpoint(r, s, folder)),
+        ("metrics", section_metrics),
+    ]
     for name, fn in sections:
         try:
             result[name] = fn(rank, size)

@@ -52,8 +52,13 @@ def _results(hvdkit=0.050, horovod=0.0502, ddp=0.070, ckpt=1.05, extra=0.2, wire
         for n in (4096, 64 << 20):
             rows += [
                 {"bytes": n, "variant": f"hvd_{c}", "median_s": 1.0, "bandwidth_Bps": 1e9, "fraction_of_memcpy": 0.25},
-                {"bytes": n, "variant": f"hvd_{c}_fp16", "median_s": 0.5 if n in fp16_faster_at else 2.0,
-                 "bandwidth_Bps": 5e8, "fraction_of_memcpy": 0.1},
+                {
+                    "bytes": n,
+                    "variant": f"hvd_{c}_fp16",
+                    "median_s": 0.5 if n in fp16_faster_at else 2.0,
+                    "bandwidth_Bps": 5e8,
+                    "fraction_of_memcpy": 0.1,
+                },
                 {"bytes": n, "variant": "memcpy", "median_s": 0.1, "bandwidth_Bps": 4e9, "fraction_of_memcpy": 1.0},
                 {"bytes": n, "variant": "fp16_wire_ratio", "value": wire},
             ]
@@ -62,7 +67,9 @@ def _results(hvdkit=0.050, horovod=0.0502, ddp=0.070, ckpt=1.05, extra=0.2, wire
     return {
         "comm_mpi": sweep("mpi"),
         "comm_gloo": sweep("gloo"),
-        "train_torch": {"variants": {"hvdkit": {"median_s": hvdkit}, "horovod": {"median_s": horovod}, "ddp": {"median_s": ddp}}},
+        "train_torch": {
+            "variants": {"hvdkit": {"median_s": hvdkit}, "horovod": {"median_s": horovod}, "ddp": {"median_s": ddp}}
+        },
         "checkpoint": {"hvdkit_vs_torch_save_fsync": ckpt},
         "startup": {"extra_s": extra},
     }

@@ -9,8 +9,10 @@ from benchmarks.tcp_stream import receive, send
 from hvdkit.core.errors import ConfigError
 
 
-@pytest.mark.parametrize("text,bits", [("1gbit", 10**9), ("10Gbit", 10**10), ("500mbit", 5 * 10**8),
-                                       ("2.5gbit", 25 * 10**8), ("unlimited", None)])
+@pytest.mark.parametrize(
+    "text,bits",
+    [("1gbit", 10**9), ("10Gbit", 10**10), ("500mbit", 5 * 10**8), ("2.5gbit", 25 * 10**8), ("unlimited", None)],
+)
 def test_link_rates_parse_to_bits_per_second_and_back(text, bits):
     assert parse_rate(text) == bits
     assert parse_rate(format_rate(bits)) == bits
@@ -39,9 +41,14 @@ def _job(steps, auto=None, margin=0.1):
 
 
 def test_tuned_summary_pairs_each_repetition_and_uses_the_variant_auto_picked():
-    default = [_job({"single": 0.1, "hvdkit": 0.30, "hvdkit_fp16": 0.20}), _job({"single": 0.1, "hvdkit": 0.33, "hvdkit_fp16": 0.2})]
-    tuned = [_job({"single": 0.2, "hvdkit": 0.25, "hvdkit_fp16": 0.15}, "fp16"),
-             _job({"single": 0.1, "hvdkit": 0.30, "hvdkit_fp16": 0.165}, "fp16")]
+    default = [
+        _job({"single": 0.1, "hvdkit": 0.30, "hvdkit_fp16": 0.20}),
+        _job({"single": 0.1, "hvdkit": 0.33, "hvdkit_fp16": 0.2}),
+    ]
+    tuned = [
+        _job({"single": 0.2, "hvdkit": 0.25, "hvdkit_fp16": 0.15}, "fp16"),
+        _job({"single": 0.1, "hvdkit": 0.30, "hvdkit_fp16": 0.165}, "fp16"),
+    ]
     s = tuned_summary({"horovod defaults": default, "hvdkit defaults": tuned})
     assert s["engine_settings"]["samples"] == pytest.approx([0.30 / 0.25, 0.33 / 0.30])
     # a job whose whole machine ran twice as slow (single 0.2 s) counts against its single-process step

@@ -108,7 +108,9 @@ def test_fit_link_recovers_the_link_that_made_the_times(rate, alpha, p):
     assert fitted.alpha_s == pytest.approx(alpha, rel=1e-6, abs=1e-12)
 
 
-@pytest.mark.parametrize("bad", [dict(compute_s=0.0), dict(head=1.5), dict(share=0.0), dict(grad_bytes=-1.0), dict(cycle_s=0.0)])
+@pytest.mark.parametrize(
+    "bad", [dict(compute_s=0.0), dict(head=1.5), dict(share=0.0), dict(grad_bytes=-1.0), dict(cycle_s=0.0)]
+)
 def test_out_of_range_steps_are_refused_naming_the_field(bad):
     args = dict(grad_bytes=1.0, compute_s=0.1) | bad
     with pytest.raises(ValueError, match=next(iter(bad))):
@@ -133,13 +135,21 @@ def test_the_published_check_depends_on_the_link_rate():
 
 
 def _suite_results(single=0.03, compute_only=0.7, measured=0.57, params=4_200_000):
-    sweep = [{"bytes": n, "variant": "hvd_mpi", "median_s": 2 * 0.5 * n / 2e9 + 1e-4} for n in (1 << 20, 4 << 20, 16 << 20, 64 << 20)]
-    variants = {"single": {"median_s": single, "scaling_efficiency": 1.0},
-                "compute_only": {"median_s": single / compute_only, "scaling_efficiency": compute_only},
-                "hvdkit": {"median_s": single / measured, "scaling_efficiency": measured}}
-    return {"ranks": 2, "comm_mpi": {"controller": "mpi", "sweep": sweep},
-            "train_torch": {"model": {"parameters": params}, "variants": variants},
-            "train_keras": {"model": {}, "variants": variants}}
+    sweep = [
+        {"bytes": n, "variant": "hvd_mpi", "median_s": 2 * 0.5 * n / 2e9 + 1e-4}
+        for n in (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+    ]
+    variants = {
+        "single": {"median_s": single, "scaling_efficiency": 1.0},
+        "compute_only": {"median_s": single / compute_only, "scaling_efficiency": compute_only},
+        "hvdkit": {"median_s": single / measured, "scaling_efficiency": measured},
+    }
+    return {
+        "ranks": 2,
+        "comm_mpi": {"controller": "mpi", "sweep": sweep},
+        "train_torch": {"model": {"parameters": params}, "variants": variants},
+        "train_keras": {"model": {}, "variants": variants},
+    }
 
 
 def test_local_calibration_fits_the_sweep_and_predicts_keras_below_torch():
@@ -160,13 +170,21 @@ def test_prediction_table_covers_2_to_512_ranks_at_four_rates_and_rises_with_the
 
 def test_network_links_are_fitted_per_shaped_rate_and_missing_sections_are_skipped():
     rate = 1 * GBIT
-    sweep = [{"bytes": n, "variant": "hvd_mpi", "median_s": 2 * 0.5 * n / rate + 2e-4} for n in (64 << 10, 1 << 20, 4 << 20)]
-    links = network_links({"ranks": 2, "links": {"1gbit": {"comm_mpi": {"controller": "mpi", "sweep": sweep}}, "x": {}}})
+    sweep = [
+        {"bytes": n, "variant": "hvd_mpi", "median_s": 2 * 0.5 * n / rate + 2e-4} for n in (64 << 10, 1 << 20, 4 << 20)
+    ]
+    links = network_links(
+        {"ranks": 2, "links": {"1gbit": {"comm_mpi": {"controller": "mpi", "sweep": sweep}}, "x": {}}}
+    )
     assert list(links) == ["1gbit"] and links["1gbit"].bytes_per_s == pytest.approx(rate, rel=1e-6)
     assert links["1gbit"].alpha_s == pytest.approx(1e-4, rel=1e-6)
     assert network_links(None) == {}
-    network = {"ranks": 2, "links": {"1gbit": {"comm_mpi": {"controller": "mpi", "sweep": sweep},
-                                               "train": _suite_results()["train_torch"]}}}
+    network = {
+        "ranks": 2,
+        "links": {
+            "1gbit": {"comm_mpi": {"controller": "mpi", "sweep": sweep}, "train": _suite_results()["train_torch"]}
+        },
+    }
     rows = network_check(network, network_links(network))
     assert list(rows) == ["1gbit"] and rows["1gbit"]["measured"] == 0.57
     assert rows["1gbit"]["predicted_without_overlap"] <= rows["1gbit"]["predicted"] <= 0.7

@@ -25,10 +25,13 @@ def fake_horovod(tmp_path, marker):
     return SimpleNamespace(submodule_search_locations=[str(folder)])
 
 
-@pytest.mark.parametrize("marker, level", [
-    ('LEVEL = "hvdkit-fixes-0123456789ab"\nFIXES = []\n', "hvdkit-fixes-0123456789ab"),
-    (None, "upstream"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "marker, level",
+    [
+        ('LEVEL = "hvdkit-fixes-0123456789ab"\nFIXES = []\n', "hvdkit-fixes-0123456789ab"),
+        (None, "upstream"),
+    ],
+)
 def test_the_installed_level_is_read_from_the_marker_without_importing_horovod(tmp_path, monkeypatch, marker, level):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: fake_horovod(tmp_path, marker))
     assert installed_engine_level() == level
@@ -38,7 +41,9 @@ def test_no_engine_and_another_level_are_said_with_the_fix(tmp_path, monkeypatch
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     main(["--version"])
     assert capsys.readouterr().out.rstrip().endswith("installed engine: none (install it: hvdkit engine install)")
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: fake_horovod(tmp_path, 'LEVEL = "hvdkit-fixes-old"\n'))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: fake_horovod(tmp_path, 'LEVEL = "hvdkit-fixes-old"\n')
+    )
     main(["--version"])
     assert "hvdkit-fixes-old (another hvdkit's; rebuild it: hvdkit engine install)" in capsys.readouterr().out
 
@@ -47,4 +52,7 @@ def test_no_command_is_an_error_listing_the_commands(capsys):
     with pytest.raises(SystemExit) as done:
         main([])
     assert done.value.code == 2
-    assert "a command is required: one of run, render, timeline, bench, engine, doctor (or --version)" in capsys.readouterr().err
+    assert (
+        "a command is required: one of run, render, timeline, bench, engine, doctor (or --version)"
+        in capsys.readouterr().err
+    )

@@ -97,14 +97,20 @@ def test_auto_measures_once_and_logs_both_times_and_the_sizes():
     logged = []
     choice, decision = resolve_compression("auto", measure, 2, logged.append, {})
     assert (choice, calls, decision.speedup) == ("fp16", [1], 2.0)
-    assert "10 gradients, 16.00 MB fp32" in logged[0] and "4.000 ms in fp32" in logged[0] and "2.000 ms in fp16" in logged[0]
+    assert (
+        "10 gradients, 16.00 MB fp32" in logged[0]
+        and "4.000 ms in fp32" in logged[0]
+        and "2.000 ms in fp16" in logged[0]
+    )
     assert decision.as_dict()["choice"] == "fp16"
 
 
 def test_rank0s_variable_decides_for_every_rank():
     measure, calls = measuring((0.004, 0.002, 16, 1))
     # this rank has HVDKIT_COMPRESSION=none but rank 0 has none set: all measure, none skips
-    choice, decision = resolve_compression("auto", measure, 2, None, {"HVDKIT_COMPRESSION": "none"}, agree=lambda w: "auto")
+    choice, decision = resolve_compression(
+        "auto", measure, 2, None, {"HVDKIT_COMPRESSION": "none"}, agree=lambda w: "auto"
+    )
     assert (choice, decision.source, calls) == ("fp16", "measured", [1])
     choice, _ = resolve_compression("auto", measure, 2, None, {}, agree=lambda w: "none")
     assert choice == "none" and calls == [1]

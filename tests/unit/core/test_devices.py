@@ -60,7 +60,9 @@ def test_the_per_rank_host_id_comes_from_the_launchers_rank(tmp_path):
 
     argv = per_rank_hostid_argv(["sh", "-c", 'printf %s "$NCCL_HOSTID"'])
     for var, value in (("HOROVOD_RANK", "3"), ("OMPI_COMM_WORLD_RANK", "5"), ("RANK", "7")):
-        out = subprocess.run(argv, env={"PATH": "/usr/bin:/bin", var: value}, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            argv, env={"PATH": "/usr/bin:/bin", var: value}, capture_output=True, text=True, check=True
+        )
         assert out.stdout == f"hvdkit-rank-{value}"
 
 

@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hvdkit.core import ConfigError
-from hvdkit.core.data import plan_batches
-from hvdkit.core.data import epoch_order, position_after, rank_batches, rank_seed, step_bounds
+from hvdkit.core.data import epoch_order, plan_batches, position_after, rank_batches, rank_seed, step_bounds
 
-FAST = settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def test_a_fixed_global_batch_picks_the_accumulation_for_each_world_size():
@@ -108,7 +109,9 @@ def test_any_sequence_of_world_sizes_sees_every_sample_exactly_once_per_epoch(ru
         assert {len(b) for b in per_rank} == {len(taken) * plan.accumulation}  # same count on every rank
         assert all(len(batch_) > 0 for b in per_rank for batch_ in b)  # never an empty micro-batch
         for (begin, end), i in zip(taken, range(len(taken))):
-            step = sorted(x for b in per_rank for micro in b[i * plan.accumulation : (i + 1) * plan.accumulation] for x in micro)
+            step = sorted(
+                x for b in per_rank for micro in b[i * plan.accumulation : (i + 1) * plan.accumulation] for x in micro
+            )
             steps_by_position.setdefault(begin, []).append((end, step))
         for b in per_rank:
             for micro in b:

@@ -80,7 +80,9 @@ def test_keras_scaled_schedule_warms_up_and_multiplies_a_user_schedule():
     assert [float(both(s)) for s in range(4)] == pytest.approx([0.1, 0.075, 0.05, 0.025], rel=1e-6)
     again = ScaledLRSchedule.from_config(both.get_config())
     assert float(again(1)) == pytest.approx(0.075, rel=1e-6)
-    with pytest.raises(ConfigError, match=re.escape("learning_rate must be a number > 0 or a keras LearningRateSchedule (got 0)")):
+    with pytest.raises(
+        ConfigError, match=re.escape("learning_rate must be a number > 0 or a keras LearningRateSchedule (got 0)")
+    ):
         ScaledLRSchedule(0, size=2)
 
 
@@ -88,5 +90,7 @@ def test_keras_scaled_schedule_warms_up_and_multiplies_a_user_schedule():
 def test_torch_max_grad_norm_must_be_a_finite_positive_number(bad):
     from hvdkit.torch import DistributedOptimizer
 
-    with pytest.raises(ConfigError, match=re.escape(f"max_grad_norm must be a finite number > 0 or None (got {bad!r})")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"max_grad_norm must be a finite number > 0 or None (got {bad!r})")
+    ):
         DistributedOptimizer(torch_optimizer(), max_grad_norm=bad)

@@ -12,9 +12,9 @@ from hvdkit.cli import _parser, main
 from hvdkit.core import env, log
 from hvdkit.core.comm import LocalCommunicator
 from hvdkit.core.errors import ConfigError
-from hvdkit.core.preemption import PreemptionGuard
 from hvdkit.core.monitoring.progress import Progress
 from hvdkit.core.monitoring.straggler import straggler_threshold
+from hvdkit.core.preemption import PreemptionGuard
 
 RUN = ["run", "-np", "1"]
 COMMAND = ["--", "python", "-c", "pass"]
@@ -26,8 +26,17 @@ def _run_args(*flags):
 
 @pytest.fixture(autouse=True)
 def _no_hvdkit_variables(monkeypatch):
-    for name in (env.MAX_RESTARTS, env.STALL_TIMEOUT, env.GRACE_PERIOD, env.NUM_THREADS, env.OMP_NUM_THREADS,
-                 env.LOG_LEVEL, env.PROGRESS, env.PROGRESS_INTERVAL, env.STRAGGLER_THRESHOLD):
+    for name in (
+        env.MAX_RESTARTS,
+        env.STALL_TIMEOUT,
+        env.GRACE_PERIOD,
+        env.NUM_THREADS,
+        env.OMP_NUM_THREADS,
+        env.LOG_LEVEL,
+        env.PROGRESS,
+        env.PROGRESS_INTERVAL,
+        env.STRAGGLER_THRESHOLD,
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -47,7 +56,9 @@ def test_each_run_variable_is_used_and_its_flag_wins(monkeypatch, dest, flag, na
 
 
 @pytest.mark.parametrize("dest, flag, name, text, value, flag_text, flag_value", CLI_SETTINGS)
-def test_a_bad_run_variable_is_an_error_naming_it_unless_the_flag_is_given(monkeypatch, dest, flag, name, text, value, flag_text, flag_value):
+def test_a_bad_run_variable_is_an_error_naming_it_unless_the_flag_is_given(
+    monkeypatch, dest, flag, name, text, value, flag_text, flag_value
+):
     monkeypatch.setenv(name, "-x")
     with pytest.raises(ConfigError, match=rf"^{name} must be .*\(got '-x'\); fix or unset it"):
         _run_args()
@@ -92,14 +103,18 @@ def test_a_stall_timeout_below_one_second_rounds_up_instead_of_turning_the_shutd
 def test_a_user_check_time_above_the_shutdown_time_is_refused_naming_both(monkeypatch):
     monkeypatch.setenv(env.STALL_TIMEOUT, "20")
     monkeypatch.setenv(env.HOROVOD_STALL_CHECK, "30")  # Horovod: "will not shutdown", waits forever
-    with pytest.raises(ConfigError, match=r"HOROVOD_STALL_CHECK_TIME_SECONDS=30 is above the stall shutdown time of 20 s"):
+    with pytest.raises(
+        ConfigError, match=r"HOROVOD_STALL_CHECK_TIME_SECONDS=30 is above the stall shutdown time of 20 s"
+    ):
         env.stall_settings()
     monkeypatch.setenv(env.HOROVOD_STALL_CHECK, "20")
     assert env.stall_settings() == {env.HOROVOD_STALL_SHUTDOWN: "20"}
     monkeypatch.setenv(env.HOROVOD_STALL_SHUTDOWN, "0")  # the user's own "never": theirs to choose
     assert env.stall_settings() == {}
     monkeypatch.setenv(env.HOROVOD_STALL_SHUTDOWN, "soon")
-    with pytest.raises(ConfigError, match=r"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS must be an integer >= 0 \(got 'soon'\)"):
+    with pytest.raises(
+        ConfigError, match=r"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS must be an integer >= 0 \(got 'soon'\)"
+    ):
         env.stall_settings()
 
 
@@ -144,7 +159,9 @@ print(json.dumps([torch.get_num_threads(), tf.config.threading.get_intra_op_para
 def test_torch_and_tensorflow_runtimes_take_the_same_threads_from_omp_num_threads():
     # Before: torch left its own thread count once OMP_NUM_THREADS was set (here 1, not 3), and
     # TensorFlow failed on an OpenMP list ("3,1"). In a process of its own: TF sets variables on import.
-    proc = run_bounded([PYTHON, "-c", _BOTH_RUNTIMES], timeout=300, env={env.OMP_NUM_THREADS: "3,1", env.NUM_THREADS: ""})
+    proc = run_bounded(
+        [PYTHON, "-c", _BOTH_RUNTIMES], timeout=300, env={env.OMP_NUM_THREADS: "3,1", env.NUM_THREADS: ""}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [3, 3]
 
@@ -165,7 +182,9 @@ def test_a_bad_log_level_is_an_error_naming_the_variable_and_the_levels(monkeypa
     # Before: logging's own ValueError("Unknown level: 'VERBOSE'"), not naming HVDKIT_LOG_LEVEL.
     monkeypatch.setitem(log._state, "handler", logging.NullHandler())
     monkeypatch.setenv(env.LOG_LEVEL, "verbose")
-    with pytest.raises(ConfigError, match=r"HVDKIT_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL \(got 'verbose'\)"):
+    with pytest.raises(
+        ConfigError, match=r"HVDKIT_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL \(got 'verbose'\)"
+    ):
         log.configure()
 
 

@@ -12,8 +12,17 @@ from hvdkit.launcher.hosts import Host
 
 
 def test_check_build_report_is_parsed():
-    report = "Available Frameworks:\n    [X] TensorFlow\n    [X] PyTorch\n    [ ] MXNet\n\n" "Available Controllers:\n    [X] MPI\n    [ ] Gloo\n"
-    assert doctor.check_build(report) == {"TensorFlow": True, "PyTorch": True, "MXNet": False, "MPI": True, "Gloo": False}
+    report = (
+        "Available Frameworks:\n    [X] TensorFlow\n    [X] PyTorch\n    [ ] MXNet\n\n"
+        "Available Controllers:\n    [X] MPI\n    [ ] Gloo\n"
+    )
+    assert doctor.check_build(report) == {
+        "TensorFlow": True,
+        "PyTorch": True,
+        "MXNet": False,
+        "MPI": True,
+        "Gloo": False,
+    }
 
 
 def test_a_missing_horovod_is_a_problem_with_the_fix(monkeypatch):
@@ -117,7 +126,11 @@ def test_doctor_with_a_broken_mpirun_reports_it_instead_of_a_traceback(tmp_path)
     env = {**os.environ, "PATH": _path_with_only(tmp_path)}
     done = subprocess.run(
         [str(python), "-m", "hvdkit", "doctor", "--no-smoke", "-H", "10.255.255.1"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 1
@@ -128,7 +141,13 @@ def test_doctor_hosts_runs_a_python_whose_path_has_a_space_on_the_other_host(tmp
     python = _venv_with_a_space(tmp_path)
     monkeypatch.setenv("PATH", _path_with_only(tmp_path, "mpirun"))
     rows = {}
-    doctor._diagnose_hosts((Host("10.255.255.1"),), str(python), None, lambda name, value, fix=None: rows.setdefault(name, (value, fix)), False)
+    doctor._diagnose_hosts(
+        (Host("10.255.255.1"),),
+        str(python),
+        None,
+        lambda name, value, fix=None: rows.setdefault(name, (value, fix)),
+        False,
+    )
     assert rows["host 10.255.255.1"] == ("reachable, same versions", ANY), rows
 
 
@@ -148,10 +167,14 @@ def test_a_pytorch_only_engine_is_no_problem_where_tensorflow_is_not_installed(t
     out = io.StringIO()
     problems = doctor.diagnose(python=str(python), smoke=False, out=out)
     assert not [p for p in problems if "TensorFlow" in p], problems
-    assert "horovod built with TensorFlow no (TensorFlow is not installed here: a PyTorch-only engine)" in out.getvalue()
+    assert (
+        "horovod built with TensorFlow no (TensorFlow is not installed here: a PyTorch-only engine)" in out.getvalue()
+    )
 
 
 def test_an_engine_without_tensorflow_is_a_problem_where_tensorflow_is_installed(tmp_path):
     python = _engine_without_tensorflow(tmp_path)
     problems = doctor.diagnose(python=str(python), smoke=False, out=io.StringIO())
-    assert "horovod built with TensorFlow is missing: rebuild Horovod: run `hvdkit engine install`" in "\n".join(problems)
+    assert "horovod built with TensorFlow is missing: rebuild Horovod: run `hvdkit engine install`" in "\n".join(
+        problems
+    )

@@ -11,13 +11,22 @@ from hvdkit.diagnostics.doctor_gpu import NO_GPU, GpuFacts, gpu_facts, gpu_rows,
 
 QUERY = "NVIDIA H100 80GB HBM3, 81559 MiB, 570.86.15\nNVIDIA H100 80GB HBM3, 81559 MiB, 570.86.15\n"
 H100 = ("NVIDIA H100 80GB HBM3", "81559 MiB")
-CUDA = GpuFacts(gpus=(H100, H100), driver="570.86.15", visible=2, torch="2.13.0+cu130", cuda="13.0", nccl="2.29.7",
-                horovod_nccl=22907)  # fmt: skip
+CUDA = GpuFacts(
+    gpus=(H100, H100),
+    driver="570.86.15",
+    visible=2,
+    torch="2.13.0+cu130",
+    cuda="13.0",
+    nccl="2.29.7",
+    horovod_nccl=22907,
+)
 
 
 def _rows(facts, **kw):
     rows = {}
-    check = gpu_rows(facts, lambda name, value, fix=None: rows.setdefault(name, (value, fix)), env=kw.pop("env", {}), **kw)
+    check = gpu_rows(
+        facts, lambda name, value, fix=None: rows.setdefault(name, (value, fix)), env=kw.pop("env", {}), **kw
+    )
     return rows, check
 
 
@@ -46,8 +55,12 @@ def test_gpu_facts_read_nvidia_smi_and_the_child_pythons_answer():
         seen.append(argv[:2])
         return 0, "some warning\nhvdkit-gpu-facts " + json.dumps(answer) + "\n"
 
-    facts = gpu_facts("py", run, smi=lambda args: QUERY if "--format=csv,noheader" in args else None,
-                      env={"CUDA_VISIBLE_DEVICES": "1"})  # fmt: skip
+    facts = gpu_facts(
+        "py",
+        run,
+        smi=lambda args: QUERY if "--format=csv,noheader" in args else None,
+        env={"CUDA_VISIBLE_DEVICES": "1"},
+    )
     assert facts == GpuFacts((H100, H100), "570.86.15", 1, "2.13.0+cu130", "13.0", "2.29.7", 22907)
     assert seen == [["py", "-c"]]
 
@@ -100,8 +113,16 @@ def test_two_ranks_on_one_gpu_with_older_nccl_skip_the_check_saying_why():
 def _diagnose_with(monkeypatch, facts, smoke=True):
     """doctor.diagnose with every tool check passing and the smokes recorded instead of run."""
     monkeypatch.setattr(doctor, "_version", lambda *names: "1.0")
-    monkeypatch.setattr(doctor, "_run", lambda argv, timeout: (0, "mpirun (Open MPI) 4.1.4\n" if "--version" in argv
-                        else "[X] PyTorch\n[X] TensorFlow\n[X] MPI\n[X] Gloo\n[X] NCCL\n"))  # fmt: skip
+    monkeypatch.setattr(
+        doctor,
+        "_run",
+        lambda argv, timeout: (
+            0,
+            "mpirun (Open MPI) 4.1.4\n"
+            if "--version" in argv
+            else "[X] PyTorch\n[X] TensorFlow\n[X] MPI\n[X] Gloo\n[X] NCCL\n",
+        ),
+    )
     monkeypatch.setattr(doctor, "_engine_fixes_row", lambda installed, row: row("horovod engine fixes", "ok"))
     smokes = []
 

@@ -62,9 +62,17 @@ def test_each_tensors_operations_negotiations_and_size_are_counted(snippet):
 def test_activity_times_sum_exactly_to_each_tensors_operation_time(snippet):
     t = by_name(timeline.summarise(snippet))
     assert t["allreduce.a"].activities == {
-        "MEMCPY_IN_FUSION_BUFFER": 90, "MPI_ALLREDUCE": 1000, "MEMCPY_OUT_FUSION_BUFFER": 100, "(other)": 160}
+        "MEMCPY_IN_FUSION_BUFFER": 90,
+        "MPI_ALLREDUCE": 1000,
+        "MEMCPY_OUT_FUSION_BUFFER": 100,
+        "(other)": 160,
+    }
     assert t["allreduce.b"].activities == {
-        "MEMCPY_IN_FUSION_BUFFER": 90, "MPI_ALLREDUCE": 500, "MEMCPY_OUT_FUSION_BUFFER": 100, "(other)": 60}
+        "MEMCPY_IN_FUSION_BUFFER": 90,
+        "MPI_ALLREDUCE": 500,
+        "MEMCPY_OUT_FUSION_BUFFER": 100,
+        "(other)": 60,
+    }
     for stats in t.values():
         assert sum(stats.activities.values()) == stats.op_us
 
@@ -137,8 +145,11 @@ def test_garbage_between_records_is_an_error_naming_file_line_and_byte(tmp_path)
     at = SNIPPET.index('{"ph": "B", "name": "ALLREDUCE"')
     path = _write(tmp_path / "bad.json", SNIPPET[:at] + "garbage" + SNIPPET[at:])
     line = SNIPPET.count("\n", 0, at) + 1
-    with pytest.raises(ConfigError, match=rf"timeline '.*bad\.json' is not a Horovod timeline at line {line}, "
-                                          rf"column \d+ \(byte {at}\): Expecting value"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"timeline '.*bad\.json' is not a Horovod timeline at line {line}, "
+        rf"column \d+ \(byte {at}\): Expecting value",
+    ):
         timeline.parse(path)
 
 
@@ -163,7 +174,9 @@ def test_files_that_are_not_timelines_are_clear_errors(tmp_path, content, messag
 
 
 def test_a_missing_file_names_the_flag_that_writes_it(tmp_path):
-    with pytest.raises(ConfigError, match=r"'.*nope\.json' does not exist; pass the FILE given to hvdkit run --timeline"):
+    with pytest.raises(
+        ConfigError, match=r"'.*nope\.json' does not exist; pass the FILE given to hvdkit run --timeline"
+    ):
         timeline.summarise(tmp_path / "nope.json")
 
 

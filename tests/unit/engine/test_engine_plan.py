@@ -3,8 +3,6 @@
 import importlib.util
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given
@@ -17,10 +15,18 @@ ep = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ep)
 
 CUDA_FACTS = {
-    "python": "/venv/bin/python", "torch_version": "2.14.1", "torch_cuda": "13.0", "tensorflow": False, "mpi": True,
-    "nccl_version": "2.30.7", "nccl_include": "/site/nvidia/nccl/include", "nccl_so": "/site/nvidia/nccl/lib/libnccl.so.2",
-    "cuda_home": "/usr/local/cuda", "nvcc_version": "13.0", "nvcc_archs": [75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121],
-}  # fmt: skip
+    "python": "/venv/bin/python",
+    "torch_version": "2.14.1",
+    "torch_cuda": "13.0",
+    "tensorflow": False,
+    "mpi": True,
+    "nccl_version": "2.30.7",
+    "nccl_include": "/site/nvidia/nccl/include",
+    "nccl_so": "/site/nvidia/nccl/lib/libnccl.so.2",
+    "cuda_home": "/usr/local/cuda",
+    "nvcc_version": "13.0",
+    "nvcc_archs": [75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121],
+}
 
 
 def test_the_cpu_build_adds_no_setting_and_nothing_to_the_key():
@@ -34,7 +40,9 @@ def _cuda_torch():
     return bool(torch.version.cuda)
 
 
-cpu_torch_only = pytest.mark.skipif(_cuda_torch(), reason="checks this environment's CPU build (torch here is a CUDA build)")
+cpu_torch_only = pytest.mark.skipif(
+    _cuda_torch(), reason="checks this environment's CPU build (torch here is a CUDA build)"
+)
 
 
 @cpu_torch_only
@@ -45,9 +53,12 @@ def test_the_cpu_builds_wheel_folder_is_the_one_it_had_before_gpu_builds():
     text = engine.plan()
     assert "variant:   cpu" in text and "HOROVOD_GPU_OPERATIONS" not in text
     assert [line.strip() for line in text.splitlines() if line.strip().startswith("HOROVOD_")] == [
-        "HOROVOD_WITH_MPI=1", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_PYTORCH=1", "HOROVOD_WITH_TENSORFLOW=1",
+        "HOROVOD_WITH_MPI=1",
+        "HOROVOD_WITH_GLOO=1",
+        "HOROVOD_WITH_PYTORCH=1",
+        "HOROVOD_WITH_TENSORFLOW=1",
         "HOROVOD_WITHOUT_MXNET=1",
-    ]  # fmt: skip
+    ]
 
 
 def test_a_cuda_torch_gets_nccl_with_torchs_own_nccl_and_the_asked_architectures():
@@ -70,16 +81,24 @@ def test_architectures_default_to_the_visible_gpus_then_to_the_documented_list()
 
 
 def test_keys_differ_by_architectures_cuda_and_nccl():
-    keys = {ep.plan(dict(CUDA_FACTS, **change), archs=a)["key"]
-            for change, a in (({}, "90"), ({}, "80"), ({"torch_cuda": "12.8"}, "90"), ({"nccl_version": "2.27.5"}, "90"))}  # fmt: skip
+    keys = {
+        ep.plan(dict(CUDA_FACTS, **change), archs=a)["key"]
+        for change, a in (({}, "90"), ({}, "80"), ({"torch_cuda": "12.8"}, "90"), ({"nccl_version": "2.27.5"}, "90"))
+    }
     assert len(keys) == 4
 
 
-@pytest.mark.parametrize("facts, message", [
-    (dict(CUDA_FACTS, torch_cuda=None, torch_version="2.13.0+cpu"), "torch 2.13.0+cpu in /venv/bin/python is a CPU build"),
-    (dict(CUDA_FACTS, cuda_home=None), "no CUDA compiler (nvcc) found for torch 2.14.1 (CUDA 13.0)"),
-    (dict(CUDA_FACTS, nccl_so=None), "no NCCL found for torch 2.14.1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "facts, message",
+    [
+        (
+            dict(CUDA_FACTS, torch_cuda=None, torch_version="2.13.0+cpu"),
+            "torch 2.13.0+cpu in /venv/bin/python is a CPU build",
+        ),
+        (dict(CUDA_FACTS, cuda_home=None), "no CUDA compiler (nvcc) found for torch 2.14.1 (CUDA 13.0)"),
+        (dict(CUDA_FACTS, nccl_so=None), "no NCCL found for torch 2.14.1"),
+    ],
+)
 def test_a_gpu_build_that_cannot_work_is_refused_with_the_cause(facts, message):
     with pytest.raises(ep.PlanError, match=re.escape(message)):
         ep.plan(facts, gpu="on")
@@ -90,8 +109,11 @@ def test_an_architecture_nvcc_cannot_build_is_named():
         ep.plan(CUDA_FACTS, archs="60,90")
 
 
-@given(st.lists(st.integers(50, 129), min_size=1, max_size=6), st.sampled_from([",", ", ", ";", " "]),
-       st.sampled_from(["", "sm_", "compute_"]))  # fmt: skip
+@given(
+    st.lists(st.integers(50, 129), min_size=1, max_size=6),
+    st.sampled_from([",", ", ", ";", " "]),
+    st.sampled_from(["", "sm_", "compute_"]),
+)
 def test_parse_archs_reads_every_spelling_of_a_list(archs, sep, prefix):
     assert ep.parse_archs(sep.join(f"{prefix}{a}" for a in archs)) == sorted(set(archs))
 

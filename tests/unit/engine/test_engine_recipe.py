@@ -39,8 +39,11 @@ def test_an_environment_without_torch_is_named_with_the_pip_command_that_fixes_i
 
 def test_a_machine_without_a_compiler_is_told_which_debian_package_to_install(bare_python, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", path_without(tmp_path, "g++"))
-    with pytest.raises(engine.EngineError, match=r"missing: g\+\+ \(the C\+\+ compiler; Debian package g\+\+\)\. "
-                       r"Install them: apt-get install -y g\+\+$"):  # fmt: skip
+    with pytest.raises(
+        engine.EngineError,
+        match=r"missing: g\+\+ \(the C\+\+ compiler; Debian package g\+\+\)\. "
+        r"Install them: apt-get install -y g\+\+$",
+    ):
         engine.install(python=bare_python)
 
 
@@ -61,7 +64,9 @@ def test_the_wheel_cache_key_holds_the_sdist_digest_and_an_unpinned_version_is_r
 
     def key_of(**extra):
         environ = {**os.environ, "PYTHON": sys.executable, **extra}
-        return subprocess.run(["bash", str(engine.BUILD_SCRIPT), "--key"], env=environ, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            ["bash", str(engine.BUILD_SCRIPT), "--key"], env=environ, capture_output=True, text=True, timeout=120
+        )
 
     pinned, other = key_of(), key_of(HOROVOD_SDIST_SHA256="0" * 64)
     assert pinned.returncode == other.returncode == 0, pinned.stderr + other.stderr

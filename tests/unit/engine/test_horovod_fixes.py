@@ -13,7 +13,6 @@ import sys
 import tarfile
 
 import pytest
-
 from helpers import ROOT
 
 RECIPE = ROOT / "hvdkit" / "engine" / "recipe"
@@ -82,8 +81,19 @@ def test_each_patch_touches_only_python_files_of_its_number_range(patch):
 def pristine_sdist(tmp_path_factory):
     """The Horovod sdist from PyPI (pip's cache makes a second download quick), extracted."""
     where = tmp_path_factory.mktemp("sdist")
-    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-            "-d", str(where), f"horovod=={HOROVOD_VERSION}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "-d",
+        str(where),
+        f"horovod=={HOROVOD_VERSION}",
+    ]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
@@ -152,7 +162,9 @@ def test_patches_apply_in_name_order(tmp_path):
 def test_the_fix_level_changes_with_the_content_of_any_patch(tmp_path):
     def level(fixes):
         env = {"HVDKIT_HOROVOD_FIXES": str(fixes), "PATH": "/usr/bin:/bin"}
-        return subprocess.run(["bash", str(APPLY), "--level"], capture_output=True, text=True, env=env, check=True).stdout.strip()
+        return subprocess.run(
+            ["bash", str(APPLY), "--level"], capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
 
     fixes = tmp_path / "fixes"
     write_patch(fixes, "10-a.patch", ("one", "two"), "TWO")
@@ -181,8 +193,13 @@ def test_the_recipe_and_the_fixes_exist_once_inside_the_package_and_the_script_o
 
 
 def key_of(argv, env=None):
-    done = subprocess.run(["bash", *map(str, argv), "--key"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHON": sys.executable, **(env or {})})
+    done = subprocess.run(
+        ["bash", *map(str, argv), "--key"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable, **(env or {})},
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -199,7 +216,11 @@ def test_make_setup_and_hvdkit_engine_install_share_one_cache_key():
 
 def test_the_packaged_recipe_defaults_to_the_horovod_version_pinned_in_constraints():
     pin = re.search(r"^horovod==(\S+)$", (ROOT / "constraints.txt").read_text(), re.MULTILINE).group(1)
-    assert re.search(rf"^HOROVOD_VERSION=\$\{{HOROVOD_VERSION:-{re.escape(pin)}\}}$", (RECIPE / "build-horovod.sh").read_text(), re.MULTILINE)
+    assert re.search(
+        rf"^HOROVOD_VERSION=\$\{{HOROVOD_VERSION:-{re.escape(pin)}\}}$",
+        (RECIPE / "build-horovod.sh").read_text(),
+        re.MULTILINE,
+    )
 
 
 GPU_PATCHES = sorted((ROOT / "hvdkit" / "engine" / "recipe" / "horovod-fixes-gpu").glob("*.patch"))
@@ -219,7 +240,12 @@ def test_the_gpu_series_applies_after_the_whole_series(pristine_sdist, tmp_path)
     assert apply(src).returncode == 0
     for patch in GPU_PATCHES:
         with open(patch) as f:
-            done = subprocess.run(["patch", "-d", str(src), "-p1", "--forward", "--batch"], stdin=f, capture_output=True,
-                                  text=True, timeout=60)  # fmt: skip
+            done = subprocess.run(
+                ["patch", "-d", str(src), "-p1", "--forward", "--batch"],
+                stdin=f,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         assert done.returncode == 0, f"{patch.name}: {done.stdout}{done.stderr}"
     assert 'dlopen("libcuda.so.1"' in (src / "horovod" / "torch" / "cuda_util.cc").read_text()

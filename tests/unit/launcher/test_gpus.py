@@ -69,7 +69,15 @@ def test_the_count_never_exceeds_the_machines_gpus_nor_the_listed_devices(entrie
 
 @pytest.mark.parametrize(
     "value, found, want",
-    [("0,1", 4, 2), ("2", 4, 1), ("0,1,2,3", 2, 2), ("1,5,0", 2, 1), ("3", 2, 0), ("GPU-1234abcd", 2, 1), ("0,1", 0, 0)],
+    [
+        ("0,1", 4, 2),
+        ("2", 4, 1),
+        ("0,1,2,3", 2, 2),
+        ("1,5,0", 2, 1),
+        ("3", 2, 0),
+        ("GPU-1234abcd", 2, 1),
+        ("0,1", 0, 0),
+    ],
 )
 def test_a_list_counts_the_gpus_it_names_that_exist(value, found, want):
     assert gpu_count({"CUDA_VISIBLE_DEVICES": value}, physical=found) == want
@@ -172,8 +180,13 @@ def test_network_interface_sets_nccl_socket_ifname_for_the_ranks():
     built = build(spec, is_root=False, cores=2, python=PY, base_env={})
     assert built.env["NCCL_SOCKET_IFNAME"] == "eth1"
     assert "NCCL_SOCKET_IFNAME" in _exported(built.argv)
-    gloo = build(JobSpec(["python", "t.py"], 2, controller="gloo", network_interface="eth1"), is_root=False, cores=2,
-                 python=PY, base_env={})  # fmt: skip
+    gloo = build(
+        JobSpec(["python", "t.py"], 2, controller="gloo", network_interface="eth1"),
+        is_root=False,
+        cores=2,
+        python=PY,
+        base_env={},
+    )
     assert gloo.env["NCCL_SOCKET_IFNAME"] == "eth1"  # horovodrun hands its environment to the ranks
 
 
@@ -181,14 +194,22 @@ def test_network_interface_sets_nccl_socket_ifname_for_the_ranks():
 def test_a_users_nccl_socket_ifname_wins_over_network_interface(where):
     base = {"NCCL_SOCKET_IFNAME": "ib0"} if where == "shell" else {}
     env = {"NCCL_SOCKET_IFNAME": "ib0"} if where == "-x" else {}
-    built = build(JobSpec(["python", "t.py"], 2, network_interface="eth1", env=env), is_root=False, cores=2, python=PY,
-                  base_env=base)  # fmt: skip
+    built = build(
+        JobSpec(["python", "t.py"], 2, network_interface="eth1", env=env),
+        is_root=False,
+        cores=2,
+        python=PY,
+        base_env=base,
+    )
     assert built.full_env(base)["NCCL_SOCKET_IFNAME"] == "ib0"
     assert _exported(built.argv).count("NCCL_SOCKET_IFNAME") == 1
 
 
 def test_without_network_interface_nccl_socket_ifname_is_not_set():
-    assert "NCCL_SOCKET_IFNAME" not in build(JobSpec(["python", "t.py"], 2), is_root=False, cores=2, python=PY, base_env={}).env
+    assert (
+        "NCCL_SOCKET_IFNAME"
+        not in build(JobSpec(["python", "t.py"], 2), is_root=False, cores=2, python=PY, base_env={}).env
+    )
     assert plan.NCCL_SOCKET_IFNAME == "NCCL_SOCKET_IFNAME"
 
 
@@ -196,8 +217,14 @@ def test_horovod_and_hvdkit_settings_of_the_launcher_reach_ranks_on_other_hosts(
     """Open MPI passes no variable to other hosts unless told (-x); horovodrun passes its environment on.
     A HOROVOD_FUSION_THRESHOLD set where `hvdkit run` starts must hold on every host's ranks."""
     spec = JobSpec(["python", "t.py"], 4, hosts=(Host("n1", 2), Host("n2", 2)))
-    base = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "2", "HVDKIT_NUM_THREADS": "1", "HOROVODX": "no",
-            "HOROVOD_RANK": "3", "HOROVOD_HOSTNAME": "elsewhere"}  # the last two: a launcher's own place in a job
+    base = {
+        "HOROVOD_FUSION_THRESHOLD": "0",
+        "HOROVOD_CYCLE_TIME": "2",
+        "HVDKIT_NUM_THREADS": "1",
+        "HOROVODX": "no",
+        "HOROVOD_RANK": "3",
+        "HOROVOD_HOSTNAME": "elsewhere",
+    }  # the last two: a launcher's own place in a job
     exported = set(_exported(build(spec, is_root=False, cores=2, python=PY, base_env=base).argv))
     assert {"HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HVDKIT_NUM_THREADS"} <= exported
     assert not {"HOROVODX", "HOROVOD_RANK", "HOROVOD_HOSTNAME"} & exported

@@ -5,8 +5,8 @@ import shlex
 import subprocess
 
 import pytest
-
 from helpers import BIN, HVDKIT, PYTHON, ROOT
+
 from hvdkit.core import ConfigError
 from hvdkit.launcher import hosts
 from hvdkit.launcher.hosts import Host
@@ -200,9 +200,24 @@ def test_mpirun_plan_for_remote_hosts_names_them_and_exports_the_paths_that_are_
         base_env={"PATH": "/bin", "PYTHONPATH": "/src", "HOME": "/root"},
     )
     assert _mpirun_tail(plan.argv) == [
-        "-np", "4", "-H", "node1:2,node2:2", "--bind-to", "none", "--map-by", "slot", "--tag-output",
-        "-x", "PATH", "-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED", "python", "train.py",
-    ]  # fmt: skip
+        "-np",
+        "4",
+        "-H",
+        "node1:2,node2:2",
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "--tag-output",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "PYTHONUNBUFFERED",
+        "python",
+        "train.py",
+    ]
 
 
 def test_mpirun_plan_from_a_hostfile_as_root_with_the_rank_wrapper(tmp_path):
@@ -218,10 +233,31 @@ def test_mpirun_plan_from_a_hostfile_as_root_with_the_rank_wrapper(tmp_path):
         base_env={"PATH": "/bin", "LD_LIBRARY_PATH": "/lib"},
     )
     assert _mpirun_tail(plan.argv) == [
-        "-np", "3", "-H", "a:1,b:3", "--allow-run-as-root", "--bind-to", "none", "--map-by", "slot",
-        "--tag-output", "-x", "HVDKIT_JOB_ID", "-x", "LD_LIBRARY_PATH", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
-        PY, "-m", "hvdkit.launcher.rankwrap", "--", "python", "t.py",
-    ]  # fmt: skip
+        "-np",
+        "3",
+        "-H",
+        "a:1,b:3",
+        "--allow-run-as-root",
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "--tag-output",
+        "-x",
+        "HVDKIT_JOB_ID",
+        "-x",
+        "LD_LIBRARY_PATH",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONUNBUFFERED",
+        PY,
+        "-m",
+        "hvdkit.launcher.rankwrap",
+        "--",
+        "python",
+        "t.py",
+    ]
 
 
 def test_mpirun_plan_inside_a_slurm_allocation():
@@ -229,9 +265,22 @@ def test_mpirun_plan_inside_a_slurm_allocation():
     found, _ = hosts.resolve(environ=environ, operator_hostfile=NO_OPERATOR)
     plan = build(JobSpec(["python", "t.py"], 4, hosts=found), is_root=False, cores=2, python=PY, base_env=environ)
     assert _mpirun_tail(plan.argv) == [
-        "-np", "4", "-H", "cn07:2,cn08:2", "--bind-to", "none", "--map-by", "slot", "--tag-output",
-        "-x", "PATH", "-x", "PYTHONUNBUFFERED", "python", "t.py",
-    ]  # fmt: skip
+        "-np",
+        "4",
+        "-H",
+        "cn07:2,cn08:2",
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "--tag-output",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONUNBUFFERED",
+        "python",
+        "t.py",
+    ]
 
 
 def test_localhost_hosts_need_no_oversubscribe_and_export_no_paths():
@@ -252,16 +301,33 @@ def test_hvdkit_run_dry_run_prints_the_mpirun_line_for_the_given_hosts():
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}  # no LD_LIBRARY_PATH or PYTHONPATH to export
     out = subprocess.run(
         [HVDKIT, "run", "--dry-run", "-np", "4", "-H", "node1:2,node2:2", "--", "python", "examples/torch_digits.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     assert shlex.split(out.stdout) == [
-        find_tool("mpirun", PYTHON), "-np", "4", "-H", "node1:2,node2:2", *root,
-        "--bind-to", "none", "--map-by", "slot", "--tag-output", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
-        "python", "examples/torch_digits.py",
-    ]  # fmt: skip
-
+        find_tool("mpirun", PYTHON),
+        "-np",
+        "4",
+        "-H",
+        "node1:2,node2:2",
+        *root,
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "--tag-output",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONUNBUFFERED",
+        "python",
+        "examples/torch_digits.py",
+    ]
 
 
 @pytest.mark.parametrize("text", ["node1\n:2", "node1\r:2", "a:1,node1\n:2"])

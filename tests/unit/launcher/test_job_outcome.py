@@ -29,5 +29,7 @@ def test_without_a_stop_the_launchers_failure_still_counts_when_the_ranks_ended_
 
 
 def test_a_rank_that_failed_during_a_stop_is_still_named():
-    result = execute._outcome(1, {0: ended(0), 1: ended(1, code=4)}, 2.0, interrupted_by=signal.SIGTERM, started=STARTED)
+    result = execute._outcome(
+        1, {0: ended(0), 1: ended(1, code=4)}, 2.0, interrupted_by=signal.SIGTERM, started=STARTED
+    )
     assert (result.exit_code, result.failed_rank) == (4, 1)

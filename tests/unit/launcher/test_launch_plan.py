@@ -136,10 +136,18 @@ def test_network_interface_reaches_both_launchers():
     from hvdkit.launcher.hosts import Host
 
     hosts = (Host("a", 1), Host("b", 1))
-    mpi = list(build(JobSpec(["python", "t.py"], 2, hosts=hosts, network_interface="eth1"), is_root=False, cores=2).argv)
+    mpi = list(
+        build(JobSpec(["python", "t.py"], 2, hosts=hosts, network_interface="eth1"), is_root=False, cores=2).argv
+    )
     i = mpi.index("btl_tcp_if_include")
     assert mpi[i - 1 : i + 5] == ["--mca", "btl_tcp_if_include", "eth1", "--mca", "oob_tcp_if_include", "eth1"]
-    gloo = list(build(JobSpec(["python", "t.py"], 2, controller="gloo", hosts=hosts, network_interface="eth1"), is_root=False, cores=2).argv)
+    gloo = list(
+        build(
+            JobSpec(["python", "t.py"], 2, controller="gloo", hosts=hosts, network_interface="eth1"),
+            is_root=False,
+            cores=2,
+        ).argv
+    )
     assert gloo[gloo.index("--network-interface") + 1] == "eth1"
 
 
@@ -175,7 +183,8 @@ def test_the_restart_summary_names_every_failed_attempt():
     ]
     history, final = run_attempts(FixedMembership((), 2), _ran(crash, crash, crash), 2, log=said.append)
     assert final.exit_code == 137 and history.summary(final, elastic=False) == [
-        f"{crash.message} (exit code 137; 2 restarts used); earlier: attempt 1: {crash.message}; attempt 2: {crash.message}"
+        f"{crash.message} (exit code 137; 2 restarts used); earlier: attempt 1: {crash.message}; attempt 2: "
+        f"{crash.message}"
     ]
     history, final = run_attempts(FixedMembership((), 2), _ran(execute.JobResult(0)), 3, log=said.append)
     assert history.summary(final, elastic=False) == []

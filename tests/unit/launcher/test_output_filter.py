@@ -33,7 +33,12 @@ MPIRUN_BANNER = [
     "  Exit code:    3\n",
     DASH,
 ]
-MPIRUN_OTHER = [DASH, "There are not enough slots available in the system to satisfy the 4\n", "slots that were requested.\n", DASH]
+MPIRUN_OTHER = [
+    DASH,
+    "There are not enough slots available in the system to satisfy the 4\n",
+    "slots that were requested.\n",
+    DASH,
+]
 HOROVODRUN_REPORT = [
     "Process 1 exit with status code 3.\n",
     "Terminating remaining workers after failure of Process 1.\n",
@@ -115,7 +120,9 @@ def test_a_rank_line_ends_an_unfinished_banner_which_is_then_shown_before_it():
 
 RANK_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=30).map(lambda s: s + "\n")
 LINE = st.one_of(
-    st.tuples(st.sampled_from(["stdout", "stderr"]), st.builds(lambda r, t: f"[rank {r}] {t}", st.integers(0, 9), RANK_TEXT)),
+    st.tuples(
+        st.sampled_from(["stdout", "stderr"]), st.builds(lambda r, t: f"[rank {r}] {t}", st.integers(0, 9), RANK_TEXT)
+    ),
     st.tuples(st.just("stderr"), RANK_TEXT),
     st.sampled_from(err([ABSL, ONEDNN, *CPU_GUARD, *MPIRUN_BANNER, *HOROVODRUN_REPORT, *OTHER_TRACEBACK])),
 )

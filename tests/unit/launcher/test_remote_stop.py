@@ -52,4 +52,7 @@ def test_guarded_ranks_need_one_signal_unguarded_ones_all():
     assert remote_ranks_to_stop(remote, local=[7], guarded=True) == []  # the local ranks' signal carries the stop
     assert remote_ranks_to_stop(remote, local=[], guarded=True) == [("b", 11)]  # the first remote rank
     assert remote_ranks_to_stop(remote, local=[7], guarded=False) == remote
-    assert remote_rank_pids({1: {"host": "c", "pid": 13}, 0: {"host": "b", "pid": 11}}, host="a") == [("b", 11), ("c", 13)]
+    assert remote_rank_pids({1: {"host": "c", "pid": 13}, 0: {"host": "b", "pid": 11}}, host="a") == [
+        ("b", 11),
+        ("c", 13),
+    ]

@@ -5,9 +5,9 @@ import os
 import pytest
 
 from hvdkit.core import ConfigError
+from hvdkit.diagnostics.timeline import ensure_folder
 from hvdkit.launcher.plan import build
 from hvdkit.launcher.spec import JobSpec
-from hvdkit.diagnostics.timeline import ensure_folder
 
 CMD = ["python", "t.py"]
 
@@ -88,7 +88,10 @@ def test_cli_dry_run_shows_the_timeline_export(tmp_path, capsys):
     from hvdkit.cli import main
 
     tl = str(tmp_path / "tl.json")
-    assert main(["run", "-np", "2", "--dry-run", "--timeline", tl, "--timeline-mark-cycles", "--", "python", "-c", "pass"]) == 0
+    assert (
+        main(["run", "-np", "2", "--dry-run", "--timeline", tl, "--timeline-mark-cycles", "--", "python", "-c", "pass"])
+        == 0
+    )
     words = capsys.readouterr().out.split()
     assert words[words.index("HOROVOD_TIMELINE") - 1] == "-x"
     assert words[words.index("HOROVOD_TIMELINE_MARK_CYCLES") - 1] == "-x"

@@ -11,8 +11,11 @@ def test_a_receiving_rank_makes_optimizer_state_on_the_device_type_the_root_hold
     # The root's momentum lives where its parameters live; "meta" stands in for a GPU on a CPU machine.
     root_optimizer_state = {"state": {0: {"momentum_buffer": torch.empty(2, 2, device="meta")}}, "param_groups": []}
     tensors = []
-    header = {"model": _split(model.state_dict(), tensors), "optimizer": _split(root_optimizer_state, tensors),
-              "rest": _split({}, tensors)}  # fmt: skip
+    header = {
+        "model": _split(model.state_dict(), tensors),
+        "optimizer": _split(root_optimizer_state, tensors),
+        "rest": _split({}, tensors),
+    }
     targets = _targets(header, model)
     assert [t.device.type for t in targets] == ["cpu", "cpu", "meta"]  # the model's own tensors, then the new one
     assert targets[0] is model.state_dict()["weight"] or targets[0].data_ptr() == model.weight.data_ptr()

@@ -15,8 +15,8 @@ import torch
 from hvdkit.core import CheckpointError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore
 from hvdkit.core.checkpoint.arrays import ArrayFile, write_arrays
-from hvdkit.core.checkpoint.tree import decode, encode
 from hvdkit.core.checkpoint.state import read_newest
+from hvdkit.core.checkpoint.tree import decode, encode
 from hvdkit.torch.checkpoint import Checkpointer as TorchCheckpointer
 
 # torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test
@@ -39,7 +39,9 @@ class Counter:
 
 def torch_model(seed):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2).to(torch.bfloat16))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2).to(torch.bfloat16)
+    )
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     return model, opt
 
@@ -82,7 +84,7 @@ def test_a_torch_checkpoint_keeps_step_epoch_and_extra_only_in_the_manifest(tmp_
     ckpt = TorchCheckpointer(tmp_path / "ckpt", model, opt, comm=LocalCommunicator())
     path = ckpt.save(step=7, epoch=2, extra={"seen": 7})
     assert sorted(os.listdir(path)) == ["arrays.npz", "manifest.json"]
-    manifest = json.loads((open(os.path.join(path, "manifest.json")).read()))
+    manifest = json.loads(open(os.path.join(path, "manifest.json")).read())
     assert (manifest["step"], manifest["epoch"], manifest["world_size"]) == (7, 2, 1)
     assert decode(manifest["meta"]["extra"], None) == {"seen": 7}
     names = ArrayFile(os.path.join(path, "arrays.npz")).names()
@@ -116,11 +118,20 @@ def test_a_torch_checkpoint_of_the_layout_before_still_restores(tmp_path):
     extra = {"pair": (1, "a"), "t": torch.arange(2)}
     np_state = np.random.get_state()
     old = {
-        "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": None, "step": 5, "epoch": 1,
-        "rng": [{"torch": torch.get_rng_state(), "python": random.getstate(),
-                 "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])}],
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": None,
+        "step": 5,
+        "epoch": 1,
+        "rng": [
+            {
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+                "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+            }
+        ],
         "extra": extra,
-    }  # fmt: skip
+    }
     store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator())
     store.save(lambda folder: torch.save(old, os.path.join(folder, "state.pt")), step=5, epoch=1)
     store.close()
@@ -153,7 +164,9 @@ from hvdkit.tensorflow.checkpoint import Checkpointer as TFCheckpointer  # noqa:
 
 def keras_model(seed):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dropout(0.5), keras.layers.Dense(2)])
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dropout(0.5), keras.layers.Dense(2)]
+    )
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     return model
 
@@ -162,7 +175,9 @@ def test_tensorflow_restores_rng_states_and_a_scheduler_as_torch_does(tmp_path):
     model = keras_model(0)
     x = np.ones((8, 3), "float32")
     model.fit(x, x[:, :2], epochs=1, verbose=0)
-    TFCheckpointer(tmp_path / "ckpt", model, model.optimizer, Counter(7), comm=LocalCommunicator()).save(step=1, epoch=1)
+    TFCheckpointer(tmp_path / "ckpt", model, model.optimizer, Counter(7), comm=LocalCommunicator()).save(
+        step=1, epoch=1
+    )
     want = tf.random.get_global_generator().normal([3]).numpy(), random.random(), np.random.rand()
     seeds = [v.numpy().tolist() for v in model.variables if "seed" in v.path]
     fresh, counter = keras_model(5), Counter()
@@ -183,8 +198,12 @@ def test_a_tensorflow_checkpoint_of_the_layout_before_still_restores(tmp_path):
     opt_vars = [v for v in model.optimizer.variables if not v.name.endswith("_gradient_accumulator")]
     arrays.update({f"optimizer/{i}": v.numpy() for i, v in enumerate(opt_vars)})
     store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator())
-    store.save(lambda folder: np.savez(os.path.join(folder, "state.npz"), **arrays), step=4, epoch=2,
-               meta={"extra": {"seen": 4}, "accumulation": 1})  # fmt: skip
+    store.save(
+        lambda folder: np.savez(os.path.join(folder, "state.npz"), **arrays),
+        step=4,
+        epoch=2,
+        meta={"extra": {"seen": 4}, "accumulation": 1},
+    )
     store.close()
     fresh = keras_model(3)
     resumed = TFCheckpointer(tmp_path / "ckpt", fresh, fresh.optimizer, comm=LocalCommunicator()).restore()

@@ -3,11 +3,10 @@
 import shutil
 
 import pytest
+from checkpoint_files import read, writer
 
 from hvdkit.core import CheckpointError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore
-from checkpoint_files import read, writer
-
 
 write_payload = writer(b"payload")
 read_payload = read

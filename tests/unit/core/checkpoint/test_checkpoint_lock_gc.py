@@ -28,7 +28,9 @@ def test_a_lock_released_by_the_collector_inside_acquire_does_not_hang_the_proce
     weakref.finalize(garbage, checkpoint_lock.release, held)  # as CheckpointStore registers it
     del garbage
     write = checkpoint_lock._write_holder
-    monkeypatch.setattr(checkpoint_lock, "_write_holder", lambda fd, job: (gc.collect(), write(fd, job)))  # GC right there
+    monkeypatch.setattr(
+        checkpoint_lock, "_write_holder", lambda fd, job: (gc.collect(), write(fd, job))
+    )  # GC right there
     got = {}
     worker = threading.Thread(target=lambda: got.update(lock=checkpoint_lock.acquire(str(new))), daemon=True)
     worker.start()

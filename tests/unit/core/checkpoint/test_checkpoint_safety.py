@@ -10,13 +10,12 @@ import sys
 
 import numpy as np
 import pytest
+from checkpoint_files import read, writer
 
 from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator, env
 from hvdkit.core.checkpoint import CheckpointStore, verify
 from hvdkit.core.checkpoint.lock import LOCK_FILE
 from hvdkit.core.checkpoint.plain_data import check_json_plain
-
-from checkpoint_files import read, writer
 
 
 def newest_loadable(store):
@@ -85,7 +84,10 @@ def test_copies_left_by_interrupted_resaves_load_newest_first_and_the_next_resav
         made = elsewhere.save(writer(payload), step=3, epoch=1)
         os.rename(made, os.path.join(store.root, f"ckpt-000000000003.{generation}"))
     assert [os.path.basename(p) for _, p in store.candidates()] == [
-        "ckpt-000000000003.4", "ckpt-000000000003.2", "ckpt-000000000003"]  # fmt: skip
+        "ckpt-000000000003.4",
+        "ckpt-000000000003.2",
+        "ckpt-000000000003",
+    ]
     assert store.load(read)[0] == b"newer"
     path = store.save(writer(b"newest"), step=3, epoch=1)  # replaces every copy
     assert os.path.basename(path) == "ckpt-000000000003"
@@ -116,7 +118,11 @@ def test_saves_leave_another_jobs_temporary_entries_alone(tmp_path):
         store.save(writer(b"mine"), step=step, epoch=step)
     store.wait_for_cleanup()
     assert read(other) == b"theirs"
-    assert sorted(os.listdir(store.root)) == [LOCK_FILE, ".tmp-0therj0b-ckpt-000000000009-0123abcd", "ckpt-000000000003"]
+    assert sorted(os.listdir(store.root)) == [
+        LOCK_FILE,
+        ".tmp-0therj0b-ckpt-000000000009-0123abcd",
+        "ckpt-000000000003",
+    ]
 
 
 def test_the_next_job_to_lock_the_folder_removes_what_dead_jobs_left(tmp_path):
@@ -170,8 +176,9 @@ os._exit(0)
 @pytest.mark.parametrize("end", ["exit", "sigkill"])
 def test_a_second_process_gets_an_error_naming_the_holder_until_the_holder_ends(tmp_path, end):
     root = tmp_path / "ckpt"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "LOCKED\n"
         with pytest.raises(CheckpointError) as err:  # at once: it does not wait for the lock
@@ -197,8 +204,13 @@ def test_an_elastic_attempt_goes_on_where_a_lost_attempt_of_its_own_job_still_ho
     """NFS keeps a lock after its host is lost: every relaunch of the elastic job failed "in use".
     The holder of the same lineage on another host is that lost attempt; anyone else is refused."""
     root = tmp_path / "ckpt"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, env.LINEAGE: "feed01"})  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, env.LINEAGE: "feed01"},
+    )
     try:
         assert holder.stdout.readline() == "LOCKED\n"
         assert '"lineage": "feed01"' in (root / LOCK_FILE).read_text()

@@ -4,12 +4,12 @@ import json
 import os
 
 import pytest
+from checkpoint_files import read, writer
 
 from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator
 from hvdkit.core.checkpoint import CheckpointStore, verify
 from hvdkit.core.checkpoint.lock import LOCK_FILE
 from hvdkit.core.checkpoint.manifest import seal
-from checkpoint_files import read, writer
 
 
 @pytest.fixture

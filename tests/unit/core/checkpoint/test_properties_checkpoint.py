@@ -61,11 +61,22 @@ JSON = st.recursive(
 @st.composite
 def manifest_edits(draw):
     """A manifest that is still JSON but differs: a field replaced by any JSON value (also inf, NaN)."""
-    path = draw(st.sampled_from([
-        ("files",), ("step",), ("epoch",), ("world_size",), ("meta",), ("format",),
-        ("files", "state.bin"), ("files", "state.bin", "size"), ("files", "state.bin", "sha256"),
-        ("files", "extra.bin"),
-    ]))
+    path = draw(
+        st.sampled_from(
+            [
+                ("files",),
+                ("step",),
+                ("epoch",),
+                ("world_size",),
+                ("meta",),
+                ("format",),
+                ("files", "state.bin"),
+                ("files", "state.bin", "size"),
+                ("files", "state.bin", "sha256"),
+                ("files", "extra.bin"),
+            ]
+        )
+    )
     return ("edit", path, draw(JSON | st.sampled_from([float("inf"), float("-inf"), float("nan"), 10**30, -1, "40"])))
 
 
@@ -99,7 +110,7 @@ def _corrupt(folder, corruption, contents):
         if kind == "flip":
             data[args[1] % len(data)] ^= args[2]
         elif kind == "truncate":
-            del data[args[1] % len(data):]
+            del data[args[1] % len(data) :]
         else:
             data += args[1]
         with open(os.path.join(folder, name), "wb") as f:

@@ -5,8 +5,8 @@ import math
 import re
 
 import pytest
-
 from fake_clock import FakeClock
+
 from hvdkit.core import ConfigError, LocalCommunicator, StragglerMonitor
 from hvdkit.core.monitoring.straggler import RankTiming, build_report, straggler_threshold
 
@@ -119,7 +119,11 @@ def test_slowdown_divides_by_the_median_of_the_other_ranks():
 
 
 def test_ranks_without_steps_are_left_out_and_ties_pick_the_lowest_rank():
-    timings = [RankTiming(0, "a", 0, math.nan, math.nan), RankTiming(1, "b", 4, 0.02, 0.02), RankTiming(2, "c", 4, 0.02, 0.02)]
+    timings = [
+        RankTiming(0, "a", 0, math.nan, math.nan),
+        RankTiming(1, "b", 4, 0.02, 0.02),
+        RankTiming(2, "c", 4, 0.02, 0.02),
+    ]
     report = build_report(timings, threshold=1.2)
     assert (report.slowest_rank, report.slowdown) == (1, 1.0)
     empty = build_report([RankTiming(0, "a", 0, math.nan, math.nan)], threshold=1.2)

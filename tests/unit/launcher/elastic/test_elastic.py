@@ -8,10 +8,10 @@ import threading
 import time
 
 import pytest
+from fake_clock import FakeClock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fake_clock import FakeClock
 from hvdkit.cli import main
 from hvdkit.core import env
 from hvdkit.core.comm import LocalCommunicator
@@ -19,8 +19,8 @@ from hvdkit.core.errors import ConfigError, LaunchError
 from hvdkit.core.preemption import PreemptionGuard
 from hvdkit.launcher import job, remote, slurm_nodes
 from hvdkit.launcher.elastic.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery, parse_discovery_output
-from hvdkit.launcher.elastic.rules import ElasticSettings, History, can_grow, choose_world, lost_hosts, settings_from
 from hvdkit.launcher.elastic.loop import ElasticGaveUp, HostView, StopRequest, run_elastic, wait_for_world, watch
+from hvdkit.launcher.elastic.rules import ElasticSettings, History, can_grow, choose_world, lost_hosts, settings_from
 from hvdkit.launcher.execute import JobResult, RankProgress, RankReports
 from hvdkit.launcher.hosts import Host
 
@@ -33,13 +33,16 @@ def settings(n=2, lo=1, hi=2, interval=1.0, timeout=10.0):
 
 # --- discovery output -------------------------------------------------------------------------
 
+
 def test_discovery_output_is_host_slots_lines_with_comments_and_default_one_slot():
     text = "# hosts\nnode1:4\n\n  node2  \nnode-3.x:2  # rack 2\n"
     assert parse_discovery_output(text) == (Host("node1", 4), Host("node2", 1), Host("node-3.x", 2))
     assert parse_discovery_output("") == ()
 
 
-@pytest.mark.parametrize("text, bad", [("node1:0\n", "node1:0"), ("node1:x\n", "node1:x"), ("a b\n", "a b"), (":3\n", ":3")])
+@pytest.mark.parametrize(
+    "text, bad", [("node1:0\n", "node1:0"), ("node1:x\n", "node1:x"), ("a b\n", "a b"), (":3\n", ":3")]
+)
 def test_a_bad_discovery_line_is_an_error_naming_the_line(text, bad):
     with pytest.raises(DiscoveryError, match=rf"line 1: bad entry '{bad}'; expected one 'host:slots' line"):
         parse_discovery_output(text)
@@ -53,7 +56,10 @@ def test_a_host_listed_twice_by_discovery_is_an_error():
 _names = st.from_regex(r"[a-z][a-z0-9.-]{0,12}", fullmatch=True)
 
 
-@given(st.dictionaries(_names, st.integers(1, 64), max_size=8), st.lists(st.sampled_from(["", "# note", "   "]), max_size=3))
+@given(
+    st.dictionaries(_names, st.integers(1, 64), max_size=8),
+    st.lists(st.sampled_from(["", "# note", "   "]), max_size=3),
+)
 def test_discovery_output_round_trips_any_host_list(hosts, noise):
     lines = [f"{name}:{slots}" if slots > 1 or len(name) % 2 else name for name, slots in hosts.items()]
     text = "\n".join(noise + lines + noise)
@@ -84,6 +90,7 @@ def test_a_discovery_script_is_run_and_its_failure_named(tmp_path):
 
 
 # --- settings and the choice of a world ---------------------------------------------------------
+
 
 def _settings(n, lo, hi, script="/d.sh", hosts=()):
     return settings_from(n, lo, hi, script=script, hosts=hosts, origin="-H a:1,b:1", interval=5.0, timeout=60.0)
@@ -129,6 +136,7 @@ def test_lost_hosts_and_growth_follow_what_discovery_lists():
 
 # --- the loop with a fake discovery, clock and launch -------------------------------------------
 
+
 class FakeDiscovery:
     """Lists ``answers`` in turn (the last one forever); a string is a failing discovery."""
 
@@ -144,7 +152,10 @@ class FakeDiscovery:
 
 def view_of(*answers, unreachable=None):
     unreachable = unreachable or {}
-    return HostView(FakeDiscovery(*answers), check=lambda hosts, _t: {h.name: unreachable[h.name] for h in hosts if h.name in unreachable})
+    return HostView(
+        FakeDiscovery(*answers),
+        check=lambda hosts, _t: {h.name: unreachable[h.name] for h in hosts if h.name in unreachable},
+    )
 
 
 def test_waiting_below_min_np_returns_once_hosts_come():
@@ -157,14 +168,21 @@ def test_a_failing_discovery_is_said_when_it_happens_once_per_change_and_in_the_
     """Before: nothing for the whole --elastic-timeout, then "only 0 slot(s) available" and advice
     to bring hosts back; only --dry-run showed the script's error."""
     clock, said = FakeClock(), []
-    view = view_of("exited with code 2: no such namespace", "exited with code 2: no such namespace", "cannot parse 'x:y'")
+    view = view_of(
+        "exited with code 2: no such namespace", "exited with code 2: no such namespace", "cannot parse 'x:y'"
+    )
     with pytest.raises(LaunchError) as caught:
         wait_for_world(view, settings(lo=2, timeout=10), first=True, clock=clock, sleep=clock.sleep, log=said.append)
     failures = [line for line in said if line.startswith("host discovery failed")]
-    assert failures == ["host discovery failed: exited with code 2: no such namespace", "host discovery failed: cannot parse 'x:y'"]
+    assert failures == [
+        "host discovery failed: exited with code 2: no such namespace",
+        "host discovery failed: cannot parse 'x:y'",
+    ]
     assert said.index(failures[0]) == 0  # at the first poll, not after the timeout
-    assert str(caught.value).endswith("; host discovery failed: cannot parse 'x:y'; hosts from the test's discovery. The newest "
-                                      "checkpoint is kept: bring the hosts back and run the job again")  # fmt: skip
+    assert str(caught.value).endswith(
+        "; host discovery failed: cannot parse 'x:y'; hosts from the test's discovery. The newest "
+        "checkpoint is kept: bring the hosts back and run the job again"
+    )
 
 
 def test_a_hanging_discovery_script_is_ended_with_what_it_started(tmp_path):
@@ -179,7 +197,9 @@ def test_a_hanging_discovery_script_is_ended_with_what_it_started(tmp_path):
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{child}") and _state(child) != "Z" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{child}") or _state(child) == "Z", f"the script's sleep (pid {child}) outlived the poll"
+    assert not os.path.exists(f"/proc/{child}") or _state(child) == "Z", (
+        f"the script's sleep (pid {child}) outlived the poll"
+    )
 
 
 def _state(pid):
@@ -194,7 +214,9 @@ def test_below_min_np_past_the_timeout_fails_naming_the_missing_host_and_why():
     clock = FakeClock()
     view = view_of((A, B), unreachable={"b": "ssh: connect to host b port 22: No route to host"})
     with pytest.raises(LaunchError) as e:
-        wait_for_world(view, settings(lo=2, timeout=10), previous=(A, B), clock=clock, sleep=clock.sleep, log=lambda _: None)
+        wait_for_world(
+            view, settings(lo=2, timeout=10), previous=(A, B), clock=clock, sleep=clock.sleep, log=lambda _: None
+        )
     text = str(e.value)
     assert "only 1 slot(s) available (a:1), fewer than --min-np 2, for 10 s" in text
     assert "missing: b:1: ssh: connect to host b port 22: No route to host" in text
@@ -241,14 +263,27 @@ def attempts(fn):
 def _watch(view, running, polls=5, step=3, started=None):
     stop, record, said = StopRequest(), type("R", (), {"noticed": None})(), []
     ranks = Ranks(training=step is not None, started=started)
-    watch(view, running, settings(hi=2), stop, Ended(polls), record, clock=lambda: 7.0, log=said.append, progress=ranks.progress)
+    watch(
+        view,
+        running,
+        settings(hi=2),
+        stop,
+        Ended(polls),
+        record,
+        clock=lambda: 7.0,
+        log=said.append,
+        progress=ranks.progress,
+    )
     return stop, record, said
 
 
 def test_the_watcher_asks_to_grow_when_a_reachable_host_comes_and_not_before():
     stop, record, said = _watch(view_of((A,), "script failed", (A, B)), (A,))
     assert stop.is_set() and stop.reason == "b:1 came" and record.noticed == 7.0 and "can join" in said[2]
-    assert said[:2] == ["host discovery failed: script failed; the ranks keep running on their hosts", "host discovery works again"]
+    assert said[:2] == [
+        "host discovery failed: script failed; the ranks keep running on their hosts",
+        "host discovery works again",
+    ]
     stop, _, _ = _watch(view_of((A, B), unreachable={"b": "no route"}), (A,))
     assert not stop.is_set()
 
@@ -267,7 +302,17 @@ def test_the_watcher_asks_at_the_first_poll_the_ranks_train_with_the_ssh_check_m
             ranks.training = self.polls > 3
             return self.polls > 10
 
-    watch(view, (A,), settings(interval=0.5), stop, Ended(), record, clock=clock, log=lambda _: None, progress=ranks.progress)
+    watch(
+        view,
+        (A,),
+        settings(interval=0.5),
+        stop,
+        Ended(),
+        record,
+        clock=clock,
+        log=lambda _: None,
+        progress=ranks.progress,
+    )
     assert stop.reason == "b:1 came" and record.noticed == 2.0
     assert checks == [0.5]  # one ssh check while starting (fresh for 2 s), none when the gate opened
 
@@ -329,11 +374,24 @@ def test_failed_ssh_checks_end_the_attempt_only_while_the_ranks_report_no_new_st
     clock, said = FakeClock(), []
     view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: {"b": "timeout"} if hosts == [A, B] else {})
     stop, ranks = StopRequest(), Ranks(training=True)
-    watch(view, (A, B), settings(interval=5.0), stop, SteppingEnded(clock, 9, ranks, stepping), type("R", (), {"noticed": None})(),
-          clock=clock, log=said.append, progress=ranks.progress)  # fmt: skip
+    watch(
+        view,
+        (A, B),
+        settings(interval=5.0),
+        stop,
+        SteppingEnded(clock, 9, ranks, stepping),
+        type("R", (), {"noticed": None})(),
+        clock=clock,
+        log=said.append,
+        progress=ranks.progress,
+    )
     assert stop.is_set() is not stepping
     kept = [line for line in said if "failed two ssh checks, but the ranks keep training" in line]
-    assert kept == (["b (timeout) failed two ssh checks, but the ranks keep training (step 104): not ending the attempt"] if stepping else [])
+    assert kept == (
+        ["b (timeout) failed two ssh checks, but the ranks keep training (step 104): not ending the attempt"]
+        if stepping
+        else []
+    )
 
 
 def test_one_failed_liveness_check_is_not_enough():
@@ -341,23 +399,46 @@ def test_one_failed_liveness_check_is_not_enough():
     answers = iter([{"b": "timeout"}, {}, {"b": "timeout"}, {}])
     view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: next(answers, {}) if hosts == [A, B] else {})
     stop = StopRequest()
-    watch(view, (A, B), settings(interval=5.0), stop, TickingEnded(clock, 9), type("R", (), {"noticed": None})(), clock=clock, log=lambda _: None)
+    watch(
+        view,
+        (A, B),
+        settings(interval=5.0),
+        stop,
+        TickingEnded(clock, 9),
+        type("R", (), {"noticed": None})(),
+        clock=clock,
+        log=lambda _: None,
+    )
     assert not stop.is_set()
 
 
 def _result(code=0, stop=None, started=None, noticed=None, resumed=None, last=None, message="", guarded=True):
     """An attempt's JobResult; ranks asked to stop (``stop``) that end 0 said they stop because asked."""
-    return JobResult(code, message=message, stop_reason=stop, ranks_started_at=started, failure_noticed_at=noticed,
-                     resumed_step=resumed, last_step=last, guarded=guarded, stopped_as_asked=bool(stop) and code == 0)  # fmt: skip
+    return JobResult(
+        code,
+        message=message,
+        stop_reason=stop,
+        ranks_started_at=started,
+        failure_noticed_at=noticed,
+        resumed_step=resumed,
+        last_step=last,
+        guarded=guarded,
+        stopped_as_asked=bool(stop) and code == 0,
+    )
 
 
 def test_a_shrink_then_a_grow_relaunch_at_the_sizes_discovery_allows_and_are_summarised():
     clock = FakeClock()
     # attempt 1 on a,b fails (b died); b unreachable: attempt 2 on a; b back: grow; attempt 3 finishes
     reach = {}
-    view = HostView(FakeDiscovery((A, B)), check=lambda hosts, _t: {h.name: reach[h.name] for h in hosts if h.name in reach})
+    view = HostView(
+        FakeDiscovery((A, B)), check=lambda hosts, _t: {h.name: reach[h.name] for h in hosts if h.name in reach}
+    )
     script = [
-        lambda: (reach.update(b="no route"), _result(137, started=1.0, noticed=10.0, resumed=-1, last=30, message="rank 1 killed"))[1],
+        lambda: (
+            reach.update(b="no route"),
+            _result(137, started=1.0, noticed=10.0, resumed=-1, last=30, message="rank 1 killed"),
+        )[1],
         lambda: (reach.clear(), _result(0, stop="b:1 came", started=12.5, resumed=20, last=44))[1],
         lambda: _result(0, started=16.0, resumed=44, last=90),
     ]
@@ -368,12 +449,22 @@ def test_a_shrink_then_a_grow_relaunch_at_the_sizes_discovery_allows_and_are_sum
         clock.advance(3)
         return script[attempt]()
 
-    history, final = run_elastic(settings(n=2, lo=1, hi=2), view, attempts(launch), max_restarts=3, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    history, final = run_elastic(
+        settings(n=2, lo=1, hi=2),
+        view,
+        attempts(launch),
+        max_restarts=3,
+        clock=clock,
+        sleep=clock.sleep,
+        log=lambda _: None,
+    )
     assert launched == [((A, B), 0, 0), ((A,), 1, 1), ((A, B), 2, 2)]
     assert final.exit_code == 0
     changes = history.changes()
     assert [(c["from"], c["to"], c["why"], c["steps_recomputed"]) for c in changes] == [
-        (2, 1, "failed", 10), (1, 2, "stopped to grow", 0)]  # fmt: skip
+        (2, 1, "failed", 10),
+        (1, 2, "stopped to grow", 0),
+    ]
     assert changes[0]["seconds"] == 2.5  # failure noticed at 10.0, the new ranks running at 12.5
     assert history.attempts[0].detail == "rank 1 killed; then b could not be reached"
     text = "\n".join(history.summary())
@@ -390,20 +481,38 @@ def test_failures_beyond_max_restarts_end_the_job_and_growth_does_not_count():
         launched.append(attempt)
         return _result(1, message="rank 0 exited with code 1")
 
-    history, final = run_elastic(settings(), view_of((A, B)), attempts(launch), max_restarts=2, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    history, final = run_elastic(
+        settings(),
+        view_of((A, B)),
+        attempts(launch),
+        max_restarts=2,
+        clock=clock,
+        sleep=clock.sleep,
+        log=lambda _: None,
+    )
     assert launched == [0, 1, 2] and final.exit_code == 1 and len(history.attempts) == 3
 
 
 def test_a_rank_ended_by_the_stop_signal_of_a_grow_is_no_failure_but_one_killed_otherwise_is():
     clock = FakeClock()
-    results = [JobResult(143, 0, None, 15, message="rank 0 was killed by SIGTERM", stop_reason="b:1 came"),
-               JobResult(137, 0, None, 9, message="rank 0 was killed by SIGKILL", stop_reason="b:1 came"),
-               _result(0)]  # fmt: skip
+    results = [
+        JobResult(143, 0, None, 15, message="rank 0 was killed by SIGTERM", stop_reason="b:1 came"),
+        JobResult(137, 0, None, 9, message="rank 0 was killed by SIGKILL", stop_reason="b:1 came"),
+        _result(0),
+    ]
 
     def launch(world, attempt, changes, stop):
         return results[attempt]
 
-    history, final = run_elastic(settings(), view_of((A, B)), attempts(launch), max_restarts=0, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    history, final = run_elastic(
+        settings(),
+        view_of((A, B)),
+        attempts(launch),
+        max_restarts=0,
+        clock=clock,
+        sleep=clock.sleep,
+        log=lambda _: None,
+    )
     assert [a.outcome for a in history.attempts] == ["stopped to grow", "failed"] and final.exit_code == 137
     assert history.attempts[0].detail == "b:1 came; rank 0 was killed by SIGTERM"
 
@@ -418,7 +527,15 @@ def test_ranks_that_finish_after_a_late_grow_request_end_the_job_instead_of_runn
         launched.append(attempt)
         return JobResult(0, stop_reason="b:1 came", guarded=True, stopped_as_asked=False, last_step=90)
 
-    history, final = run_elastic(settings(), view_of((A, B)), attempts(launch), max_restarts=3, clock=clock, sleep=clock.sleep, log=lambda _: None)
+    history, final = run_elastic(
+        settings(),
+        view_of((A, B)),
+        attempts(launch),
+        max_restarts=3,
+        clock=clock,
+        sleep=clock.sleep,
+        log=lambda _: None,
+    )
     assert launched == [0] and final.exit_code == 0 and [a.outcome for a in history.attempts] == ["finished"]
 
 
@@ -426,8 +543,15 @@ def test_ranks_without_a_guard_that_end_0_after_a_request_still_count_as_stopped
     """Scripts without a PreemptionGuard say nothing: their clean exit after a request is taken as the stop."""
     clock = FakeClock()
     results = [_result(0, stop="b:1 came", guarded=False), _result(0)]
-    history, _ = run_elastic(settings(), view_of((A, B)), attempts(lambda w, attempt, c, s: results[attempt]), max_restarts=0,
-                             clock=clock, sleep=clock.sleep, log=lambda _: None)  # fmt: skip
+    history, _ = run_elastic(
+        settings(),
+        view_of((A, B)),
+        attempts(lambda w, attempt, c, s: results[attempt]),
+        max_restarts=0,
+        clock=clock,
+        sleep=clock.sleep,
+        log=lambda _: None,
+    )
     assert [a.outcome for a in history.attempts] == ["stopped to grow", "finished"]
 
 
@@ -446,7 +570,9 @@ def test_the_guard_says_once_that_the_ranks_stop_because_asked(monkeypatch, capf
 def test_an_elastic_job_that_never_gets_min_np_slots_gives_up_with_its_history():
     clock = FakeClock()
     with pytest.raises(ElasticGaveUp, match="fewer than --min-np 2"):
-        run_elastic(settings(lo=2, timeout=3), view_of((A,)), None, 1, clock=clock, sleep=clock.sleep, log=lambda _: None)
+        run_elastic(
+            settings(lo=2, timeout=3), view_of((A,)), None, 1, clock=clock, sleep=clock.sleep, log=lambda _: None
+        )
 
 
 def test_a_stop_request_is_kept_once_with_its_first_reason():
@@ -457,6 +583,7 @@ def test_a_stop_request_is_kept_once_with_its_first_reason():
 
 
 # --- what ranks report, and what they get --------------------------------------------------------
+
 
 def test_the_step_the_preemption_guard_reports_reaches_the_launcher(monkeypatch, capfd):
     monkeypatch.setenv(env.JOB_ID, "job7")
@@ -499,7 +626,9 @@ def test_a_loop_that_checks_the_guard_at_epoch_ends_reports_where_it_resumed_and
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "7", True, None])
 def test_progress_with_a_step_that_is_not_a_count_is_an_error_naming_it(bad):
-    with pytest.raises(ConfigError, match=rf"step must be an integer >= 0 \(got {re.escape(repr(bad))}\).*optimizer steps done"):
+    with pytest.raises(
+        ConfigError, match=rf"step must be an integer >= 0 \(got {re.escape(repr(bad))}\).*optimizer steps done"
+    ):
         PreemptionGuard(LocalCommunicator(), signals=()).progress(bad)
 
 
@@ -511,6 +640,7 @@ def test_the_guard_reports_no_step_outside_hvdkit_run(monkeypatch, capfd):
 
 # --- hvdkit run ----------------------------------------------------------------------------------
 
+
 def _script(tmp_path, text):
     path = tmp_path / "discover.sh"
     path.write_text(f"#!/bin/sh\nprintf '{text}'\n")
@@ -518,16 +648,42 @@ def _script(tmp_path, text):
     return str(path)
 
 
-@pytest.mark.parametrize("flags, environ", [([], {env.OMPI_DEFAULT_SLOTS: "2"}), (["--slots-per-host", "2"], {}),
-                                            ([], {env.SLOTS_PER_HOST: "2", env.OMPI_DEFAULT_SLOTS: "cores"})])
-def test_bare_host_names_from_discovery_get_the_operators_slots_per_worker(flags, environ, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "flags, environ",
+    [
+        ([], {env.OMPI_DEFAULT_SLOTS: "2"}),
+        (["--slots-per-host", "2"], {}),
+        ([], {env.SLOTS_PER_HOST: "2", env.OMPI_DEFAULT_SLOTS: "cores"}),
+    ],
+)
+def test_bare_host_names_from_discovery_get_the_operators_slots_per_worker(
+    flags, environ, tmp_path, capsys, monkeypatch
+):
     """The MPI Operator's discover_hosts.sh prints worker names alone; slots reach Open MPI through
     OMPI_MCA_orte_set_default_slots. Read as 1 slot each, a 2 x 2 job started 2 ranks and never grew."""
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     script = _script(tmp_path, "w0\\nw1\\n")
-    assert main(["run", "-np", "4", "--min-np", "2", "--host-discovery-script", script, *flags, "--dry-run",
-                 "--", "python", "-c", "pass"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "-np",
+                "4",
+                "--min-np",
+                "2",
+                "--host-discovery-script",
+                script,
+                *flags,
+                "--dry-run",
+                "--",
+                "python",
+                "-c",
+                "pass",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("hosts now: w0:2,w1:2 (4 slot(s))") and out[2] == "first launch: 4 rank(s) on w0:2,w1:2:"
 
@@ -541,8 +697,29 @@ def test_a_bare_discovered_host_has_one_slot_without_a_setting_and_listed_slots_
 
 def test_dry_run_shows_the_elastic_plan_with_the_hosts_now_and_a_plain_fixed_size_command(tmp_path, capsys):
     script = _script(tmp_path, "n1:2\\nn2:1\\n")
-    assert main(["run", "-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", script,
-                 "--discovery-interval", "2", "--dry-run", "--", "python", "-c", "pass"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "-np",
+                "2",
+                "--min-np",
+                "1",
+                "--max-np",
+                "3",
+                "--host-discovery-script",
+                script,
+                "--discovery-interval",
+                "2",
+                "--dry-run",
+                "--",
+                "python",
+                "-c",
+                "pass",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("elastic: start with 2 rank(s), run with 1..3; hosts from --host-discovery-script")
     assert "polled every 2 s" in out[0]
@@ -552,7 +729,12 @@ def test_dry_run_shows_the_elastic_plan_with_the_hosts_now_and_a_plain_fixed_siz
     assert argv[1:5] == ["-np", "2", "-H", "n1:2"] and argv[-3:] == ["python", "-c", "pass"]
     assert not {"--min-np", "--max-np", "--host-discovery-script", "--elastic"} & set(argv)
     exported = {argv[i + 1] for i, word in enumerate(argv) if word == "-x"}
-    assert {env.RESTART, env.WORLD_SIZE, env.MEMBERSHIP_CHANGES, env.LINEAGE} <= exported  # every rank, every host gets them
+    assert {
+        env.RESTART,
+        env.WORLD_SIZE,
+        env.MEMBERSHIP_CHANGES,
+        env.LINEAGE,
+    } <= exported  # every rank, every host gets them
 
 
 @pytest.mark.parametrize(
@@ -563,7 +745,10 @@ def test_dry_run_shows_the_elastic_plan_with_the_hosts_now_and_a_plain_fixed_siz
         (["--min-np", "1", "-H", "a:1,b:1", "--max-np", "3"], "--max-np 3 needs 3 slots"),
         (["--min-np", "1", "--host-discovery-script", "/nonexistent/d.sh"], "is not a file"),
         (["--min-np", "1", "--host-discovery-script", "/bin/true", "-H", "a:2"], "give it without -H/--hostfile"),
-        (["--min-np", "1", "-H", "a:1,b:1", "--elastic-timeout", "0"], "--elastic-timeout must be a positive number of seconds"),
+        (
+            ["--min-np", "1", "-H", "a:1,b:1", "--elastic-timeout", "0"],
+            "--elastic-timeout must be a positive number of seconds",
+        ),
     ],
 )
 def test_hvdkit_run_rejects_bad_elastic_combinations_with_a_clear_error(flags, message, capsys):
@@ -577,8 +762,25 @@ def test_the_elastic_variables_are_read_and_the_flags_win(monkeypatch, tmp_path,
     script = _script(tmp_path, "n1:2\\n")
     assert main(["run", "-np", "2", "--min-np", "1", "--host-discovery-script", script, "--dry-run", "--", "true"]) == 0
     assert "polled every 3 s; below 1 slot(s) wait up to 40 s" in capsys.readouterr().out
-    assert main(["run", "-np", "2", "--min-np", "1", "--host-discovery-script", script, "--elastic-timeout", "9",
-                 "--dry-run", "--", "true"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "-np",
+                "2",
+                "--min-np",
+                "1",
+                "--host-discovery-script",
+                script,
+                "--elastic-timeout",
+                "9",
+                "--dry-run",
+                "--",
+                "true",
+            ]
+        )
+        == 0
+    )
     assert "wait up to 9 s" in capsys.readouterr().out
 
 
@@ -588,7 +790,9 @@ def test_the_summary_says_unknown_when_ranks_report_no_steps():
 
     h.attempts = [Attempt((A, B), 0.0, 1.0, 5.0, "failed", "rank 1 died"), Attempt((A,), 6.0, 7.5, 9.0, "finished")]
     h.attempts[0].ended = 5.5
-    assert h.changes() == [{"from": 2, "to": 1, "why": "failed", "seconds": 2.5, "stopping_seconds": 0.5, "steps_recomputed": None}]
+    assert h.changes() == [
+        {"from": 2, "to": 1, "why": "failed", "seconds": 2.5, "stopping_seconds": 0.5, "steps_recomputed": None}
+    ]
     assert "2.50 s from noticing to the new ranks running (0.50 s of it for the old ranks to end)" in h.summary()[-1]
     assert "steps recomputed: unknown" in h.summary()[-1]
 
@@ -635,14 +839,32 @@ def test_a_hard_stop_finds_every_process_below_the_launcher_also_in_other_sessio
 def test_a_discovery_script_run_says_nothing_of_oversubscribing_this_host(tmp_path, capsys):
     """The ranks run on the hosts the script lists, not here: 8 ranks on this host's cores is no concern."""
     script = _script(tmp_path, "n1:4\\nn2:4\\n")
-    assert main(["run", "-np", "8", "--min-np", "4", "--host-discovery-script", script, "--dry-run", "--", "python", "-c", "pass"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "-np",
+                "8",
+                "--min-np",
+                "4",
+                "--host-discovery-script",
+                script,
+                "--dry-run",
+                "--",
+                "python",
+                "-c",
+                "pass",
+            ]
+        )
+        == 0
+    )
     assert "share cores" not in capsys.readouterr().err
     assert main(["run", "-np", str(len(os.sched_getaffinity(0)) + 1), "--dry-run", "--", "python", "-c", "pass"]) == 0
     assert "share cores (mpirun --oversubscribe)" in capsys.readouterr().err  # a local run still says it
 
 
-
 # --- elastic inside SLURM: node states from SLURM, not ssh -----------------------------------------
+
 
 def test_inside_slurm_an_mpi_elastic_job_asks_slurm_which_nodes_are_up_and_gloo_or_outside_asks_ssh():
     """Fixed-size runs need no ssh between SLURM nodes (mpirun goes through srun); elastic ones ssh-checked
@@ -662,21 +884,37 @@ def test_slurm_node_states_leave_out_down_drained_and_not_responding_nodes_with_
 
     hosts = [Host(f"n{i}", 2) for i in range(1, 8)]
     assert slurm_nodes.unavailable(hosts, run=run) == {
-        "n2": "SLURM reports it not responding (down*)", "n3": "SLURM reports it drained", "n5": "SLURM reports it idle~",
-        "n6": "SLURM reports it not responding (allocated*)", "n7": "not listed by SLURM's sinfo"}  # fmt: skip
+        "n2": "SLURM reports it not responding (down*)",
+        "n3": "SLURM reports it drained",
+        "n5": "SLURM reports it idle~",
+        "n6": "SLURM reports it not responding (allocated*)",
+        "n7": "not listed by SLURM's sinfo",
+    }
     assert calls == [["sinfo", "--noheader", "--nodes=n1,n2,n3,n4,n5,n6,n7", "--format=%n %T"]]
-    failing = lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "slurm_load_node: Unable to contact slurm controller")  # noqa: E731
+
+    def failing(argv, **kw):
+        return subprocess.CompletedProcess(argv, 1, "", "slurm_load_node: Unable to contact slurm controller")
+
     assert slurm_nodes.unavailable(hosts, run=failing) == {}  # no answer: the attempt's own failure counts
 
 
 def test_the_first_attempt_says_which_hosts_it_leaves_out_and_why():
     said = []
     view = view_of((A, B), unreachable={"b": "SLURM reports it drained"})
-    run_elastic(settings(n=1, lo=1), view, attempts(lambda *a: _result(0)), 0, clock=FakeClock(), sleep=lambda s: None, log=said.append)
+    run_elastic(
+        settings(n=1, lo=1),
+        view,
+        attempts(lambda *a: _result(0)),
+        0,
+        clock=FakeClock(),
+        sleep=lambda s: None,
+        log=said.append,
+    )
     assert said[0] == "host b left out: SLURM reports it drained"
 
 
 # --- checkpoints the next attempt cannot see ------------------------------------------------------
+
 
 def test_a_relaunch_that_resumes_below_the_last_checkpointed_step_ends_the_job_loudly():
     """A checkpoint folder on one host's disk: rank 0 moves, finds nothing (or an old checkpoint) and
@@ -686,28 +924,58 @@ def test_a_relaunch_that_resumes_below_the_last_checkpointed_step_ends_the_job_l
         JobResult(137, 1, None, 9, message="rank 1 was killed by SIGKILL", resumed_step=0, last_step=40, saved_step=40),
         JobResult(0, resumed_step=0, last_step=90, guarded=True),  # ran to the end, from scratch
     ]
-    history, final = run_elastic(settings(), view_of((A, B)), attempts(lambda w, attempt, c, s: results[attempt]), max_restarts=3,
-                                 clock=clock, sleep=clock.sleep, log=said.append)  # fmt: skip
+    history, final = run_elastic(
+        settings(),
+        view_of((A, B)),
+        attempts(lambda w, attempt, c, s: results[attempt]),
+        max_restarts=3,
+        clock=clock,
+        sleep=clock.sleep,
+        log=said.append,
+    )
     assert [a.outcome for a in history.attempts] == ["failed", "resumed behind its checkpoints"]
     assert final.exit_code == 1
-    assert final.message.startswith("the ranks resumed at step 0, but an earlier attempt checkpointed step 40: rank 0 "
-                                    "does not see the checkpoints it wrote")  # fmt: skip
+    assert final.message.startswith(
+        "the ranks resumed at step 0, but an earlier attempt checkpointed step 40: rank 0 "
+        "does not see the checkpoints it wrote"
+    )
     assert said[-1] == final.message
 
 
 def test_a_relaunch_that_resumes_at_the_last_checkpointed_step_goes_on():
-    results = [JobResult(0, stop_reason="b:1 came", guarded=True, stopped_as_asked=True, resumed_step=0, saved_step=40),
-               JobResult(0, resumed_step=40, last_step=90, guarded=True)]  # fmt: skip
-    history, final = run_elastic(settings(), view_of((A, B)), attempts(lambda w, attempt, c, s: results[attempt]), max_restarts=0,
-                                 clock=FakeClock(), sleep=lambda s: None, log=lambda _: None)  # fmt: skip
+    results = [
+        JobResult(0, stop_reason="b:1 came", guarded=True, stopped_as_asked=True, resumed_step=0, saved_step=40),
+        JobResult(0, resumed_step=40, last_step=90, guarded=True),
+    ]
+    history, final = run_elastic(
+        settings(),
+        view_of((A, B)),
+        attempts(lambda w, attempt, c, s: results[attempt]),
+        max_restarts=0,
+        clock=FakeClock(),
+        sleep=lambda s: None,
+        log=lambda _: None,
+    )
     assert [a.outcome for a in history.attempts] == ["stopped to grow", "finished"] and final.exit_code == 0
 
 
 def test_the_watcher_ends_an_attempt_as_soon_as_its_ranks_say_they_resumed_behind_the_checkpoints():
     stop, record = StopRequest(), type("R", (), {"noticed": None})()
-    watch(view_of((A,)), (A,), settings(hi=1), stop, Ended(3), record, clock=lambda: 7.0, log=lambda _: None, saved=40,
-          progress=Ranks(resumed=12).progress)
-    assert stop.is_set() and stop.hard and stop.reason.startswith("the ranks resumed at step 12, but an earlier attempt")
+    watch(
+        view_of((A,)),
+        (A,),
+        settings(hi=1),
+        stop,
+        Ended(3),
+        record,
+        clock=lambda: 7.0,
+        log=lambda _: None,
+        saved=40,
+        progress=Ranks(resumed=12).progress,
+    )
+    assert (
+        stop.is_set() and stop.hard and stop.reason.startswith("the ranks resumed at step 12, but an earlier attempt")
+    )
 
 
 def test_a_checkpoint_save_reports_its_step_to_the_launcher(tmp_path, monkeypatch, capfd):

@@ -24,13 +24,15 @@ def argv_the_script_runs(text, tool, folder, env=None):
     script = folder / "script.sh"
     script.write_bytes(text.encode("utf-8"))
     run_env = {"PATH": f"{stubs}{os.pathsep}/usr/bin:/bin", "LC_ALL": "C", **(env or {})}
-    done = subprocess.run(
-        ["bash", str(script)], capture_output=True, env=run_env, timeout=30, stdin=subprocess.DEVNULL
-    )
+    done = subprocess.run(["bash", str(script)], capture_output=True, env=run_env, timeout=30, stdin=subprocess.DEVNULL)
     if not record.exists():
         return done.returncode, None, done.stderr.decode("utf-8", "replace")
     words = record.read_bytes().split(b"\0")[:-1]
-    return done.returncode, [w.decode("utf-8", "surrogateescape") for w in words], done.stderr.decode("utf-8", "replace")
+    return (
+        done.returncode,
+        [w.decode("utf-8", "surrogateescape") for w in words],
+        done.stderr.decode("utf-8", "replace"),
+    )
 
 
 def bash_syntax_ok(text, folder):

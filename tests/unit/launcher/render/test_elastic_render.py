@@ -19,8 +19,22 @@ COMMAND = list(EXAMPLE.command)
 def test_an_elastic_mpijob_launcher_polls_the_operators_discovery_script_with_the_bounds():
     job = yaml.safe_load(render.render("mpijob", ELASTIC))
     (launcher,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    assert launcher["args"] == ["hvdkit", "run", "-np", "4", "--min-np", "2", "--max-np", "6", "--host-discovery-script",
-                                MPI_OPERATOR_DISCOVERY, "--slots-per-host", "2", "--", *COMMAND]  # fmt: skip
+    assert launcher["args"] == [
+        "hvdkit",
+        "run",
+        "-np",
+        "4",
+        "--min-np",
+        "2",
+        "--max-np",
+        "6",
+        "--host-discovery-script",
+        MPI_OPERATOR_DISCOVERY,
+        "--slots-per-host",
+        "2",
+        "--",
+        *COMMAND,
+    ]
     assert MPI_OPERATOR_DISCOVERY == "/etc/mpi/discover_hosts.sh"
     text = render.render("mpijob", ELASTIC)
     assert "# Elastic: the operator keeps /etc/mpi/discover_hosts.sh listing the running workers" in text
@@ -44,8 +58,11 @@ def test_an_elastic_slurm_script_keeps_its_allocation_and_explains_elastic_insid
 
 def test_an_elastic_slurm_script_that_could_never_reach_its_max_np_is_refused_naming_both_fixes(capsys):
     """The allocation holds -np tasks and an elastic job never grows past it: the script always failed."""
-    with pytest.raises(ConfigError, match=r"grows only within its allocation of -np 4 tasks, so --max-np 6 can never be "
-                       r"reached .*; render with -np 6 to allocate 6 tasks, or --max-np 4$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"grows only within its allocation of -np 4 tasks, so --max-np 6 can never be "
+        r"reached .*; render with -np 6 to allocate 6 tasks, or --max-np 4$",
+    ):
         render.render("slurm", ELASTIC)
     assert main(["render", "slurm", "--nodes", "2", "-np", "2", "--max-np", "3", "--", "python", "t.py"]) == 2
     assert "--max-np 3 can never be reached" in capsys.readouterr().err
@@ -58,7 +75,9 @@ def test_an_elastic_bound_alone_defaults_the_other_to_np():
     assert RenderSpec(command=("python", "t.py")).elastic_flags == []
 
 
-@pytest.mark.parametrize("lo, hi, message", [(3, None, r"got 3 <= 2 <= 2"), (None, 1, r"got 2 <= 2 <= 1"), (0, 2, "--min-np must be")])
+@pytest.mark.parametrize(
+    "lo, hi, message", [(3, None, r"got 3 <= 2 <= 2"), (None, 1, r"got 2 <= 2 <= 1"), (0, 2, "--min-np must be")]
+)
 def test_elastic_bounds_out_of_order_are_an_error(lo, hi, message):
     with pytest.raises(ConfigError, match=message):
         RenderSpec(command=("python", "t.py"), nodes=2, min_np=lo, max_np=hi)

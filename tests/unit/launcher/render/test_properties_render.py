@@ -16,25 +16,47 @@ import tempfile
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from rendered_scripts import argv_the_script_runs, bash_syntax_ok
 
 from hvdkit import cli
-from hvdkit.launcher.render import files as render
 from hvdkit.launcher.hosts import Host, parse_hostfile
 from hvdkit.launcher.plan import build
+from hvdkit.launcher.render import files as render
 from hvdkit.launcher.render.files import SCRIPT_ENV, RenderSpec
 from hvdkit.launcher.spec import JobSpec
-from rendered_scripts import argv_the_script_runs, bash_syntax_ok
 
 FAST = settings(
     max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 TRICKY = st.sampled_from(
-    ["\n", "\r", "\t", "'", '"', "$", "`", "\\", "#", "!", " ", ": ", "- ", "{", "}", "*", "~", "\u2028", "\x85", "é", "\x1b"]
+    [
+        "\n",
+        "\r",
+        "\t",
+        "'",
+        '"',
+        "$",
+        "`",
+        "\\",
+        "#",
+        "!",
+        " ",
+        ": ",
+        "- ",
+        "{",
+        "}",
+        "*",
+        "~",
+        "\u2028",
+        "\x85",
+        "é",
+        "\x1b",
+    ]
 )
-WORD = st.lists(st.one_of(TRICKY, st.characters(exclude_categories=("Cs",), exclude_characters="\x00")), min_size=1, max_size=8).map(
-    "".join
-)
+WORD = st.lists(
+    st.one_of(TRICKY, st.characters(exclude_categories=("Cs",), exclude_characters="\x00")), min_size=1, max_size=8
+).map("".join)
 COMMAND = st.lists(WORD, min_size=0, max_size=4).map(lambda words: ("python", *words))
 K8S_NAME = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
 HOST_NAME = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,10}", fullmatch=True)
@@ -65,7 +87,9 @@ def jobs(draw):
     )
 
 
-NEWLINE_JOB = RenderSpec(command=("python", "-c", "import os\n#SBATCH --nodes=99\nkind: Pod"), nodes=2, slots_per_node=2)
+NEWLINE_JOB = RenderSpec(
+    command=("python", "-c", "import os\n#SBATCH --nodes=99\nkind: Pod"), nodes=2, slots_per_node=2
+)
 
 
 def _commands(text):

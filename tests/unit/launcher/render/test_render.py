@@ -7,16 +7,16 @@ import sys
 
 import pytest
 import yaml
-
 from helpers import ROOT
+from rendered_scripts import argv_the_script_runs
+
 from hvdkit import cli
 from hvdkit.core import ConfigError
-from hvdkit.launcher.render import files as render
 from hvdkit.launcher.hosts import Host, parse_hostfile
 from hvdkit.launcher.plan import build
+from hvdkit.launcher.render import files as render
 from hvdkit.launcher.render.files import EXAMPLE, RenderSpec
 from hvdkit.launcher.spec import JobSpec
-from rendered_scripts import argv_the_script_runs
 
 COMMAND = ("python", "examples/torch_digits.py")
 
@@ -161,8 +161,14 @@ def test_hvdkit_render_hosts_come_from_a_hostfile(tmp_path, capsys):
 def test_the_launch_folder_holds_exactly_what_the_renderer_writes():
     files = render.example_files()
     assert sorted(files) == [
-        "horovodrun.sh", "hostfile.example", "mpijob-elastic.yaml", "mpijob-gpu.yaml", "mpijob.yaml", "mpirun.sh",
-        "slurm-gpu.sbatch", "slurm.sbatch",
+        "horovodrun.sh",
+        "hostfile.example",
+        "mpijob-elastic.yaml",
+        "mpijob-gpu.yaml",
+        "mpijob.yaml",
+        "mpirun.sh",
+        "slurm-gpu.sbatch",
+        "slurm.sbatch",
     ]
     for name, text in files.items():
         committed = (ROOT / "launch" / name).read_text()
@@ -205,7 +211,7 @@ def test_a_newline_in_the_command_reaches_the_launcher_as_the_same_words(target,
     assert _non_comment_lines(text) == ["set -euo pipefail", "export PYTHONUNBUFFERED=1", text.splitlines()[-1]]
     code, argv, err = argv_the_script_runs(text, tool, tmp_path)
     assert code == 0, err
-    assert argv[-len(CODE_WITH_NEWLINES):] == list(CODE_WITH_NEWLINES)
+    assert argv[-len(CODE_WITH_NEWLINES) :] == list(CODE_WITH_NEWLINES)
 
 
 def test_a_newline_in_the_command_injects_no_key_into_the_mpijob():
