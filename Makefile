@@ -15,7 +15,7 @@ setup:
 demo: setup
 	PATH="$(BIN):$$PATH" hvdkit run -np 2 -- python examples/torch_digits.py
 
-test: setup docker-lint
+test: setup docker-lint lint
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests
 
 test-unit: setup
@@ -66,8 +66,8 @@ docker-lint:
 	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile docker/Dockerfile.gpu
 
 # Lint and format check with ruff (PyPI: ruff, pinned in constraints.txt; settings in pyproject.toml).
-# `$(BIN)/ruff format <paths>` applies the formatting. Not yet part of `make test`.
-LINT_PATHS := $(wildcard hvdkit tests scripts examples benchmarks)
+# `$(BIN)/ruff format <paths>` applies the formatting. Part of `make test`.
+LINT_PATHS := $(wildcard hvdkit tests scripts examples benchmarks docker)
 lint:
 	@test -x $(BIN)/ruff || { echo "lint: no ruff in $(VENV); install it: $(PY) -m pip install -c constraints.txt ruff" >&2; exit 1; }
 	$(BIN)/ruff check $(LINT_PATHS)
