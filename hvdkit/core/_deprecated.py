@@ -8,6 +8,7 @@ The old argument order of ``hvdkit.core.scaled_lr(base_lr, size, rule)`` is hand
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .comm import Communicator
 from .deprecation import warn_renamed
@@ -20,17 +21,7 @@ def tracker_for(communicator: Callable[[], Communicator]) -> Callable[..., Track
     """Deprecated (the adapters' ``Tracker`` are classes now): a ``Tracker`` constructor bound to ``communicator()``."""
     warn_renamed("hvdkit.core.tracking.tracker_for", "the adapters' Tracker class (hvdkit.torch.Tracker, ...)")
 
-    def make_tracker(
-        log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
-    ):
-        return Tracker(
-            communicator(),
-            log_dir,
-            backends=backends,
-            params=params,
-            mlflow_uri=mlflow_uri,
-            experiment=experiment,
-            run_name=run_name,
-        )
+    def make_tracker(log_dir: str, **options: Any) -> Tracker:
+        return Tracker(communicator(), log_dir, **options)
 
     return make_tracker

@@ -30,7 +30,7 @@ from .rank_signals import (
 )
 from .rankwrap import die_with_parent
 
-__all__ = ["Execution", "JobResult", "RankProgress", "LineDemux", "RankReports", "run", "retag", "signal_name"]
+__all__ = ["Execution", "JobResult", "RankProgress", "LineDemux", "RankReports", "retag", "signal_name"]
 
 # Horovod's stall inspector lists missing ranks as "1: [tensor, ...]"; "1!:" once past the shutdown time.
 _STALLED = re.compile(r"^\[rank \d+\] (\d+)!: \[(.*)\]")
@@ -290,19 +290,6 @@ class Execution:
                 target.flush()
             except OSError:  # keep draining the ranks' output: a full pipe would stall them
                 self.broken.add(target)
-
-
-def run(
-    plan: Plan,
-    job_id: str | None = None,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    grace: float = 30.0,
-    forward_usr1: bool = True,
-    stop: _StopRequest | None = None,
-) -> JobResult:
-    """Run ``plan`` to its end (``Execution(...).run(stop)``); its JobResult."""
-    return Execution(plan, job_id, out, err, grace, forward_usr1).run(stop)
 
 
 def _end_with(launcher_pid: int) -> Callable[[], None]:

@@ -40,6 +40,7 @@ __all__ = [
     "HostView",
     "ElasticGaveUp",
     "StopRequest",
+    "Membership",
     "ElasticMembership",
     "FixedMembership",
     "wait_for_world",
@@ -319,7 +320,26 @@ def _ended(record: Attempt, result: JobResult, stop: StopRequest, clock: Clock, 
     return record.outcome
 
 
-class ElasticMembership:
+class Membership:
+    """Which hosts each attempt of a job gets (``first``, then ``next`` after each attempt), how many
+    ranks a world runs (``size``), and what watches a running attempt (``watch``: a thread, or None
+    when nothing is polled, as for a fixed-size job)."""
+
+    elastic = False
+
+    def watch(
+        self,
+        world: Sequence[Host],
+        stop: StopRequest,
+        ended: threading.Event,
+        record: Attempt,
+        progress: Callable[[], RankProgress],
+        saved: int | None,
+    ) -> threading.Thread | None:
+        return None
+
+
+class ElasticMembership(Membership):
     """Which hosts each attempt of an elastic job gets: re-discovered between attempts (waiting for
     ``min_np`` slots), and watched while one runs (``watch``)."""
 
@@ -369,7 +389,7 @@ class ElasticMembership:
         return thread
 
 
-class FixedMembership:
+class FixedMembership(Membership):
     """The same hosts and number of ranks for every attempt, nothing polled: a fixed-size job
     (``hosts`` ``()`` is this machine)."""
 
@@ -387,17 +407,6 @@ class FixedMembership:
     def size(self, world: Sequence[Host]) -> int:
         return self.num_proc
 
-    def watch(
-        self,
-        world: Sequence[Host],
-        stop: StopRequest,
-        ended: threading.Event,
-        record: Attempt,
-        progress: Callable[[], RankProgress],
-        saved: int | None,
-    ) -> None:
-        return None
-
 
 def run_elastic(
     settings: ElasticSettings,
@@ -413,7 +422,7 @@ def run_elastic(
 
 
 def run_attempts(
-    membership: ElasticMembership | FixedMembership,
+    membership: Membership,
     launch: Launch,
     max_restarts: int,
     clock: Clock = time.monotonic,
