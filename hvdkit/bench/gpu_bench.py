@@ -14,6 +14,8 @@ sockets on loopback), which the JSON and the table say: such figures measure tha
 NVLink.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -22,13 +24,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["resnet50", "main"]
 
 MB = 1 << 20
 
 
-def resnet50(num_classes=1000):
+def resnet50(num_classes: int = 1000) -> torch.nn.Module:
     """ResNet-50 (He et al. 2015, bottleneck v1.5) in plain torch: 25.6 M parameters."""
     import torch.nn as nn
 
@@ -368,7 +375,7 @@ def plot(results, path):
     return save_figure(fig, path)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", help="folder for gpu_bench.json and gpu_bench.png")
     p.add_argument("--np", default="1,2", help="rank counts, comma-separated (default 1,2)")

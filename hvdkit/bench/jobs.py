@@ -3,6 +3,8 @@ description and the publishing of results (JSON, table, plots, results.md). The 
 lab (``benchmarks.network``, outside the package) runs its jobs with it too.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import platform
@@ -12,6 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Any
 
 from ..core.errors import LaunchError
 from ..diagnostics.doctor import local_versions
@@ -28,11 +33,11 @@ TUNING = (
 )
 
 
-def say(msg):
+def say(msg: str) -> None:
     print(f"[hvdkit bench] {msg}", file=sys.stderr, flush=True)
 
 
-def machine():
+def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     cpu = "unknown"
     try:
@@ -56,7 +61,7 @@ def machine():
     }
 
 
-def _stream(cmd, env, timeout):
+def _stream(cmd: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[int, str]:
     """Run ``cmd``; show its progress lines (``[bench ...]``) as they come; (exit code, all output)."""
     proc = subprocess.Popen(
         cmd,
@@ -81,7 +86,7 @@ def _stream(cmd, env, timeout):
     return rc, "".join(lines)
 
 
-def busy_warning(load, cores):
+def busy_warning(load: float, cores: int) -> str | None:
     """A warning when the machine is already busy (stray ranks, other jobs), else None."""
     if load <= 0.5 * cores:
         return None
@@ -92,7 +97,16 @@ def busy_warning(load, cores):
     )
 
 
-def run_job(name, argv, path, env=None, timeout=600, shown=None, error=LaunchError, where=""):
+def run_job(
+    name: str,
+    argv: Sequence[str],
+    path: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600,
+    shown: Sequence[str] | None = None,
+    error: type[Exception] = LaunchError,
+    where: str = "",
+) -> Any:
     """Run one benchmark job (``argv``, with ``env`` added to this environment), its output shown as
     it comes; the JSON it wrote to ``path``. A failure raises ``error`` with the command line
     (``shown``, default ``argv``) and the end of the output; ``where`` says where it ran."""
@@ -107,13 +121,22 @@ def run_job(name, argv, path, env=None, timeout=600, shown=None, error=LaunchErr
 
 
 class Suite:
-    def __init__(self, out, np_, quick, python=None):
+    def __init__(self, out: str, np_: int, quick: bool, python: str | None = None) -> None:
         self.out, self.np, self.quick = out, np_, quick
         self.python = python or sys.executable
         self.hvdkit = find_tool("hvdkit", self.python)
         os.makedirs(os.path.join(out, "jobs"), exist_ok=True)
 
-    def job(self, name, worker, *extra, gloo=False, env=None, ranks=True, timeout=600):
+    def job(
+        self,
+        name: str,
+        worker: str,
+        *extra: str,
+        gloo: bool = False,
+        env: Mapping[str, str] | None = None,
+        ranks: bool = True,
+        timeout: float = 600,
+    ) -> Any:
         """Run one worker (under ``hvdkit run`` unless ``ranks`` is False); its JSON result."""
         path = os.path.join(self.out, "jobs", f"{name}.json")  # each job's own result; results.json has them all
         cmd = [self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
@@ -121,7 +144,7 @@ class Suite:
             cmd = [self.hvdkit, "run", "-np", str(self.np), *(["--gloo"] if gloo else []), "--", *cmd]
         return run_job(name, cmd, path, env, timeout)
 
-    def startup(self, reps):
+    def startup(self, reps: int) -> dict[str, Any]:
         """(g) ``hvdkit run`` against the raw ``mpirun`` command, each starting N ranks that print their rank."""
         # One write per line: with unbuffered output, print()'s separate writes of two ranks interleave.
         probe = [self.python, "-c", "import os; os.write(1, b'RANK %s\\n' % os.environb[b'OMPI_COMM_WORLD_RANK'])"]
@@ -143,7 +166,7 @@ class Suite:
             "extra_s": samples["hvdkit_run"].median - samples["mpirun"].median,
         }
 
-    def tuning(self, reps):
+    def tuning(self, reps: int) -> dict[str, Any]:
         """Horovod's cycle time on this machine: training step and small-allreduce latency per setting."""
         rows = {label: {"step_s": Samples(), "allreduce_4k_s": Samples()} for label, _ in TUNING}
         for rep, (label, env) in interleaved(TUNING, reps):
@@ -157,7 +180,7 @@ class Suite:
         }
 
 
-def publish(results, out, reporter, t0):
+def publish(results: dict[str, Any], out: str, reporter: ModuleType, t0: float) -> dict[str, Any]:
     """Write ``results`` (with the seconds since ``t0``) to OUT/results.json, print ``reporter``'s table,
     draw its plots and write OUT/results.md; ``results``."""
     results["seconds"] = time.perf_counter() - t0

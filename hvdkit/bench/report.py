@@ -1,6 +1,12 @@
 """Turning the suite's results into goals, a table, plots and a Markdown summary (OUT/results.md)."""
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["PLOTS", "goals", "table", "plots", "markdown", "compression_advice"]
 
@@ -8,7 +14,7 @@ PLOTS = ("bandwidth.png", "scaling.png")  # what plots() draws into the results 
 MB = 1 << 20
 
 
-def save_figure(fig, path, dpi=110):
+def save_figure(fig: Figure, path: str, dpi: int = 110) -> str:
     """Lay out ``fig``, write it to ``path`` (PNG) and free it; ``path``."""
     import matplotlib.pyplot as plt
 
@@ -27,7 +33,7 @@ def _sweep(results, job, variant):
     return {r["bytes"]: r for r in results[job]["sweep"] if r["variant"] == variant}
 
 
-def compression_advice(results, job, min_bytes=MB, margin=0.9):
+def compression_advice(results: dict[str, Any], job: str, min_bytes: int = MB, margin: float = 0.9) -> list[int]:
     """Sizes where fp16 compression paid in ``job``: [] means do not compress on this machine.
 
     Only bandwidth-bound sizes count (>= ``min_bytes``: below that an allreduce costs Horovod's
@@ -38,7 +44,7 @@ def compression_advice(results, job, min_bytes=MB, margin=0.9):
     return [n for n in sorted(plain) if n >= min_bytes and fp16[n]["median_s"] < margin * plain[n]["median_s"]]
 
 
-def goals(results):
+def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's goals as measured ratios: [{name, value, target, met}]."""
     t = results["train_torch"]
     hvdkit, horovod, ddp = (_median(t, v) for v in ("hvdkit", "horovod", "ddp"))
@@ -90,7 +96,7 @@ def _spread(section, v):
     return f"{section['variants'][v]['spread']:.0%}"
 
 
-def table(results):
+def table(results: dict[str, Any]) -> str:
     """The plain-text summary printed at the end of a run."""
     lines = []
     add = lines.append
@@ -158,7 +164,7 @@ def table(results):
     return "\n".join(lines)
 
 
-def plots(results, out):
+def plots(results: dict[str, Any], out: str) -> list[str]:
     """``PLOTS`` in ``out``: bus bandwidth against size (with the memcpy ceiling), scaling efficiency; their paths."""
     import matplotlib
 
@@ -204,7 +210,7 @@ def plots(results, out):
     return paths
 
 
-def markdown(results, plots, docs_dir):
+def markdown(results: dict[str, Any], plots: list[str], docs_dir: str) -> str:
     """The run as Markdown: machine, goals, the table, the plots (linked relative to ``docs_dir``)."""
     m = results["machine"]
     rel = [os.path.relpath(p, docs_dir) for p in plots]

@@ -5,9 +5,15 @@ with the variants of one comparison interleaved (A B C A B C ...), so a slow spe
 machine hits every variant alike instead of one.
 """
 
+from __future__ import annotations
+
 import math
 import statistics
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "Samples",
@@ -27,33 +33,33 @@ class BenchmarkCheckError(AssertionError):
 class Samples:
     """Repeated timings of one variant (seconds per operation): median and spread."""
 
-    def __init__(self, values=()):
+    def __init__(self, values: Iterable[float] = ()) -> None:
         self.values = [float(v) for v in values]
 
-    def add(self, seconds):
+    def add(self, seconds: float) -> None:
         self.values.append(float(seconds))
 
     @property
-    def median(self):
+    def median(self) -> float:
         return statistics.median(self.values) if self.values else math.nan
 
     @property
-    def spread(self):
+    def spread(self) -> float:
         """(max - min) / median: how far apart the repetitions were (0.05 = 5 %)."""
         if len(self.values) < 2 or not self.median:
             return 0.0
         return (max(self.values) - min(self.values)) / self.median
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         return {"median_s": self.median, "spread": self.spread, "samples_s": self.values}
 
 
-def ratio(a, b):
+def ratio(a: Samples, b: Samples) -> float:
     """median(a) / median(b), NaN when b has no time."""
     return a.median / b.median if b.median else math.nan
 
 
-def bus_bandwidth(nbytes, seconds, size):
+def bus_bandwidth(nbytes: float, seconds: float, size: int) -> float:
     """Allreduce bus bandwidth in bytes/s: algorithm bandwidth x 2(N-1)/N.
 
     A ring allreduce moves 2(N-1)/N of the buffer through each rank's link, so bus bandwidth is
@@ -64,7 +70,7 @@ def bus_bandwidth(nbytes, seconds, size):
     return nbytes / seconds * (2 * (size - 1) / size)
 
 
-def iterations_for(nbytes, budget_bytes=32 << 20, lo=2, hi=100):
+def iterations_for(nbytes: int, budget_bytes: int = 32 << 20, lo: int = 2, hi: int = 100) -> int:
     """How many operations to time back to back for a buffer of ``nbytes``: equal on every rank.
 
     Small buffers repeat more (one op is too short to time); the count depends on the size alone,
@@ -73,12 +79,12 @@ def iterations_for(nbytes, budget_bytes=32 << 20, lo=2, hi=100):
     return int(min(hi, max(lo, budget_bytes // max(1, nbytes))))
 
 
-def interleaved(variants, reps):
+def interleaved(variants: Sequence[T], reps: int) -> list[tuple[int, T]]:
     """[(rep, variant), ...] in the order A B C A B C ...: each rep visits every variant once."""
     return [(rep, v) for rep in range(reps) for v in variants]
 
 
-def timed(fn, iters, clock=time.perf_counter):
+def timed(fn: Callable[[], object], iters: int, clock: Callable[[], float] = time.perf_counter) -> float:
     """Seconds per call of ``fn`` over ``iters`` back-to-back calls."""
     t0 = clock()
     for _ in range(iters):
@@ -86,7 +92,7 @@ def timed(fn, iters, clock=time.perf_counter):
     return (clock() - t0) / iters
 
 
-def check_close(what, got, expected, tol):
+def check_close(what: str, got: Sequence[float], expected: Sequence[float], tol: float) -> float:
     """Raise BenchmarkCheckError naming ``what`` unless every |got - expected| <= tol."""
     # strict=False: a length mismatch is reported below, naming ``what``, not as zip's ValueError
     worst = max((abs(float(g) - float(e)) for g, e in zip(got, expected, strict=False)), default=0.0)

@@ -9,9 +9,13 @@ interleaved and every variant's result is checked before it is timed (see the wo
 on tiny sizes once: a correctness check of the suite (``make test`` runs it), not a measurement.
 """
 
+from __future__ import annotations
+
 import argparse
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from ..core.errors import ConfigError
 from . import report
@@ -37,7 +41,7 @@ earlier job spoil every figure.
 """
 
 
-def run_suite(out, np_=2, quick=False, tune=True):
+def run_suite(out: str, np_: int = 2, quick: bool = False, tune: bool = True) -> dict[str, Any]:
     """Every section; returns the assembled results (also written to ``out``/results.json)."""
     if np_ < 2:
         raise ConfigError(f"-np must be at least 2 (got {np_}): the suite compares 1 rank with N")
@@ -62,7 +66,7 @@ def run_suite(out, np_=2, quick=False, tune=True):
     return publish(results, out, report, t0)
 
 
-def parser(p=None):
+def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The flags of ``hvdkit bench`` on ``p`` (default: a parser of its own); ``p``."""
     if p is None:
         p = argparse.ArgumentParser(prog="hvdkit bench")
@@ -80,13 +84,13 @@ def parser(p=None):
     return p
 
 
-def run_args(args):
+def run_args(args: argparse.Namespace) -> int:
     """Run the suite from parsed arguments (``hvdkit bench``); the exit code."""
     run_suite(args.out, args.np, args.quick, args.tune)
     return 0
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     return run_args(parser().parse_args(argv))
 
 
