@@ -15,7 +15,7 @@ Framework-free and pure. A step on ``p`` ranks is simulated the way Horovod runs
   without communicating at all (the suite's ``compute_only`` ratio).
 
 ``efficiency`` is 1 for one rank, depends only on ``alpha`` with infinite bandwidth, and never
-falls when the link gets faster (``tests/unit/test_scaling_model.py`` checks these).
+falls when the link gets faster (``tests/unit/benchmarks/test_scaling_model.py`` checks these).
 """
 
 import math

@@ -50,3 +50,13 @@ def test_tracking_and_timeline_are_split_into_modules_of_one_job_under_400_lines
         m: len(pathlib.Path(importlib.import_module(f"hvdkit.{m}").__file__).read_text().splitlines()) for m in split
     }
     assert max(lines.values()) <= 400, lines
+
+
+def test_the_launcher_package_does_not_load_the_rank_wrapper_that_every_rank_runs_as_main():
+    # `python -m hvdkit.launcher.rankwrap` imports the package first: a package that had loaded
+    # rankwrap already makes Python warn on every rank (RuntimeWarning: found in sys.modules).
+    out = _fresh_python(
+        "import sys, hvdkit.launcher; from hvdkit.launcher import JobSpec;"
+        "print(sorted(m for m in sys.modules if m.startswith('hvdkit.launcher.')))"
+    )
+    assert "hvdkit.launcher.rankwrap" not in out and "hvdkit.launcher.spec" in out, out
