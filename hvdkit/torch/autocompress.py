@@ -9,7 +9,10 @@ decision and the precedence (argument > HVDKIT_COMPRESSION > measurement) live i
 ``hvdkit.core.autocompress``.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -51,7 +54,12 @@ def _device(what):
     return next(iter(tensors), torch.zeros(0)).device
 
 
-def time_compressions(shapes, reps=None, name="hvdkit.autocompress", device="cpu"):
+def time_compressions(
+    shapes: Sequence[Sequence[int]],
+    reps: int | None = None,
+    name: str = "hvdkit.autocompress",
+    device: str | torch.device = "cpu",
+) -> tuple[float, float, int, int]:
     """``(fp32_s, fp16_s, nbytes, tensors)``: seconds per grouped allreduce of zeros of ``shapes`` on ``device``.
 
     fp16 includes the casts to half and back, as ``compression="fp16"`` does per gradient. One
@@ -94,7 +102,11 @@ def time_compressions(shapes, reps=None, name="hvdkit.autocompress", device="cpu
     return float(slowest[0]), float(slowest[1]), nbytes, len(fp32)
 
 
-def measure_and_choose(what, reps=None, margin=DEFAULT_MARGIN):
+def measure_and_choose(
+    what: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor | Sequence[int]],
+    reps: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+) -> Decision:
     """Time fp32 and fp16 allreduces of ``what``'s gradient shapes; the Decision (``.choice``: "none"/"fp16").
 
     ``what``: a ``torch.nn.Module``, a torch optimizer, or a list of tensors or shapes. Horovod must
@@ -105,7 +117,9 @@ def measure_and_choose(what, reps=None, margin=DEFAULT_MARGIN):
     return Decision(decide(fp32_s, fp16_s, margin), fp32_s, fp16_s, nbytes, tensors, margin)
 
 
-def resolve(compression, what):
+def resolve(
+    compression: str, what: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor | Sequence[int]]
+) -> str:
     """``"none"`` or ``"fp16"`` for ``DistributedOptimizer(compression=...)``; measures when it is ``"auto"``.
 
     An explicit ``"none"``/``"fp16"`` is returned as is; ``"auto"`` takes HVDKIT_COMPRESSION when

@@ -4,8 +4,11 @@ The format, the RNG states of every rank, the scheduler and the order of the col
 core's (``hvdkit.core.checkpoint.state``); this module only turns torch state into arrays and back.
 """
 
+from __future__ import annotations
+
 import os
 from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -16,6 +19,9 @@ from ..core.checkpoint.tree import reseed_rng
 from ..core.errors import CheckpointError
 from .runtime import communicator
 from .state import share_state
+
+if TYPE_CHECKING:
+    from ..core.comm import Communicator
 
 __all__ = ["Checkpointer", "Resumed"]
 
@@ -37,7 +43,7 @@ _NUMPY_DTYPES = frozenset(
 )
 
 
-def reseed(seed, step, rank):
+def reseed(seed: int, step: int, rank: int) -> int:
     """Seed torch, Python's ``random`` and NumPy's global RNGs from ``(seed, step, rank)`` alone; the seed used."""
     value = reseed_rng(seed, step, rank)
     torch.manual_seed(value)
@@ -59,7 +65,18 @@ class Checkpointer(CheckpointerBase):
     Collective: the constructor, ``save`` and ``restore`` are called by every rank.
     """
 
-    def __init__(self, directory, model, optimizer=None, scheduler=None, keep=3, comm=None, seed=0):
+    # Typed as hvdkit.tensorflow.Checkpointer (a name the adapters share takes the same arguments): model a
+    # torch.nn.Module, optimizer a torch optimizer, scheduler anything with state_dict()/load_state_dict().
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        model: Any,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        keep: int = 3,
+        comm: Communicator | None = None,
+        seed: int = 0,
+    ) -> None:
         super().__init__(
             directory,
             model,

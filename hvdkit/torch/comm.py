@@ -1,5 +1,9 @@
 """The core's communicator interface over horovod.torch."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import torch
 
 from ..core.comm import CHUNK_BYTES, HorovodCommunicatorBase
@@ -11,10 +15,10 @@ __all__ = ["HorovodCommunicator"]
 class HorovodCommunicator(HorovodCommunicatorBase):
     """Collectives over ``horovod.torch``."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(horovod_torch(), lambda values: torch.tensor(values, dtype=torch.float64))
 
-    def broadcast_tensors(self, tensors, name, root=0):
+    def broadcast_tensors(self, tensors: Sequence[torch.Tensor], name: str, root: int = 0) -> None:
         """Overwrite each of ``tensors`` in place with ``root``'s, bitwise (see ``Communicator``).
 
         Each tensor is viewed as flat bytes and sent in slices of at most ``CHUNK_BYTES`` with

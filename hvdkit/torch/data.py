@@ -1,11 +1,15 @@
 """Sharding datasets by rank: training batches by a global sample offset, evaluation shards."""
 
+from __future__ import annotations
+
 import math
+from collections.abc import Iterator, Sized
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from ..core.data import epoch_order, plan_batches, position_after, rank_batches, step_bounds
+from ..core.data import BatchPlan, epoch_order, plan_batches, position_after, rank_batches, step_bounds
 from ..core.deprecation import renamed_argument
 from ..core.log import get_logger
 from . import runtime
@@ -15,7 +19,7 @@ __all__ = ["train_sampler", "TrainSampler", "TrainLoader", "EvalSampler", "train
 _log = get_logger("data")
 
 
-def train_sampler(dataset, shuffle=True, seed=0, drop_last=False):
+def train_sampler(dataset: Dataset, shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> DistributedSampler:
     """torch's DistributedSampler fed with hvdkit's rank and size (for a DataLoader you build yourself).
 
     Every rank gets ceil(n / size) samples per epoch (a few samples repeat when n does not divide,
@@ -48,19 +52,19 @@ class TrainSampler(Sampler):
 
     def __init__(
         self,
-        n,
-        batch_size,
-        global_batch_size=None,
-        accumulation=1,
-        shuffle=True,
-        seed=0,
-        drop_last=False,
-        rank=None,
-        size=None,
+        n: int,
+        batch_size: int,
+        global_batch_size: int | None = None,
+        accumulation: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        size: int | None = None,
         *,
-        rank_=None,
-        size_=None,
-    ):
+        rank_: int | None = None,
+        size_: int | None = None,
+    ) -> None:
         size = renamed_argument(size_, size, "TrainSampler(size_=)", "size=")
         rank = renamed_argument(rank_, rank, "TrainSampler(rank_=)", "rank=")
         self.size = runtime.size() if size is None else size
@@ -71,29 +75,29 @@ class TrainSampler(Sampler):
         self.set_epoch(0)
 
     @property
-    def accumulation(self):
+    def accumulation(self) -> int:
         """Backward passes per optimizer step on this world size (pass it as ``backward_passes_per_step``)."""
         return self.plan.accumulation
 
-    def set_epoch(self, epoch, start=0):
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Begin ``epoch`` at global sample offset ``start`` (samples of the epoch already trained on)."""
         self.epoch, self.start = int(epoch), int(start)
         self.bounds = step_bounds(self.n, self.start, self.plan.global_batch_size, self.plan.slots, self.drop_last)
 
     @property
-    def steps(self):
+    def steps(self) -> int:
         """Optimizer steps left in this epoch from its start offset."""
         return len(self.bounds)
 
-    def position(self, steps):
+    def position(self, steps: int) -> int:
         """The global sample offset after ``steps`` optimizer steps since ``set_epoch``: save it to resume there."""
         return position_after(self.bounds, steps, self.start)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list[int]]:
         order = epoch_order(self.n, self.seed, self.epoch, self.shuffle)
         return rank_batches(order, self.bounds, self.rank, self.size, self.plan.accumulation)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.steps * self.plan.accumulation
 
 
@@ -104,28 +108,28 @@ class TrainLoader(DataLoader):
     """
 
     @property
-    def sampler(self):
+    def sampler(self) -> TrainSampler:
         return self.batch_sampler
 
     @sampler.setter
-    def sampler(self, value):
+    def sampler(self, value: Any) -> None:
         """DataLoader sets its per-sample default here; with a batch sampler it is never used."""
 
     @property
-    def accumulation(self):
+    def accumulation(self) -> int:
         """Backward passes per optimizer step (``backward_passes_per_step``)."""
         return self.batch_sampler.accumulation
 
     @property
-    def plan(self):
+    def plan(self) -> BatchPlan:
         """The ``BatchPlan`` (per-rank batch, ranks, accumulation, global batch)."""
         return self.batch_sampler.plan
 
-    def set_epoch(self, epoch, start=0):
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
         """``sampler.set_epoch(epoch, start)``."""
         self.batch_sampler.set_epoch(epoch, start)
 
-    def position(self, steps):
+    def position(self, steps: int) -> int:
         """``sampler.position(steps)``: the global sample offset to save after ``steps`` steps of this epoch."""
         return self.batch_sampler.position(steps)
 
@@ -138,33 +142,41 @@ class EvalSampler(Sampler):
     job's (``num_replicas`` and ``rank_`` are their deprecated names).
     """
 
-    def __init__(self, dataset, size=None, rank=None, *, num_replicas=None, rank_=None):
+    def __init__(
+        self,
+        dataset: Sized,
+        size: int | None = None,
+        rank: int | None = None,
+        *,
+        num_replicas: int | None = None,
+        rank_: int | None = None,
+    ) -> None:
         size = renamed_argument(num_replicas, size, "EvalSampler(num_replicas=)", "size=")
         rank = renamed_argument(rank_, rank, "EvalSampler(rank_=)", "rank=")
         self.n = len(dataset)
         self.size = runtime.size() if size is None else size
         self.rank = runtime.rank() if rank is None else rank
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.n, self.size))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return max(0, math.ceil((self.n - self.rank) / self.size))
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Evaluation order does not change with the epoch (kept for a uniform loop)."""
 
 
 def train_loader(
-    dataset,
-    batch_size,
-    shuffle=True,
-    seed=0,
-    drop_last=False,
-    global_batch_size=None,
-    backward_passes_per_step=1,
-    **kwargs,
-):
+    dataset: Dataset,
+    batch_size: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+    global_batch_size: int | None = None,
+    backward_passes_per_step: int = 1,
+    **kwargs: Any,
+) -> TrainLoader:
     """A ``TrainLoader`` over this rank's micro-batches of ``dataset`` (see ``TrainSampler``).
 
         loader = hk.train_loader(train_set, batch_size=32, global_batch_size=64, seed=0)
@@ -192,6 +204,6 @@ def train_loader(
     return TrainLoader(dataset, batch_sampler=sampler, generator=generator, **kwargs)
 
 
-def eval_loader(dataset, batch_size, **kwargs):
+def eval_loader(dataset: Dataset, batch_size: int, **kwargs: Any) -> DataLoader:
     """A DataLoader over this rank's evaluation shard (see ``EvalSampler``)."""
     return DataLoader(dataset, batch_size=batch_size, sampler=EvalSampler(dataset), **kwargs)

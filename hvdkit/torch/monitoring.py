@@ -5,7 +5,11 @@ the job's communicator and, for the monitor, hook into ``hvdkit.torch.Distribute
 ``progress(loader)`` wraps a data loader.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from ..core.errors import ConfigError
 from ..core.monitoring.progress import Progress
@@ -13,7 +17,12 @@ from ..core.monitoring.straggler import StragglerMonitor as _StragglerMonitor
 from ..core.monitoring.tracking import RuntimeTracker
 from .runtime import _runtime, communicator, is_rank0, size
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["StragglerMonitor", "Tracker", "progress"]
+
+_T = TypeVar("_T")
 
 
 class StragglerMonitor(_StragglerMonitor):
@@ -36,7 +45,14 @@ class StragglerMonitor(_StragglerMonitor):
     Env: HVDKIT_STRAGGLER_THRESHOLD (when ``threshold`` is None; default 1.2).
     """
 
-    def __init__(self, threshold=None, name="train", optimizer=None, clock=time.perf_counter, host=None):
+    def __init__(
+        self,
+        threshold: float | None = None,
+        name: str = "train",
+        optimizer: torch.optim.Optimizer | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        host: str | None = None,
+    ) -> None:
         super().__init__(communicator(), threshold=threshold, name=name, clock=clock, host=host)
         if optimizer is not None:
             _exclude_synchronize(optimizer, self)
@@ -79,7 +95,9 @@ def _batch_len(batch):
         return 0
 
 
-def progress(loader, desc="", total=None, stream=None):
+def progress(
+    loader: Iterable[_T], desc: str = "", total: int | None = None, stream: TextIO | None = None
+) -> Iterator[_T]:
     """Iterate ``loader`` while rank 0 shows progress: steps, samples/s over all ranks, elapsed, ETA.
 
         for x, y in hk.progress(train_loader, desc=f"epoch {epoch + 1}/{epochs}"):

@@ -1,7 +1,10 @@
 """Gradient averaging for torch optimizers, delegated to Horovod; clipping and LR scaling around it."""
 
+from __future__ import annotations
+
 import math
 import time
+from typing import Any
 
 import torch
 
@@ -19,8 +22,13 @@ _log = get_logger("lr")
 
 
 def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
-    optimizer, model=None, compression="none", backward_passes_per_step=1, op="average", max_grad_norm=None
-):
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module | None = None,
+    compression: str = "none",
+    backward_passes_per_step: int = 1,
+    op: str = "average",
+    max_grad_norm: float | None = None,
+) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 
     The result is Horovod's own ``horovod.torch.DistributedOptimizer`` (ring-allreduce, tensor
@@ -205,7 +213,14 @@ class ScaledLRScheduler(torch.optim.lr_scheduler.LRScheduler):
     counterpart: ``hvdkit.keras.ScaledLRSchedule``.
     """
 
-    def __init__(self, optimizer, rule="linear", warmup_steps=0, size=None, last_epoch=-1):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        rule: str = "linear",
+        warmup_steps: int = 0,
+        size: int | None = None,
+        last_epoch: int = -1,
+    ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer (got {type(optimizer).__name__})")
         if size is None:
@@ -220,11 +235,11 @@ class ScaledLRScheduler(torch.optim.lr_scheduler.LRScheduler):
         for group in optimizer.param_groups:
             group[CARRIED_SCALE] = self.scale
 
-    def factor(self, step):
+    def factor(self, step: int) -> float:
         """The multiplier of the optimizer's initial rate at ``step`` (``hvdkit.core.lr.warmup_factor``)."""
         return warmup_factor(step, self.warmup_steps, self.scale)
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a saved state; saved at another world size, the rule is re-applied for this one.
 
         The optimizer's rates (restored before this) carry the saved run's factor; they are
@@ -253,7 +268,7 @@ class ScaledLRScheduler(torch.optim.lr_scheduler.LRScheduler):
                 ", ".join(f"{lr:.6g}" for lr in self._last_lr),
             )
 
-    def get_lr(self):
+    def get_lr(self) -> list[float]:
         # Chainable (like MultiplicativeLR): multiply the current rate by this step's change of factor,
         # so schedulers stepped on the same optimizer (StepLR, ExponentialLR, ...) multiply on top.
         t = self.last_epoch
@@ -270,7 +285,7 @@ def _on_rank0():
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
-def autocast(enabled=True, dtype="bfloat16", device_type=None):
+def autocast(enabled: bool = True, dtype: str = "bfloat16", device_type: str | None = None) -> torch.autocast:
     """``torch.autocast`` for the forward pass: bf16 by default, fp16 with ``dtype="float16"``.
 
     ``device_type``: default the rank's device (``hk.device()``: ``"cuda"`` on a GPU rank, ``"cpu"``
@@ -287,7 +302,7 @@ def autocast(enabled=True, dtype="bfloat16", device_type=None):
     return torch.autocast(device_type=device_type, dtype=_DTYPES[dtype], enabled=enabled)
 
 
-def amp_step(optimizer, scaler):
+def amp_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> torch.Tensor | None:
     """One update of fp16 mixed precision with a ``torch.amp.GradScaler``, in the order Horovod needs.
 
         scaler = torch.amp.GradScaler("cuda")

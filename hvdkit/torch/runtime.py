@@ -1,5 +1,7 @@
 """Starting Horovod for PyTorch and asking where this process sits."""
 
+from __future__ import annotations
+
 import torch
 
 from ..core import env as _env
@@ -39,7 +41,7 @@ init, topology, communicator, average_metrics, rank, size, local_rank, local_siz
 )
 
 
-def device():
+def device() -> torch.device:
     """This rank's ``torch.device``: ``cuda:<local_rank>`` where the host has GPUs, else ``cpu``.
 
     Calls ``init()`` if needed.

@@ -6,12 +6,18 @@ into the model's own parameters and buffers on the other ranks (``Communicator.b
 Nothing is pickled whole, so a state of any size costs about one chunk of extra memory.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.errors import CollectiveError
 from .runtime import communicator
+
+if TYPE_CHECKING:
+    from ..core.comm import Communicator
 
 __all__ = ["broadcast_state", "share_state"]
 
@@ -60,7 +66,9 @@ def _specs(obj):
     return []
 
 
-def describe_state(model, optimizer, rest):
+def describe_state(
+    model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, rest: Any
+) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """On the root: ``(header, tensors)`` for ``receive_state`` (``rest``: any picklable data).
 
     The tensors are the model's own parameters and buffers, the optimizer's own state and the
@@ -99,7 +107,15 @@ def _fit_error(header, model, optimizer, root):
     return None
 
 
-def receive_state(comm, header, tensors, model=None, optimizer=None, root=0, error=CollectiveError):
+def receive_state(
+    comm: Communicator,
+    header: dict[str, Any],
+    tensors: list[torch.Tensor] | None,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    root: int = 0,
+    error: type[Exception] = CollectiveError,
+) -> Any:
     """Give every rank the root's state described by ``header``; returns the root's ``rest``.
 
     ``tensors`` is what ``describe_state`` returned on the root (ignored elsewhere). The other
@@ -141,7 +157,14 @@ def _targets(header, model):
     return tensors
 
 
-def share_state(comm, model=None, optimizer=None, extra=None, root=0, error=CollectiveError):
+def share_state(
+    comm: Communicator,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: Any = None,
+    root: int = 0,
+    error: type[Exception] = CollectiveError,
+) -> Any:
     """Make every rank hold ``root``'s model, optimizer state and ``extra``; returns ``root``'s ``extra``.
 
     The one path by which ranks take one rank's state: a fresh start (``broadcast_state``) and a
@@ -162,7 +185,12 @@ def share_state(comm, model=None, optimizer=None, extra=None, root=0, error=Coll
     return receive_state(comm, header, tensors, model, optimizer, root, error)["extra"]
 
 
-def broadcast_state(model=None, optimizer=None, extra=None, root_rank=0):
+def broadcast_state(
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: Any = None,
+    root_rank: int = 0,
+) -> Any:
     """Copy ``root_rank``'s model parameters and buffers, optimizer state and ``extra`` to every rank.
 
     Returns ``root_rank``'s ``extra`` (any picklable object; other ranks may pass anything, of any
