@@ -10,7 +10,11 @@ pure decision and the precedence (argument > HVDKIT_COMPRESSION > measurement) l
 ``hvdkit.core.autocompress``.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -41,7 +45,9 @@ def _shapes(items):
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python run eagerly, also while a tf.function is traced
-def time_compressions(shapes, reps=None, name="hvdkit.autocompress.tf"):
+def time_compressions(
+    shapes: Sequence[Sequence[int]], reps: int | None = None, name: str = "hvdkit.autocompress.tf"
+) -> tuple[float, float, int, int]:
     """``(fp32_s, fp16_s, nbytes, tensors)``: seconds per grouped allreduce of zeros of ``shapes``, eagerly.
 
     fp16 includes the casts to half and back. One untimed warm-up each, then ``reps`` of each
@@ -78,7 +84,7 @@ def time_compressions(shapes, reps=None, name="hvdkit.autocompress.tf"):
     return float(slowest[0]), float(slowest[1]), nbytes, len(fp32)
 
 
-def measure_and_choose(items, reps=None, margin=DEFAULT_MARGIN):
+def measure_and_choose(items: Iterable[Any], reps: int | None = None, margin: float = DEFAULT_MARGIN) -> Decision:
     """Time fp32 and fp16 allreduces of ``items``' shapes (variables, tensors or shapes); the Decision.
 
     Horovod must be initialised (``hvdkit.keras.init()`` / ``hvdkit.tensorflow.init()``). Ignores
@@ -90,7 +96,7 @@ def measure_and_choose(items, reps=None, margin=DEFAULT_MARGIN):
 
 
 @tf.autograph.experimental.do_not_convert
-def resolve(compression, items):
+def resolve(compression: str, items: Iterable[Any]) -> str:
     """``"none"`` or ``"fp16"``; with ``"auto"``: HVDKIT_COMPRESSION if set, else measured on ``items``' shapes.
 
     Rank 0 logs the choice with both times.

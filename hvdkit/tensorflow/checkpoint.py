@@ -4,8 +4,11 @@ The format, the RNG states of every rank, the scheduler and the order of the col
 core's (``hvdkit.core.checkpoint.state``); this module only turns variables into arrays and back.
 """
 
+from __future__ import annotations
+
 import os
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +18,9 @@ from ..core.checkpoint.store import Resumed
 from ..core.errors import CheckpointError
 from .runtime import communicator
 from .variables import broadcast_variables
+
+if TYPE_CHECKING:
+    from ..core.comm import Communicator
 
 __all__ = ["Checkpointer", "Resumed"]
 
@@ -62,7 +68,16 @@ class Checkpointer(CheckpointerBase):
     Collective: the constructor, ``save`` and ``restore`` are called by every rank.
     """
 
-    def __init__(self, directory, model, optimizer=None, scheduler=None, keep=3, comm=None, seed=0):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        model: Any,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        keep: int = 3,
+        comm: Communicator | None = None,
+        seed: int = 0,
+    ) -> None:
         import tensorflow as tf
 
         if isinstance(scheduler, int) and not isinstance(scheduler, bool):  # the signature before ``scheduler``

@@ -1,9 +1,17 @@
 """The core's communicator interface over horovod.tensorflow (eager mode)."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import tensorflow as tf
 
 from ..core.comm import CHUNK_BYTES, HorovodCommunicatorBase
 from ._engine import horovod_tf
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["HorovodCommunicator"]
 
@@ -11,10 +19,10 @@ __all__ = ["HorovodCommunicator"]
 class HorovodCommunicator(HorovodCommunicatorBase):
     """Collectives over ``horovod.tensorflow``."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(horovod_tf(), lambda values: tf.constant(values, dtype=tf.float64))
 
-    def broadcast_tensors(self, tensors, name, root=0):
+    def broadcast_tensors(self, tensors: Sequence[np.ndarray], name: str, root: int = 0) -> None:
         """Overwrite each of ``tensors`` (writable C-contiguous numpy arrays) with ``root``'s, bitwise.
 
         Each array is viewed as flat bytes and sent in slices of at most ``CHUNK_BYTES``; a slice

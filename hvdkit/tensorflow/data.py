@@ -1,9 +1,14 @@
 """Sharding ``tf.data`` datasets by rank, with a stated rule for sizes that do not divide."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
-from ..core.data import epoch_order, plan_batches, rank_batches, step_bounds
+from ..core.data import BatchPlan, epoch_order, plan_batches, rank_batches, step_bounds
 from ..core.errors import ConfigError
 from ..core.log import get_logger
 from .runtime import rank as _rank
@@ -14,7 +19,9 @@ __all__ = ["shard", "batch_plan", "epoch_dataset"]
 _log = get_logger("data")
 
 
-def shard(dataset, even=True, rank=None, size=None):
+def shard(
+    dataset: tf.data.Dataset, even: bool = True, rank: int | None = None, size: int | None = None
+) -> tf.data.Dataset:
     """This rank's part of ``dataset``: elements rank, rank + size, rank + 2*size, ...
 
     The rule for n elements that do not divide by size:
@@ -40,7 +47,13 @@ def shard(dataset, even=True, rank=None, size=None):
     return dataset.shard(size, rank)
 
 
-def batch_plan(batch_size, global_batch_size=None, backward_passes_per_step=1, size=None, log=True):
+def batch_plan(
+    batch_size: int,
+    global_batch_size: int | None = None,
+    backward_passes_per_step: int = 1,
+    size: int | None = None,
+    log: bool = True,
+) -> BatchPlan:
     """The ``BatchPlan`` of this job: per-rank batch x ranks x accumulation steps = global batch.
 
     With ``global_batch_size`` the accumulation is chosen for this world size (ConfigError naming
@@ -56,19 +69,19 @@ def batch_plan(batch_size, global_batch_size=None, backward_passes_per_step=1, s
 
 
 def epoch_dataset(
-    arrays,
-    batch_size,
-    epochs,
-    initial_epoch=0,
-    seed=0,
-    shuffle=True,
-    rank=None,
-    size=None,
-    global_batch_size=None,
-    backward_passes_per_step=1,
-    drop_last=False,
-    on_batch=None,
-):
+    arrays: Any,
+    batch_size: int,
+    epochs: int,
+    initial_epoch: int = 0,
+    seed: int = 0,
+    shuffle: bool = True,
+    rank: int | None = None,
+    size: int | None = None,
+    global_batch_size: int | None = None,
+    backward_passes_per_step: int = 1,
+    drop_last: bool = False,
+    on_batch: Callable[[int, int, list[int]], object] | None = None,
+) -> tuple[tf.data.Dataset, int]:
     """This rank's batches of in-memory ``arrays`` for epochs ``initial_epoch .. epochs-1``, and the
     number of batches per epoch: ``model.fit(ds, steps_per_epoch=steps, epochs=epochs, initial_epoch=...)``.
 

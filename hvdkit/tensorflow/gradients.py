@@ -1,5 +1,10 @@
 """Averaging gradients over ranks: one function used by the tape wrapper and the Keras optimizer."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
 import tensorflow as tf
 
 from ..core.errors import ConfigError
@@ -12,7 +17,12 @@ __all__ = ["allreduce_gradients", "DistributedGradientTape"]
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python, no tensor-dependent control flow
-def allreduce_gradients(grads, compression="none", name="hvdkit.grads", groups=1):
+def allreduce_gradients(
+    grads: Iterable[tf.Tensor | tf.IndexedSlices | None],
+    compression: str = "none",
+    name: str = "hvdkit.grads",
+    groups: int = 1,
+) -> list[tf.Tensor | tf.IndexedSlices | None]:
     """The mean over ranks of every gradient in ``grads`` (None entries stay None).
 
     ``groups=1``: one grouped Horovod allreduce (tensor fusion) named ``name``. ``groups=k > 1``:
@@ -79,7 +89,7 @@ class DistributedGradientTape:
     Env: HVDKIT_COMPRESSION (with ``compression="auto"``).
     """
 
-    def __init__(self, tape, compression="none", name="hvdkit.tape.grads"):
+    def __init__(self, tape: tf.GradientTape, compression: str = "none", name: str = "hvdkit.tape.grads") -> None:
         if not isinstance(tape, tf.GradientTape):
             raise ConfigError(
                 f"tape must be a tf.GradientTape (got {type(tape).__name__}); wrap the tape after its `with` block"
@@ -89,11 +99,11 @@ class DistributedGradientTape:
         self._name = name
 
     @property
-    def compression(self):
+    def compression(self) -> str:
         """``"none"`` or ``"fp16"``: what ``gradient()`` averages in (``"auto"`` until the first call decides)."""
         return self._compression
 
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(grads, expand_composites=False)
         if self._compression == AUTO:  # decided once, at the first call, from the gradients' shapes
@@ -101,5 +111,5 @@ class DistributedGradientTape:
         flat = allreduce_gradients(flat, self._compression, self._name)
         return tf.nest.pack_sequence_as(grads, flat)
 
-    def __getattr__(self, attr):  # watch(), stop_recording(), jacobian() ... act on the wrapped tape
+    def __getattr__(self, attr: str) -> Any:  # watch(), stop_recording(), jacobian() ... act on the wrapped tape
         return getattr(self._tape, attr)

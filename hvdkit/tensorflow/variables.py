@@ -1,5 +1,10 @@
 """Making every rank start from rank 0's variables."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 from ..core.errors import CollectiveError
 from ._engine import horovod_tf
 from .runtime import communicator
@@ -11,7 +16,7 @@ def _signature(variables):
     return [(str(getattr(v, "path", None) or v.name), tuple(v.shape), str(v.dtype)) for v in variables]
 
 
-def check_same_variables(variables, what="variables"):
+def check_same_variables(variables: Sequence[Any], what: str = "variables") -> None:
     """Raise CollectiveError on every rank unless every rank passes the same shapes and dtypes.
 
     Collective: every rank calls it.
@@ -28,7 +33,7 @@ def check_same_variables(variables, what="variables"):
         )
 
 
-def broadcast_variables(variables, root_rank=0):
+def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
     """Assign ``root_rank``'s values to ``variables`` (tf or Keras 3 variables) on every rank.
 
     First checks that every rank passes the same number of variables with the same shapes and
