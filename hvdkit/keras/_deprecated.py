@@ -4,6 +4,8 @@ The callbacks are named ``...Callback`` now, as in Horovod, and each concept has
 ``hvdkit.torch`` and ``hvdkit.tensorflow`` (``docs/api/names.md``).
 """
 
+from __future__ import annotations
+
 import keras
 
 from ..core.deprecation import Deprecated
@@ -43,7 +45,7 @@ class Checkpoint(Deprecated, CheckpointCallback):
 
     renamed = ("hvdkit.keras.Checkpoint", "hvdkit.keras.CheckpointCallback (restore() returns a Resumed or None)")
 
-    def restore(self):
+    def restore(self) -> int:
         """The epoch to pass as ``initial_epoch``: the restored checkpoint's, or 0. Collective."""
         super().restore()
         return self.initial_epoch

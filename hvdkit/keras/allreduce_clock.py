@@ -5,6 +5,10 @@ The optimizer only averages; this module times it: ``AllreduceClock.time(average
 variable that ``allreduce_seconds(optimizer)`` reads between batches.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
 import tensorflow as tf
 
 __all__ = ["AllreduceClock", "allreduce_seconds"]
@@ -17,10 +21,14 @@ class AllreduceClock:
     checkpointed nor broadcast.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvdkit_allreduce_seconds")
 
-    def time(self, average, grads):
+    def time(
+        self,
+        average: Callable[[list[tf.Tensor | tf.IndexedSlices | None]], list[tf.Tensor | tf.IndexedSlices | None]],
+        grads: Iterable[tf.Tensor | tf.IndexedSlices | None],
+    ) -> list[tf.Tensor | tf.IndexedSlices | None]:
         """``average(grads)``, its duration added to ``seconds``.
 
         The timestamps are ordered around the allreduce by data and control dependencies, so this
@@ -35,7 +43,7 @@ class AllreduceClock:
         return grads
 
 
-def allreduce_seconds(optimizer):
+def allreduce_seconds(optimizer: object) -> float | None:
     """Seconds ``optimizer`` (a ``DistributedOptimizer``) has spent in its gradient allreduce so far.
 
     Includes the time waiting for slower ranks; ``StragglerMonitorCallback`` subtracts it from batch times.

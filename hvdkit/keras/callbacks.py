@@ -1,8 +1,14 @@
 """Keras 3 callbacks: initial-state broadcast, exact metric averaging, LR warmup, rank-0 checkpoints."""
 
+from __future__ import annotations
+
+import os
+from typing import Any
+
 import keras
 import numpy as np
 
+from ..core.checkpoint.store import Resumed
 from ..core.data import rank_seed
 from ..core.errors import ConfigError
 from ..core.log import get_logger
@@ -37,16 +43,16 @@ class BroadcastInitialStateCallback(keras.callbacks.Callback):
     Collective: every rank's ``fit`` has it.
     """
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank: int = 0) -> None:
         super().__init__()
         self.root_rank = root_rank
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         opt = _built_optimizer(self.model)
         broadcast_variables(list(self.model.weights) + (list(opt.variables) if opt is not None else []), self.root_rank)
 
 
-def average_model_metrics(model):
+def average_model_metrics(model: keras.Model) -> dict[str, float]:
     """The model's current metrics over all ranks' samples (``{name: value}``), exactly.
 
     Keras metrics keep additive state (a Mean keeps total and count; Precision and AUC keep
@@ -74,21 +80,21 @@ class MetricAverageCallback(keras.callbacks.Callback):
     Collective: every rank's ``fit`` has it.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self._train = self._val = None
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._train = self._val = None
 
-    def on_test_begin(self, logs=None):
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         # Inside fit, evaluate() calls this before it resets the metrics: they still hold training.
         self._train = average_model_metrics(self.model)
 
-    def on_test_end(self, logs=None):
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
         self._val = average_model_metrics(self.model)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         train = self._train if self._train is not None else average_model_metrics(self.model)
         if logs is not None:
             logs.update(train)
@@ -107,7 +113,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     ``hvdkit.keras.ScaledLRSchedule``.
     """
 
-    def __init__(self, initial_lr, warmup_epochs=5, verbose=0, rule="linear"):
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, verbose: int = 0, rule: str = "linear") -> None:
         super().__init__()
         self.initial_lr = check_number_above("initial_lr", initial_lr, what="a positive number")
         self.warmup_epochs = check_int_at_least("warmup_epochs", warmup_epochs, 0)
@@ -121,7 +127,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         except TypeError as e:
             raise ConfigError(f"LearningRateWarmupCallback needs a constant learning rate, not a schedule ({e})") from e
 
-    def target(self, epoch, batch, steps):
+    def target(self, epoch: int, batch: int, steps: int) -> float:
         """The learning rate at ``batch`` of ``epoch`` (``steps`` batches per epoch)."""
         scale = lr_scale(communicator().size, self.rule)
         if epoch >= self.warmup_epochs:
@@ -129,15 +135,15 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         progress = (epoch + batch / max(1, steps)) / self.warmup_epochs
         return self.initial_lr * (1 + (scale - 1) * progress)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         self._set(self.target(epoch, 0, 1))
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._epoch < self.warmup_epochs:
             self._set(self.target(self._epoch, batch, self.params.get("steps") or 1))
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.verbose and communicator().is_rank0:
             _log.info("epoch %d: learning rate %.6g", epoch + 1, float(self.model.optimizer.learning_rate))
 
@@ -161,7 +167,14 @@ class CheckpointCallback(keras.callbacks.Callback):
     Collective: every rank creates it, calls ``restore`` and has it in ``fit``.
     """
 
-    def __init__(self, directory, model=None, keep=3, every=1, seed=0):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        model: keras.Model | None = None,
+        keep: int = 3,
+        every: int = 1,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         check_positive_int("every", every)
         self.directory = directory
@@ -179,11 +192,11 @@ class CheckpointCallback(keras.callbacks.Callback):
         return self._ckpt
 
     @property
-    def initial_epoch(self):
+    def initial_epoch(self) -> int:
         """The epoch to pass to ``fit`` as ``initial_epoch``: the restored checkpoint's, or 0."""
         return self.resumed.epoch if self.resumed else 0
 
-    def restore(self):
+    def restore(self) -> Resumed | None:
         """Load the newest good checkpoint on every rank: its ``Resumed``, or None when there is none.
 
         Collective: every rank calls it.
@@ -216,7 +229,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                 )
         return self.resumed
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if (epoch + 1) % self.every == 0:
             opt = self.model.optimizer
             self._checkpointer().save(step=int(opt.iterations) if opt is not None else 0, epoch=epoch + 1)

@@ -2,8 +2,13 @@
 (``StragglerMonitorCallback``), rank 0's progress bar (``ProgressBarCallback``), and ``fit``'s job-wide
 epoch metrics to TensorBoard and/or MLflow on rank 0 (``TrackMetricsCallback``)."""
 
+from __future__ import annotations
+
 import math
+import os
 import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TextIO
 
 import keras
 
@@ -41,7 +46,13 @@ class StragglerMonitorCallback(keras.callbacks.Callback):
     Env: HVDKIT_STRAGGLER_THRESHOLD (when ``threshold`` is None; default 1.2).
     """
 
-    def __init__(self, threshold=None, name="keras.train", log_key="straggler_slowdown", clock=time.perf_counter):
+    def __init__(
+        self,
+        threshold: float | None = None,
+        name: str = "keras.train",
+        log_key: str | None = "straggler_slowdown",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         super().__init__()
         self.threshold = straggler_threshold(threshold)  # a bad value fails here, not mid-fit
         self.name = name
@@ -55,7 +66,7 @@ class StragglerMonitorCallback(keras.callbacks.Callback):
     def _waited(self):
         return allreduce_seconds(self.model.optimizer) or 0.0
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.monitor is None:
             self.monitor = StragglerMonitor(communicator(), self.threshold, self.name, clock=self._clock)
         if allreduce_seconds(self.model.optimizer) is None and self.monitor.comm.is_rank0:
@@ -64,21 +75,21 @@ class StragglerMonitorCallback(keras.callbacks.Callback):
                 "counted and every rank may look as slow as the slowest"
             )
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._last = None
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._last is None:
             self._last = self._clock()
             self._wait = self._waited()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         now, waited = self._clock(), self._waited()
         if self._last is not None:
             self.monitor.record(max(0.0, now - self._last - (waited - self._wait)))
         self._last, self._wait = now, waited
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         report = self.monitor.epoch_end(epoch + 1)  # numbered as Keras prints epochs
         self.reports.append(report)
         if logs is not None and self.log_key:
@@ -101,7 +112,7 @@ class ProgressBarCallback(keras.callbacks.Callback):
     Env: HVDKIT_PROGRESS, HVDKIT_PROGRESS_INTERVAL.
     """
 
-    def __init__(self, batch_size=None, stream=None):
+    def __init__(self, batch_size: int | None = None, stream: TextIO | None = None) -> None:
         super().__init__()
         if batch_size is not None:
             check_positive_int("batch_size", batch_size, what="a positive integer, the per-rank batch")
@@ -109,18 +120,18 @@ class ProgressBarCallback(keras.callbacks.Callback):
         self.stream = stream
         self._bar = None
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         steps = self.params.get("steps") or 0
         epochs = self.params.get("epochs") or 0
         self._bar = Progress(max(1, steps), desc=f"epoch {epoch + 1}/{epochs}", show=is_rank0(), stream=self.stream)
         if not self.batch_size:
             self._bar.unit = "steps"
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._bar is not None:
             self._bar.update(1, samples=(self.batch_size or 1) * (size() if self.batch_size else 1))
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -160,8 +171,14 @@ class TrackMetricsCallback(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, log_dir, backends=("tensorboard",), params=None, mlflow_uri=None, experiment="hvdkit", run_name=None
-    ):
+        self,
+        log_dir: str | os.PathLike[str],
+        backends: str | Iterable[str] = ("tensorboard",),
+        params: Mapping[str, Any] | None = None,
+        mlflow_uri: str | None = None,
+        experiment: str = "hvdkit",
+        run_name: str | None = None,
+    ) -> None:
         super().__init__()
         self._kwargs = dict(
             log_dir=log_dir,
@@ -173,7 +190,7 @@ class TrackMetricsCallback(keras.callbacks.Callback):
         )
         self.tracker = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         fit = {"epochs": self.params.get("epochs"), "steps_per_epoch": self.params.get("steps")}
         opt = self.model.optimizer
         if opt is not None:
@@ -188,7 +205,7 @@ class TrackMetricsCallback(keras.callbacks.Callback):
         except (AttributeError, TypeError, ValueError):  # no optimizer, or a rate Keras cannot report
             return None
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         metrics = {}
         for name, value in (logs or {}).items():
             try:
@@ -205,6 +222,6 @@ class TrackMetricsCallback(keras.callbacks.Callback):
             )
         self.tracker.log_metrics({k: v for k, v in metrics.items() if k not in bad}, step=epoch)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self.tracker is not None:
             self.tracker.close()

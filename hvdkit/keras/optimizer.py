@@ -1,6 +1,9 @@
 """A Keras 3 optimizer that really averages gradients over ranks; learning-rate scaling for it."""
 
+from __future__ import annotations
+
 import itertools
+from typing import Any, Self
 
 import keras
 import tensorflow as tf
@@ -35,7 +38,7 @@ class _AveragingMixin:
     _hvdkit_groups = 1  # allreduce_gradients(groups=...): 1 grouped op; hvdkit.bench.keras_overlap measures others
 
     @property
-    def compression(self):
+    def compression(self) -> str:
         """What the gradients are averaged in: ``"none"``, ``"fp16"`` (``"auto"`` until the first ``apply`` decides)."""
         return self._hvdkit_compression
 
@@ -68,12 +71,14 @@ def _distributed_class(base):
     return _classes[base]
 
 
-def is_distributed(optimizer):
+def is_distributed(optimizer: object) -> bool:
     """True when ``optimizer`` came from ``DistributedOptimizer``."""
     return isinstance(optimizer, _AveragingMixin)
 
 
-def DistributedOptimizer(optimizer, compression="none", backward_passes_per_step=1):  # noqa: N802 - mirrors Horovod
+def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
+    optimizer: keras.optimizers.Optimizer, compression: str = "none", backward_passes_per_step: int = 1
+) -> keras.optimizers.Optimizer:
     """A copy of the Keras 3 ``optimizer`` (same class and config) that averages gradients over ranks.
 
     - ``compression``: ``"none"`` (exact fp32), ``"fp16"`` (half the bytes on the wire) or
@@ -139,7 +144,13 @@ class ScaledLRSchedule(keras.optimizers.schedules.LearningRateSchedule):
     torch counterpart: ``hvdkit.torch.ScaledLRScheduler``.
     """
 
-    def __init__(self, learning_rate, rule="linear", warmup_steps=0, size=None):
+    def __init__(
+        self,
+        learning_rate: float | keras.optimizers.schedules.LearningRateSchedule,
+        rule: str = "linear",
+        warmup_steps: int = 0,
+        size: int | None = None,
+    ) -> None:
         if not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
             what = "a number > 0 or a keras LearningRateSchedule"
             learning_rate = check_number_above("learning_rate", learning_rate, what=what)
@@ -149,7 +160,7 @@ class ScaledLRSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.size = communicator().size if size is None else size
         self.scale = lr_scale(self.size, rule)
 
-    def __call__(self, step):
+    def __call__(self, step: int | tf.Tensor) -> tf.Tensor:
         step = tf.cast(step, tf.float32)
         base = self.learning_rate(step) if callable(self.learning_rate) else self.learning_rate
         if self.warmup_steps == 0:
@@ -158,14 +169,14 @@ class ScaledLRSchedule(keras.optimizers.schedules.LearningRateSchedule):
             factor = 1.0 + (self.scale - 1.0) * tf.minimum(step, float(self.warmup_steps)) / self.warmup_steps
         return tf.cast(base, tf.float32) * tf.cast(factor, tf.float32)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         lr = self.learning_rate
         if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
             lr = keras.saving.serialize_keras_object(lr)
         return {"learning_rate": lr, "rule": self.rule, "warmup_steps": self.warmup_steps, "size": self.size}
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> Self:
         config = dict(config)
         if isinstance(config["learning_rate"], dict):
             config["learning_rate"] = keras.saving.deserialize_keras_object(config["learning_rate"])
