@@ -38,6 +38,7 @@ from .runtime import (  # noqa: E402, F401
 )
 from .runtime import __all__ as _RUNTIME  # noqa: E402
 from .state import broadcast_state  # noqa: E402
+from .trainer import History, Trainer  # noqa: E402
 
 # Names and the concepts they share with hvdkit.tensorflow and hvdkit.keras: docs/api/names.md.
 __all__ = [  # and the runtime's: init, rank, size, PreemptionGuard, ... (hvdkit.torch.runtime)
@@ -45,12 +46,14 @@ __all__ = [  # and the runtime's: init, rank, size, PreemptionGuard, ... (hvdkit
     "Checkpointer",
     "DistributedOptimizer",
     "EvalSampler",
+    "History",
     "MetricTracker",
     "Resumed",
     "ScaledLRScheduler",
     "StragglerMonitor",
     "Tracker",
     "TrainLoader",
+    "Trainer",
     "TrainSampler",
     "amp_step",
     "autocast",

@@ -1,0 +1,389 @@
+"""``Trainer``: one ``fit()`` that ties sharding, averaging, exact metrics, checkpoints and resume together.
+
+It assembles hvdkit's parts (``DistributedOptimizer``, ``train_loader``, ``eval_loader``,
+``MetricTracker``, ``Checkpointer``, ``PreemptionGuard``, ``ScaledLRScheduler``, ``autocast``/
+``amp_step``, ``progress``, ``Tracker``, ``StragglerMonitor``) into the loop every Horovod user
+otherwise writes by hand, with the same arithmetic as that loop (examples/torch_digits.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from ..core.data import plan_batches
+from ..core.errors import ConfigError
+from ..core.log import get_logger
+from ..core.metrics import MetricTracker
+from ..core.options import check_positive_int
+from . import runtime
+from .checkpoint import Checkpointer
+from .data import eval_loader, train_loader
+from .monitoring import StragglerMonitor, Tracker, progress
+from .optim import DistributedOptimizer, ScaledLRScheduler, amp_step, autocast
+from .state import broadcast_state
+from .trainer_parts import History, LearningState, call_callbacks, check_options
+
+__all__ = ["Trainer", "History"]
+
+_log = get_logger("trainer")
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+class Trainer:
+    """Data-parallel training of a torch model on every rank of the job: ``history = trainer.fit(train, val, epochs)``.
+
+        trainer = hk.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                             torch.nn.functional.cross_entropy, batch_size=32,
+                             metrics={"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
+                             checkpoint_dir="checkpoints/run1")
+        history = trainer.fit(train_set, val_set, epochs=12)   # resumes from checkpoint_dir by itself
+        history.history["val_accuracy"]                           # one value per epoch, every rank
+
+    The Trainer calls ``hk.init()``, moves ``model`` to ``hk.device()`` and wraps ``optimizer`` (a
+    plain torch optimizer over the model's parameters) in ``hk.DistributedOptimizer`` with
+    ``compression``, ``max_grad_norm`` (clipping after averaging) and the accumulation of the batch
+    plan. Options (keyword only; the names of the rest of hvdkit's API):
+
+    - ``loss_fn(output, target)``: the batch's mean loss; ``metrics``: ``{name: fn(output, target)}``,
+      each a batch mean, averaged over all samples of all ranks exactly (``loss``, ``<name>``,
+      ``val_loss``, ``val_<name>`` in the history).
+    - ``batch_size`` (per rank), ``global_batch_size`` (samples per step over all ranks, kept at any
+      world size by accumulation; see ``hk.train_loader``), ``backward_passes_per_step`` (without a
+      global batch), ``eval_batch_size`` (default ``batch_size``), ``shuffle``, ``drop_last``,
+      ``seed`` (sample order and re-seeding at another world size), ``num_workers``.
+    - ``checkpoint_dir`` (None: no checkpoints), ``checkpoint_every`` (``"epoch"``, or a number of
+      optimizer steps: also mid-epoch, with the epoch's global sample offset), ``keep``.
+    - ``precision``: ``"fp32"``, ``"bf16"`` (forward pass under ``hk.autocast``) or ``"fp16"``
+      (autocast plus a ``torch.amp.GradScaler`` stepped by ``hk.amp_step``).
+    - ``lr_rule`` (``"linear"``, ``"sqrt"``, ``"none"``) and ``warmup_steps``: an ``hk.ScaledLRScheduler``
+      stepped after every optimizer step (not with ``global_batch_size``: the batch does not change
+      with the ranks); ``scheduler``: a function ``opt -> torch LR scheduler`` built on the trainer's
+      optimizer, stepped per ``scheduler_interval`` (``"epoch"`` or ``"step"``).
+    - ``callbacks``: objects with any of ``on_train_begin(trainer)``, ``on_epoch_end(epoch, logs)``,
+      ``on_train_end(history)``, called on every rank; setting ``trainer.stop_training = True`` on
+      any rank ends ``fit`` after that epoch on every rank.
+    - ``tracking``: None, a log directory (TensorBoard, via ``hk.Tracker``) or an ``hk.Tracker``;
+      ``progress``: rank 0's progress bar (``hk.progress``); ``straggler_threshold``: a report per
+      epoch of which rank's steps hold the job back (``hk.StragglerMonitor``).
+
+    Bad options raise ConfigError on every rank before any collective.
+    Collective: every rank constructs it (``compression="auto"`` times the gradients now) and calls ``fit``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        *,
+        metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+        batch_size: int,
+        global_batch_size: int | None = None,
+        backward_passes_per_step: int = 1,
+        eval_batch_size: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int | str = "epoch",
+        keep: int = 3,
+        compression: str = "auto",
+        max_grad_norm: float | None = None,
+        precision: str = "fp32",
+        lr_rule: str = "none",
+        warmup_steps: int = 0,
+        scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        scheduler_interval: str = "epoch",
+        callbacks: Iterable[Any] = (),
+        tracking: str | os.PathLike[str] | Tracker | None = None,
+        progress: bool = True,
+        straggler_threshold: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        o = check_options({k: v for k, v in locals().items() if k != "self"})
+        self.model, self.loss_fn, self.metrics = o["model"], loss_fn, o["metrics"]
+        self.options = o
+        self.callbacks = o["callbacks"]
+        self.stop_training = False
+        self._lr_of_last_step = float("nan")
+        comm = runtime.communicator()  # starts Horovod once
+        self.comm = comm
+        # The accumulation of the batch plan: a bad global batch is a ConfigError on every rank, here.
+        self.accumulation = plan_batches(
+            o["batch_size"], comm.size, global_batch_size, backward_passes_per_step
+        ).accumulation
+        self.device = runtime.device()
+        model.to(self.device)
+        self.optimizer = DistributedOptimizer(
+            optimizer,
+            model=model,
+            compression=o["compression"],
+            backward_passes_per_step=self.accumulation,
+            max_grad_norm=max_grad_norm,
+        )
+        rule = ScaledLRScheduler(self.optimizer, lr_rule, warmup_steps) if lr_rule != "none" or warmup_steps else None
+        self.lr_rule = rule
+        self.scheduler = scheduler(self.optimizer) if scheduler is not None else None
+        self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
+        state = LearningState({"lr_rule": rule, "scheduler": self.scheduler, "scaler": self.scaler})
+        self.checkpointer = (
+            Checkpointer(checkpoint_dir, model, self.optimizer, state, keep=keep, seed=seed)
+            if checkpoint_dir is not None
+            else None
+        )
+        self.monitor = (
+            StragglerMonitor(straggler_threshold, name="trainer", optimizer=self.optimizer)
+            if straggler_threshold is not None
+            else None
+        )
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, train_data: Any, val_data: Any = None, epochs: int = 1) -> History:
+        """Train to ``epochs`` epochs in all (a resumed run continues to it); the ``History`` of this call.
+
+        ``train_data``: a map-style ``Dataset`` of ``(input, target, ...)`` samples (hvdkit shards it:
+        every sample once per epoch in a global order from ``(seed, epoch)``, the same at any world
+        size), or an iterable of this rank's ``(input, target, ...)`` batches that you shard yourself
+        (the same number of batches on every rank; ``set_epoch(epoch)`` is called on it, or on its
+        ``sampler``, when it has one; a mid-epoch resume skips the batches done, at the same world
+        size only). ``val_data``: a ``Dataset`` (every sample once over all ranks, no padding) or an
+        iterable of this rank's batches. With ``checkpoint_dir``, the newest checkpoint there is
+        restored first; SIGTERM (or an elastic stop) checkpoints the step and ends the call with
+        ``history.stopped``.
+        Collective: every rank calls it with the same arguments.
+        """
+        check_positive_int("epochs", epochs, "the total number of epochs, e.g. epochs=10")
+        loader = self._train_loader(train_data)
+        val_loader = self._val_loader(val_data)
+        resumed = self.checkpointer.restore() if self.checkpointer is not None else None
+        if resumed is None:
+            broadcast_state(self.model, self.optimizer)
+            start_epoch, step, position = 0, 0, {}
+        else:  # position: where a stopped epoch stopped (empty after a whole epoch)
+            start_epoch, step, position = resumed.epoch, resumed.step, dict(resumed.extra or {})
+            if "batches_done" in position and resumed.world_size != self.comm.size:
+                raise ConfigError(
+                    f"the checkpoint stopped mid-epoch at {resumed.world_size} ranks over batches this script "
+                    f"shards itself; resume it at {resumed.world_size} ranks, or pass a Dataset (sharded by global "
+                    "sample offset at any world size)"
+                )
+        history = History(resumed_from_epoch=start_epoch, step=step)
+        guard = runtime.PreemptionGuard()
+        tracker = self._tracker()
+        call_callbacks(self.callbacks, "on_train_begin", self)
+        try:
+            for epoch in range(start_epoch, epochs):
+                t0 = time.perf_counter()
+                step, stopped, totals = self._train_epoch(loader, train_data, epoch, epochs, step, position, guard)
+                history.step = step
+                if stopped:
+                    history.stopped = True
+                    break
+                position = {}
+                if self.scheduler is not None and self.options["scheduler_interval"] == "epoch":
+                    self.scheduler.step()
+                logs = {**totals, **(self._evaluate(val_loader) if val_loader is not None else {})}
+                logs["lr"] = self._lr_of_last_step
+                if self.checkpointer is not None:
+                    self.checkpointer.save(step, epoch + 1)
+                if self.monitor is not None:
+                    self.monitor.epoch_end(epoch)
+                seconds = time.perf_counter() - t0
+                logs["epoch_time"] = self.comm.allreduce_sum([seconds], name="hvdkit.trainer.time")[0] / self.comm.size
+                self._log_epoch(epoch, epochs, logs, tracker)
+                history.append(epoch, logs)
+                call_callbacks(self.callbacks, "on_epoch_end", epoch, dict(logs))
+                if self._asked_to_stop():
+                    break
+        finally:
+            guard.close()
+            if tracker is not None and tracker is not self.options["tracking"]:
+                tracker.close()
+        call_callbacks(self.callbacks, "on_train_end", history)
+        return history
+
+    def _train_loader(self, data):
+        o = self.options
+        if isinstance(data, Dataset) and not isinstance(data, IterableDataset) and hasattr(data, "__len__"):
+            return train_loader(
+                data,
+                o["batch_size"],
+                shuffle=o["shuffle"],
+                seed=o["seed"],
+                drop_last=o["drop_last"],
+                global_batch_size=o["global_batch_size"],
+                backward_passes_per_step=o["backward_passes_per_step"],
+                num_workers=o["num_workers"],
+            )
+        if not isinstance(data, Iterable):
+            raise ConfigError(
+                f"train_data must be a map-style torch Dataset or an iterable of batches (got {type(data).__name__})"
+            )
+        if o["global_batch_size"] is not None or o["checkpoint_every"] is not None:
+            raise ConfigError(
+                "global_batch_size and checkpoint_every=<steps> need train_data as a map-style Dataset (hvdkit "
+                f"shards it by global sample offset); got {type(data).__name__}: pass the Dataset, not a loader"
+            )
+        return None
+
+    def _val_loader(self, data):
+        if data is None:
+            return None
+        if isinstance(data, Dataset) and not isinstance(data, IterableDataset) and hasattr(data, "__len__"):
+            size = self.options["eval_batch_size"] or self.options["batch_size"]
+            return eval_loader(data, size, num_workers=self.options["num_workers"])
+        if not isinstance(data, Iterable):
+            raise ConfigError(
+                "val_data must be a map-style torch Dataset, an iterable of batches or None "
+                f"(got {type(data).__name__})"
+            )
+        return data
+
+    def _batches(self, loader, data, epoch, epochs, position):
+        """This rank's micro-batches of ``epoch`` from where a stopped run stopped; the batches skipped."""
+        if loader is not None:
+            loader.sampler.set_epoch(epoch, start=position.get("samples_done", 0))
+            source, skip = loader, 0
+        else:
+            target = data if hasattr(data, "set_epoch") else getattr(data, "sampler", None)
+            if callable(getattr(target, "set_epoch", None)):
+                target.set_epoch(epoch)
+            skip = position.get("batches_done", 0)
+            source = itertools.islice(data, skip, None) if skip else data
+        if not self.options["progress"]:
+            return source, skip
+        total = len(loader) if loader is not None else (len(data) - skip if hasattr(data, "__len__") else None)
+        if total is None:
+            return source, skip
+        return progress(source, desc=f"epoch {epoch + 1}/{epochs}", total=total), skip
+
+    def _train_epoch(self, loader, data, epoch, epochs, step, position, guard):
+        """One epoch (or its rest); ``(step, stopped, averaged train metrics)``. Collective."""
+        self.model.train()
+        batches, skipped = self._batches(loader, data, epoch, epochs, position)
+        tracker = MetricTracker(["loss", *self.metrics])
+        if self.comm.is_rank0:  # the job-wide totals of the stopped part of the epoch, counted once
+            for name, (total, count) in position.get("train_totals", {}).items():
+                tracker.update_sum(name, total, count)
+        acc, every, steps_done = self.accumulation, self.options["checkpoint_every"], 0
+        last = loader.sampler.steps if loader is not None else None
+        for micro, batch in enumerate(batches, 1):
+            if self.monitor is not None and micro % acc == 1 % acc:
+                self.monitor.step_begin()
+            self._forward_backward(batch, tracker)
+            if micro % acc:
+                continue
+            self._optimizer_step()
+            step += 1
+            steps_done += 1
+            if self.monitor is not None:
+                self.monitor.step_end()
+            stop = guard.should_stop(step=step)  # every rank stops after this same step
+            if stop or (every is not None and step % every == 0 and steps_done != last):
+                self._save_position(step, epoch, loader, steps_done, skipped + micro, tracker)
+            if stop:
+                if self.comm.is_rank0:
+                    _log.info("stopped in epoch %d after step %d%s", epoch + 1, step, self._saved_note())
+                return step, True, {}
+        return step, False, self._average(tracker, "hvdkit.trainer.train")
+
+    def _saved_note(self):
+        return ": checkpoint saved" if self.checkpointer is not None else " (no checkpoint_dir: nothing saved)"
+
+    def _forward_backward(self, batch, tracker):
+        x, y = self._to_device(batch)
+        with self._autocast():
+            out = self.model(x)
+            loss = self.loss_fn(out, y)
+        scaled = loss / self.accumulation  # the mean over the step's micro-batches
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        count = len(y)
+        tracker.update("loss", loss.item(), count)
+        if self.metrics:
+            with torch.no_grad():
+                for name, fn in self.metrics.items():
+                    tracker.update(name, float(fn(out.detach(), y)), count)
+
+    def _optimizer_step(self):
+        if self.scaler is not None:
+            amp_step(self.optimizer, self.scaler)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+        self._lr_of_last_step = float(self.optimizer.param_groups[0]["lr"])
+        if self.lr_rule is not None:
+            self.lr_rule.step()
+        if self.scheduler is not None and self.options["scheduler_interval"] == "step":
+            self.scheduler.step()
+
+    def _save_position(self, step, epoch, loader, steps_done, micro_done, tracker):
+        """A mid-epoch checkpoint: the epoch's global sample offset (or batches done) and its metric totals."""
+        if self.checkpointer is None:
+            return
+        local = tracker.local()
+        names = sorted(local)
+        flat = self.comm.allreduce_sum([v for n in names for v in local[n]], name="hvdkit.trainer.totals")
+        totals = {n: [float(flat[2 * i]), int(flat[2 * i + 1])] for i, n in enumerate(names)}
+        where = {"samples_done": loader.position(steps_done)} if loader is not None else {"batches_done": micro_done}
+        self.checkpointer.save(step, epoch, extra={**where, "train_totals": totals})
+
+    def _evaluate(self, loader):
+        """``val_loss`` and ``val_<metric>`` over every validation sample of every rank. Collective."""
+        self.model.eval()
+        tracker = MetricTracker(["val_loss", *(f"val_{n}" for n in self.metrics)])
+        with torch.no_grad():
+            for batch in loader:
+                x, y = self._to_device(batch)
+                with self._autocast():
+                    out = self.model(x)
+                    loss = self.loss_fn(out, y)
+                tracker.update("val_loss", loss.item(), len(y))
+                for name, fn in self.metrics.items():
+                    tracker.update(f"val_{name}", float(fn(out, y)), len(y))
+        return self._average(tracker, "hvdkit.trainer.val")
+
+    def _average(self, tracker, name):
+        means = tracker.compute(self.comm, name=name)
+        return {n: means[n] for n in tracker.local()}  # in the tracker's order: loss first
+
+    def _to_device(self, batch):
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+            raise ConfigError(
+                f"a batch must be (input, target, ...) (got {type(batch).__name__}); "
+                "make the dataset return (input, target) samples"
+            )
+        return batch[0].to(self.device), batch[1].to(self.device)
+
+    def _autocast(self):
+        precision = self.options["precision"]
+        if precision == "fp32":
+            return contextlib.nullcontext()
+        return autocast(dtype=_DTYPE[precision], device_type=self.device.type)
+
+    def _tracker(self):
+        tracking = self.options["tracking"]
+        if tracking is None or isinstance(tracking, Tracker):
+            return tracking
+        return Tracker(tracking)  # a log directory: TensorBoard, closed at the end of fit
+
+    def _log_epoch(self, epoch, epochs, logs, tracker):
+        if tracker is not None:
+            tracker.log_metrics(logs, step=epoch)
+        if self.comm.is_rank0:
+            shown = " ".join(
+                f"{k} {v:.4g}" if k == "lr" else f"{k} {v:.4f}" for k, v in logs.items() if k != "epoch_time"
+            )
+            _log.info("epoch %d/%d: %s (%.2f s)", epoch + 1, epochs, shown, logs["epoch_time"])
+
+    def _asked_to_stop(self):
+        """True on every rank when a callback set ``stop_training`` on any rank. Collective."""
+        flag = 1.0 if self.stop_training else 0.0
+        return self.comm.allreduce_sum([flag], name="hvdkit.trainer.stop")[0] > 0

@@ -1,0 +1,131 @@
+"""``hvdkit.torch.Trainer`` in one process: its arguments are refused before anything starts (no
+Horovod, no collective: every rank raises the same error), and its History, callbacks and
+checkpointed learning state behave as documented. The training itself runs on real ranks in
+tests/distributed/test_trainer_torch.py."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hvdkit.torch as hk  # noqa: E402
+from hvdkit.core import ConfigError  # noqa: E402
+from hvdkit.torch.trainer_parts import History, LearningState, call_callbacks, check_callbacks  # noqa: E402
+
+# torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test
+# (the conftest fails a test that changes the environment).
+torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1).step()
+
+
+def parts():
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.cross_entropy
+
+
+def make(**options):
+    model, opt, loss = parts()
+    options.setdefault("batch_size", 8)
+    return hk.Trainer(model, opt, loss, **options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be an integer >= 1 (got 0); the per-rank batch size"),
+        ({"global_batch_size": -64}, "global_batch_size must be an integer >= 1 (got -64)"),
+        ({"precision": "fp8"}, "precision must be one of ('fp32', 'bf16', 'fp16') (got 'fp8')"),
+        ({"compression": "gzip"}, "compression must be one of 'none', 'fp16', 'auto' (got 'gzip')"),
+        ({"checkpoint_every": "step"}, "checkpoint_every must be an integer >= 1 (got 'step'); pass 'epoch'"),
+        ({"checkpoint_every": 0}, "checkpoint_every must be an integer >= 1 (got 0)"),
+        ({"keep": 0}, "keep must be an integer >= 1 (got 0)"),
+        ({"max_grad_norm": -1.0}, "max_grad_norm must be a finite number > 0 (got -1.0); or None"),
+        ({"lr_rule": "cubic"}, "lr_rule must be one of ('linear', 'sqrt', 'none') (got 'cubic')"),
+        ({"lr_rule": "linear", "global_batch_size": 64}, "use lr_rule='none' with a global batch"),
+        ({"warmup_steps": -5}, "warmup_steps must be an integer >= 0 (got -5)"),
+        ({"metrics": ["accuracy"]}, "metrics must map a name to fn(output, target) -> tensor (got list)"),
+        ({"metrics": {"loss": len}}, "metric name 'loss' is not usable"),
+        ({"metrics": {"val_acc": len}}, "metric name 'val_acc' is not usable"),
+        ({"metrics": {"acc": 3}}, "metrics['acc'] must be callable as fn(output, target) (got int)"),
+        ({"callbacks": [object()]}, "has none of the methods on_train_begin, on_epoch_end, on_train_end"),
+        ({"callbacks": 5}, "callbacks must be a list of objects (got int)"),
+        ({"scheduler_interval": "batch"}, "scheduler_interval must be one of ('epoch', 'step') (got 'batch')"),
+        ({"tracking": 42}, "tracking must be None, a log directory or an hk.Tracker (got int)"),
+        ({"straggler_threshold": 0.5}, "straggler_threshold must be a finite number > 1 (got 0.5)"),
+        ({"seed": -1}, "seed must be an integer >= 0 (got -1)"),
+    ],
+)
+def test_a_bad_option_is_a_config_error_naming_the_value_before_anything_starts(options, message):
+    with pytest.raises(ConfigError) as e:
+        make(**options)
+    assert message in str(e.value)
+
+
+def test_a_scheduler_object_is_refused_with_the_factory_form_as_the_fix():
+    model, opt, loss = parts()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    with pytest.raises(ConfigError, match=r"scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR"):
+        hk.Trainer(model, opt, loss, batch_size=8, scheduler=sched)
+
+
+def test_model_optimizer_and_loss_of_the_wrong_kind_are_refused():
+    model, opt, loss = parts()
+    with pytest.raises(ConfigError, match="model must be a torch.nn.Module"):
+        hk.Trainer(lambda x: x, opt, loss, batch_size=8)
+    with pytest.raises(ConfigError, match=r"optimizer must be a torch.optim.Optimizer \(got list\)"):
+        hk.Trainer(model, [opt], loss, batch_size=8)
+    with pytest.raises(ConfigError, match=r"loss_fn must be callable"):
+        hk.Trainer(model, opt, "mse", batch_size=8)
+
+
+def test_an_optimizer_that_is_already_distributed_is_refused():
+    model, opt, loss = parts()
+    opt.skip_synchronize = lambda: None  # what hk.DistributedOptimizer's (Horovod's) class has
+    with pytest.raises(ConfigError, match="optimizer is already distributed"):
+        hk.Trainer(model, opt, loss, batch_size=8)
+
+
+def test_batch_size_is_keyword_only_and_required():
+    model, opt, loss = parts()
+    with pytest.raises(TypeError):
+        hk.Trainer(model, opt, loss, 8)
+    with pytest.raises(TypeError):
+        hk.Trainer(model, opt, loss)
+
+
+def test_history_keeps_one_value_per_epoch_per_name():
+    h = History(resumed_from_epoch=2)
+    h.append(2, {"loss": 1.5, "lr": 0.1})
+    h.append(3, {"loss": 1.25, "lr": 0.05})
+    assert h.history == {"loss": [1.5, 1.25], "lr": [0.1, 0.05]}
+    assert h.epoch == [2, 3] and h.resumed_from_epoch == 2 and not h.stopped
+
+
+def test_callbacks_get_only_the_methods_they_define():
+    seen = []
+
+    class EpochsOnly:
+        def on_epoch_end(self, epoch, logs):
+            seen.append((epoch, logs))
+
+    cbs = check_callbacks([EpochsOnly()])
+    call_callbacks(cbs, "on_train_begin", None)
+    call_callbacks(cbs, "on_epoch_end", 0, {"loss": 1.0})
+    assert seen == [(0, {"loss": 1.0})]
+    assert check_callbacks(None) == []
+
+
+def test_the_learning_state_saves_and_restores_every_part_and_refuses_another_set():
+    model, opt, _ = parts()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    state = LearningState({"scheduler": sched, "scaler": scaler, "lr_rule": None})
+    opt.step()
+    sched.step()
+    saved = state.state_dict()
+    assert set(saved) == {"scheduler", "scaler"} and saved["scaler"]["scale"] == 1024.0
+    model2, opt2, _ = parts()
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5)
+    scaler2 = torch.amp.GradScaler("cpu", init_scale=8.0)
+    LearningState({"scheduler": sched2, "scaler": scaler2}).load_state_dict(saved)
+    assert sched2.last_epoch == 1 and scaler2.get_scale() == 1024.0
+    with pytest.raises(KeyError, match="the checkpoint holds"):
+        LearningState({"scheduler": sched2}).load_state_dict(saved)
