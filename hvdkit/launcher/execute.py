@@ -37,7 +37,7 @@ _STALLED = re.compile(r"^\[rank \d+\] (\d+)!: \[(.*)\]")
 
 
 class _StopRequest(Protocol):
-    """What ``Execution.run`` reads of an ``elastic.loop.StopRequest`` (named by its shape: the loop
+    """What ``Execution.run`` reads of an ``attempts.StopRequest`` (named by its shape: the loop
     imports this module, so this module does not import the loop)."""
 
     reason: str | None
@@ -171,7 +171,7 @@ class Execution:
         signal, the launcher itself is terminated. Afterwards no rank process of this job is left on
         this host. If this process dies without a word (SIGKILL, its process group killed), mpirun or
         horovodrun gets SIGTERM from the kernel and ends the job on every host. ``stop`` (a
-        ``hvdkit.launcher.elastic.loop.StopRequest``) lets another thread ask for the same graceful
+        ``hvdkit.launcher.attempts.StopRequest``) lets another thread ask for the same graceful
         stop, or a hard one; the result names its reason.
         """
         start = time.perf_counter()

@@ -4,7 +4,7 @@ A job is a sequence of attempts, each one plain mpirun / horovodrun --gloo run o
 (``plan.build`` -> ``execute.Execution``). A fixed-size job relaunches the same hosts and size
 after a failure, up to ``max_restarts`` times, and polls nothing (``FixedMembership``); an elastic
 one (``options.elastic``) re-discovers its hosts between attempts and watches them during one
-(``ElasticMembership``). Both go through ``elastic.loop.run_attempts``: one attempt builder, one
+(``ElasticMembership``). Both go through ``attempts.run_attempts``: one attempt builder, one
 restart loop, one summary, one exit rule. Usable from code as from the command line::
 
     from hvdkit.launcher import JobSpec, RunOptions, run_job
@@ -25,8 +25,9 @@ from typing import TextIO
 
 from ..core import env
 from . import execute, plan, remote, slurm_nodes
+from .attempts import ElasticGaveUp, FixedMembership, run_attempts
 from .elastic.discovery import FixedDiscovery, ScriptDiscovery
-from .elastic.loop import ElasticGaveUp, ElasticMembership, FixedMembership, HostView, run_attempts
+from .elastic.loop import ElasticMembership, HostView
 from .elastic.rules import ElasticSettings, choose_world
 from .execute import JobResult
 from .hosts import Host, format_hosts, mpirun_uses_srun, total_slots

@@ -1,4 +1,5 @@
-"""Run an elastic job: fixed-size attempts, hosts re-discovered between and polled during them.
+"""Run an elastic job: fixed-size attempts (``attempts.run_attempts``), hosts re-discovered between
+and polled during them (``ElasticMembership``).
 
 Each attempt is one plain mpirun / horovodrun --gloo job (``launch``); no Horovod elastic driver,
 rendezvous or KV store is ever started. While an attempt runs, a thread polls the discovery every
@@ -11,22 +12,26 @@ waits up to ``--elastic-timeout`` seconds, then gives up naming what is missing.
 
 from __future__ import annotations
 
-import dataclasses
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ...core.errors import LaunchError
 from .. import remote
-from ..execute import Execution, JobResult, RankProgress
+from ..attempts import (
+    Clock,
+    Launch,
+    Log,
+    Membership,
+    StopRequest,
+    _behind,
+    behind_message,
+    run_attempts,
+)
+from ..execute import JobResult, RankProgress
 from ..hosts import Host, format_hosts, total_slots
 from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
 from .rules import (
-    FAILED,
-    FINISHED,
-    GROW,
-    INTERRUPTED,
     Attempt,
     ElasticSettings,
     History,
@@ -36,61 +41,14 @@ from .rules import (
     lost_hosts,
 )
 
-__all__ = [
-    "HostView",
-    "ElasticGaveUp",
-    "StopRequest",
-    "Membership",
-    "ElasticMembership",
-    "FixedMembership",
-    "wait_for_world",
-    "watch",
-    "run_elastic",
-    "run_attempts",
-]
+__all__ = ["HostView", "ElasticMembership", "wait_for_world", "watch", "run_elastic"]
 
-LEFT = "stopped: hosts left"
-BEHIND = "resumed behind its checkpoints"  # fatal: the checkpoint folder is not what the last attempt wrote
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what a stop request sends the ranks
 RECHECK, FRESH = 2.0, 5.0  # seconds: re-check joining hosts while ranks start; trust a check this old once they train
 LIVENESS_EVERY = 10.0  # seconds between ssh checks of the running attempt's remote hosts
 GROW_SETTLE = 60.0  # seconds after the ranks started before a job without a PreemptionGuard is asked to grow
 
-Clock = Callable[[], float]  # time.monotonic
 Sleep = Callable[[float], object]  # time.sleep
-Log = Callable[[str], object]  # one line for the user
 Check = Callable[[list[Host], float], Mapping[str, str]]  # (hosts, ssh timeout) -> {name: why unreachable}
-Launch = Callable[[tuple[Host, ...], int, int], Execution]  # (hosts, attempt, changes) -> the attempt, ready to run
-
-
-class StopRequest:
-    """Asks a running job, from another thread, to stop as a SIGTERM to the launcher would: every
-    rank gets the chance to checkpoint the same step (PreemptionGuard) and exit cleanly."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.reason = None
-        self.hard = False
-
-    def request(self, reason: str, hard: bool = False) -> None:
-        """Ask once; ``hard``: a host is gone, so no rank can finish a step: end the job now."""
-        if not self._event.is_set():
-            self.reason, self.hard = reason, hard
-            self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None) -> bool:
-        return self._event.wait(timeout)
-
-
-class ElasticGaveUp(LaunchError):
-    """Fewer than --min-np slots for longer than --elastic-timeout; ``history`` holds the attempts so far."""
-
-    def __init__(self, message: str, history: History) -> None:
-        super().__init__(message)
-        self.history = history
 
 
 class HostView:
@@ -147,20 +105,6 @@ def wait_for_world(
             )
             said = available
         sleep(min(settings.interval, max(0.0, settings.timeout - waited)))
-
-
-def behind_message(resumed: int, saved: int) -> str:
-    """Why an attempt that resumed at step ``resumed`` after step ``saved`` was checkpointed must stop."""
-    return (
-        f"the ranks resumed at step {resumed}, but an earlier attempt checkpointed step {saved}: rank 0 does not "
-        "see the checkpoints it wrote (the checkpoint folder is on a disk of one host, and rank 0 moved to "
-        "another), or the newest ones were lost. Stopped instead of training again from an older state: put "
-        "the checkpoint folder on storage every host shares"
-    )
-
-
-def _behind(resumed: int | None, saved: int | None) -> bool:
-    return resumed is not None and saved is not None and resumed < saved
 
 
 def watch(
@@ -295,50 +239,6 @@ def _training(progress: RankProgress, clock: Clock) -> bool:
     return progress.training or (started is not None and clock() - started >= GROW_SETTLE)
 
 
-def _ended(record: Attempt, result: JobResult, stop: StopRequest, clock: Clock, saved: int | None = None) -> str:
-    """Fill ``record`` from the attempt's JobResult; its outcome."""
-    record.running, record.ended = result.ranks_started_at, clock()
-    record.resumed_step, record.last_step = result.resumed_step, result.last_step
-    if result.interrupted_by is not None:
-        record.outcome = INTERRUPTED
-    elif _behind(result.resumed_step, saved):  # also when it ran to the end: from an older state
-        record.outcome, record.detail = BEHIND, behind_message(result.resumed_step, saved)
-    elif result.exit_code == 0 and (result.stop_reason is None or (result.guarded and not result.stopped_as_asked)):
-        # a request that came after the ranks' last should_stop() (final evaluation, export) found
-        # them finishing: they end 0 without having stopped for it, and must not run again
-        record.outcome = FINISHED
-    elif result.exit_code == 0 or (result.stop_reason and result.signal in _STOP_SIGNALS and not stop.hard):
-        # stopped as asked; a rank our own stop signal ended (one not yet or no longer training
-        # under a PreemptionGuard) is no failure either: the next attempt resumes from a checkpoint
-        record.outcome = GROW if result.stop_reason.endswith("came") else LEFT
-        record.detail = result.stop_reason + ("" if result.exit_code == 0 else f"; {result.message}")
-    else:
-        record.outcome, record.detail = FAILED, (f"{result.stop_reason}; " if stop.hard else "") + result.message
-        record.noticed = record.noticed or result.failure_noticed_at or clock()
-    if record.noticed is None:
-        record.noticed = clock()
-    return record.outcome
-
-
-class Membership:
-    """Which hosts each attempt of a job gets (``first``, then ``next`` after each attempt), how many
-    ranks a world runs (``size``), and what watches a running attempt (``watch``: a thread, or None
-    when nothing is polled, as for a fixed-size job)."""
-
-    elastic = False
-
-    def watch(
-        self,
-        world: Sequence[Host],
-        stop: StopRequest,
-        ended: threading.Event,
-        record: Attempt,
-        progress: Callable[[], RankProgress],
-        saved: int | None,
-    ) -> threading.Thread | None:
-        return None
-
-
 class ElasticMembership(Membership):
     """Which hosts each attempt of an elastic job gets: re-discovered between attempts (waiting for
     ``min_np`` slots), and watched while one runs (``watch``)."""
@@ -389,25 +289,6 @@ class ElasticMembership(Membership):
         return thread
 
 
-class FixedMembership(Membership):
-    """The same hosts and number of ranks for every attempt, nothing polled: a fixed-size job
-    (``hosts`` ``()`` is this machine)."""
-
-    elastic = False
-
-    def __init__(self, hosts: Sequence[Host], num_proc: int) -> None:
-        self.hosts, self.num_proc = tuple(hosts), num_proc
-
-    def first(self) -> tuple[Host, ...]:
-        return self.hosts
-
-    def next(self, previous: tuple[Host, ...], record: Attempt, failed: bool) -> tuple[Host, ...]:
-        return self.hosts
-
-    def size(self, world: Sequence[Host]) -> int:
-        return self.num_proc
-
-
 def run_elastic(
     settings: ElasticSettings,
     view: HostView,
@@ -419,71 +300,3 @@ def run_elastic(
 ) -> tuple[History, JobResult]:
     """``run_attempts`` with the hosts of ``view`` re-discovered and watched (ElasticMembership)."""
     return run_attempts(ElasticMembership(settings, view, clock, sleep, log), launch, max_restarts, clock, log)
-
-
-def run_attempts(
-    membership: Membership,
-    launch: Launch,
-    max_restarts: int,
-    clock: Clock = time.monotonic,
-    log: Log = print,
-) -> tuple[History, JobResult]:
-    """Run attempts until one finishes; ``(history, final JobResult)``. The one restart loop of
-    every ``hvdkit run``: fixed-size jobs (FixedMembership) and elastic ones (ElasticMembership).
-
-    ``launch(hosts, attempt, changes)`` returns the attempt (``changes``: the membership changes so
-    far) ready to run: an ``execute.Execution``, whose ``run(stop)`` returns its JobResult and whose
-    ``progress()`` the watcher reads. Failures beyond ``max_restarts`` end the job; a stop to grow
-    is not a failure, nor is a signal to the launcher (it ends the job). An attempt whose ranks
-    resumed below the newest step an earlier one checkpointed ends the job (exit code 1 at least):
-    they would train again from an older state. Raises ElasticGaveUp when fewer than ``min_np``
-    slots stay available for ``timeout`` seconds.
-    """
-    history = History()
-    try:
-        world = membership.first()
-    except LaunchError as e:
-        raise ElasticGaveUp(str(e), history) from None
-    failures = changes = 0
-    saved = None  # the newest step any attempt checkpointed
-    while True:
-        size = membership.size(world)
-        if history.attempts and world != history.attempts[-1].hosts:
-            changes += 1
-            log(f"membership change {changes}: {history.attempts[-1].size} -> {size} rank(s) on {format_hosts(world)}")
-        record = Attempt(hosts=world, launched=clock(), ranks=size)
-        history.attempts.append(record)
-        job = launch(world, len(history.attempts) - 1, changes)
-        stop, ended = StopRequest(), threading.Event()
-        watcher = membership.watch(world, stop, ended, record, job.progress, saved)
-        try:
-            result = job.run(stop)
-        finally:
-            ended.set()
-            if watcher is not None:
-                watcher.join()
-        outcome = _ended(record, result, stop, clock, saved)
-        if outcome == BEHIND:
-            log(record.detail)
-            return history, dataclasses.replace(result, exit_code=result.exit_code or 1, message=record.detail)
-        if outcome in (FINISHED, INTERRUPTED):
-            return history, result
-        if result.saved_step is not None:
-            saved = max(saved or 0, result.saved_step)
-        if outcome == FAILED:
-            failures += 1
-            if failures > max_restarts:
-                if membership.elastic:
-                    log(
-                        f"{result.message}; {failures - 1} restart(s) after failures used of --max-restarts "
-                        f"{max_restarts}"
-                    )
-                return history, result
-            if membership.elastic:
-                log(f"{result.message}; re-discovering the hosts ({failures}/{max_restarts} restarts after failures)")
-            else:
-                log(f"{result.message}; restarting ({failures}/{max_restarts})")
-        try:
-            world = membership.next(world, record, outcome == FAILED)
-        except LaunchError as e:
-            raise ElasticGaveUp(str(e), history) from None

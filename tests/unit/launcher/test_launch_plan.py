@@ -172,7 +172,7 @@ def test_bad_fault_tolerance_settings_are_clear_errors(args, message, capsys):
 
 
 def test_the_restart_summary_names_every_failed_attempt():
-    from hvdkit.launcher.elastic.loop import FixedMembership, run_attempts
+    from hvdkit.launcher.attempts import FixedMembership, run_attempts
 
     crash = execute.JobResult(137, 1, None, 9, message="rank 1 was killed by SIGKILL on h after 3.0 s; job stopped")
     said = []
@@ -191,7 +191,7 @@ def test_the_restart_summary_names_every_failed_attempt():
 
 
 def test_a_fixed_size_job_stops_restarting_at_a_signal_to_the_launcher_and_exits_as_the_signal_would():
-    from hvdkit.launcher.elastic.loop import FixedMembership, run_attempts
+    from hvdkit.launcher.attempts import FixedMembership, run_attempts
     from hvdkit.launcher.job import exit_code
 
     stopped = execute.JobResult(0, interrupted_by=15)

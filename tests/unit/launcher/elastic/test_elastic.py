@@ -18,8 +18,9 @@ from hvdkit.core.comm import LocalCommunicator
 from hvdkit.core.errors import ConfigError, LaunchError
 from hvdkit.core.preemption import PreemptionGuard
 from hvdkit.launcher import job, remote, slurm_nodes
+from hvdkit.launcher.attempts import ElasticGaveUp, StopRequest
 from hvdkit.launcher.elastic.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery, parse_discovery_output
-from hvdkit.launcher.elastic.loop import ElasticGaveUp, HostView, StopRequest, run_elastic, wait_for_world, watch
+from hvdkit.launcher.elastic.loop import HostView, run_elastic, wait_for_world, watch
 from hvdkit.launcher.elastic.rules import ElasticSettings, History, can_grow, choose_world, lost_hosts, settings_from
 from hvdkit.launcher.execute import JobResult, RankProgress, RankReports
 from hvdkit.launcher.hosts import Host
