@@ -1,0 +1,157 @@
+"""``hvdkit.torch.Trainer`` on real ranks (workers/trainer_torch.py: the example's model, optimizer and
+cosine schedule on the digits data, compression "none").
+
+- It trains exactly like the manual loop of examples/torch_digits.py: the final parameters are
+  bitwise equal, under mpirun and under horovodrun --gloo.
+- Killed with SIGKILL mid-epoch (after a step-5 checkpoint) and restarted by ``hvdkit run
+  --max-restarts 1``, it ends bitwise equal to the uninterrupted run, with the same history.
+- Preempted (SIGTERM) at 2 ranks, resumed at 1, preempted again, resumed at 2, with a global batch
+  of 64, it ends within 1e-5 of the uninterrupted run (1 rank accumulates 2 micro-batches: other rounding).
+- Validation over 359 samples (179 and 180 per rank) equals the one-process value over the set.
+- fp16 (GradScaler) and bf16 forward passes run in that precision and train.
+- Bad options fail on every rank with the message, before any collective.
+"""
+
+import json
+
+import pytest
+import torch
+from helpers import PYTHON, ROOT, hvdkit_run, run_ranks
+
+from hvdkit.core.checkpoint.state import read_newest
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]
+WORKER = str(ROOT / "tests" / "distributed" / "workers" / "trainer_torch.py")
+EXAMPLE = str(ROOT / "examples" / "torch_digits.py")
+STEPS = 46  # 2 epochs of 23 steps (22 of 64 samples and one of 29)
+
+
+def params(ckpt):
+    """The model tensors of the newest checkpoint in ``ckpt``, by state-dict key."""
+    return {k: torch.from_numpy(a) for k, a in read_newest(ckpt).state["model"].items()}
+
+
+def bitwise_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def ranks_of(out, np_=2):
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(np_)]
+
+
+def trainer(launcher, np_, out, *args, ok=True):
+    out.mkdir(exist_ok=True)
+    proc = run_ranks(launcher, np_, [WORKER, str(out), *args], timeout=600)
+    if ok:
+        assert proc.returncode == 0, f"{launcher} job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module", params=["mpirun", "horovodrun-gloo"])
+def equivalence(request, tmp_path_factory):
+    """The manual loop (the example) and the Trainer, same seed and options, under one launcher."""
+    d = tmp_path_factory.mktemp(f"trainer-{request.param}")
+    example = [EXAMPLE, "--epochs", "2", "--compression", "none", "--checkpoint-dir", str(d / "manual")]
+    proc = run_ranks(request.param, 2, example, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    trainer(request.param, 2, d / "out", "--checkpoint-dir", str(d / "trainer"), "--val-size", "359")
+    return d
+
+
+def test_the_trainer_ends_bitwise_equal_to_the_manual_loop_of_the_example(equivalence):
+    manual, got = params(equivalence / "manual"), params(equivalence / "trainer")
+    assert read_newest(equivalence / "trainer").step == read_newest(equivalence / "manual").step == STEPS
+    assert bitwise_equal(manual, got), f"max difference {max_diff(manual, got)}"
+    assert any((t != 0).any() for t in got.values())
+
+
+def test_the_history_has_every_metric_per_epoch_identical_on_every_rank(equivalence):
+    r0, r1 = ranks_of(equivalence / "out")
+    assert r0["history"] == r1["history"]  # epoch_time too: the mean over ranks, on each
+    assert list(r0["history"]) == ["loss", "accuracy", "val_loss", "val_accuracy", "lr", "epoch_time"]
+    assert all(len(v) == 2 for v in r0["history"].values()) and r0["epoch"] == [0, 1]
+    assert r0["history"]["lr"] == [0.05, 0.025]  # cosine over 2 epochs, stepped per epoch
+    assert r0["history"]["loss"][1] < r0["history"]["loss"][0]
+    assert (r0["resumed_from_epoch"], r0["step"], r0["stopped"]) == (0, STEPS, False)
+
+
+def test_validation_over_uneven_shards_equals_the_one_process_value_over_the_whole_set(equivalence):
+    for r in ranks_of(equivalence / "out"):
+        full = r["full_val"]  # 359 samples: 180 on rank 0, 179 on rank 1
+        assert abs(r["history"]["val_loss"][-1] - full["val_loss"]) < 1e-6
+        assert abs(r["history"]["val_accuracy"][-1] - full["val_accuracy"]) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 2-rank run under mpirun."""
+    d = tmp_path_factory.mktemp("trainer-reference")
+    trainer("mpirun", 2, d / "out", "--checkpoint-dir", str(d / "ckpt"), "--global-batch-size", "64")
+    return d
+
+
+def test_a_run_killed_mid_epoch_and_restarted_ends_bitwise_equal_to_an_uninterrupted_run(reference, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "5", "--global-batch-size", "64"]
+    kill = ["--signal-at", "8", "--kill", "--once", str(tmp_path / "killed")]  # rank 0, in step 8
+    proc = hvdkit_run("-np", "2", "--max-restarts", "1", "--", PYTHON, WORKER, str(out), *args, *kill, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert "rank 0 was killed by SIGKILL" in output and "resumed from" in output and "(step 5, epoch 0)" in output
+    ref, got = params(reference / "ckpt"), params(tmp_path / "ckpt")
+    assert bitwise_equal(ref, got), f"max difference {max_diff(ref, got)}"
+    r0 = ranks_of(out)[0]
+    assert (r0["resumed_from_epoch"], r0["step"], r0["stopped"]) == (0, STEPS, False)
+    expected = ranks_of(reference / "out")[0]["history"]
+    for name in ("loss", "accuracy", "val_loss", "val_accuracy", "lr"):  # the stopped part's totals carried over
+        assert r0["history"][name] == pytest.approx(expected[name], rel=1e-12, abs=1e-12), name
+
+
+def test_preempted_at_2_ranks_resumed_at_1_then_at_2_keeps_the_global_batch(reference, tmp_path):
+    common = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--global-batch-size", "64"]
+    legs = [(2, ["--signal-at", "10"]), (1, ["--signal-at", "40"]), (2, [])]  # SIGTERM: after step 10, step 30
+    results, outputs = [], []
+    for i, (np_, extra) in enumerate(legs):
+        proc = trainer("mpirun", np_, tmp_path / f"leg{i}", *common, *extra)
+        results.append(ranks_of(tmp_path / f"leg{i}", np_)[0])
+        outputs.append(proc.stdout + proc.stderr)
+    assert [(r["size"], r["step"], r["stopped"]) for r in results] == [(2, 10, True), (1, 30, True), (2, STEPS, False)]
+    assert [r["resumed_from_epoch"] for r in results] == [0, 0, 1]
+    assert "global batch 64 = 32 per rank x 1 rank x 2 accumulation steps" in outputs[1]
+    assert "stopped in epoch 1 after step 10: checkpoint saved" in outputs[0]
+    ref, got = params(reference / "ckpt"), params(tmp_path / "ckpt")
+    diff = max_diff(ref, got)
+    assert diff < 1e-5, f"final parameters differ by {diff}"
+    assert results[2]["history"]["val_loss"] == pytest.approx(
+        ranks_of(reference / "out")[0]["history"]["val_loss"][1:], rel=1e-4
+    )
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("fp16", "torch.float16"), ("bf16", "torch.bfloat16")])
+def test_mixed_precision_runs_its_forward_pass_in_that_dtype_and_trains(precision, dtype, tmp_path, reference):
+    trainer("mpirun", 2, tmp_path, "--precision", precision, "--epochs", "3", "--checkpoint-dir", str(tmp_path / "c"))
+    r0, r1 = ranks_of(tmp_path)
+    assert r0["output_dtypes"] == [dtype]
+    losses = r0["history"]["loss"]
+    assert losses[2] < losses[1] < losses[0] and r0["history"]["val_loss"][2] < r0["history"]["val_loss"][0]
+    assert r0["history"] == r1["history"]
+    assert (r0["loss_scale"] is not None) == (precision == "fp16")  # fp16 steps through a GradScaler
+    assert not bitwise_equal(params(tmp_path / "c"), params(reference / "ckpt"))  # not the fp32 arithmetic
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--precision", "fp8"], "precision must be one of ('fp32', 'bf16', 'fp16') (got 'fp8')"),
+        (["--global-batch-size", "96"], "global_batch_size=96 cannot be split into batch_size=32 per rank x 2 ranks"),
+    ],
+)
+def test_a_bad_option_fails_on_every_rank_with_its_message_and_never_hangs(args, message, tmp_path):
+    proc = trainer("mpirun", 2, tmp_path, *args, ok=False)
+    assert proc.returncode != 0
+    assert proc.stderr.count(message) == 2, proc.stderr[-3000:]  # every rank says it

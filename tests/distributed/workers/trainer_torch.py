@@ -1,0 +1,118 @@
+"""Runs on every rank: ``hk.Trainer`` on the digits data with the example's model, optimizer and
+schedule (examples/torch_digits.py), so that its checkpoints compare with the example's manual loop.
+Writes OUT/rank<r>.json: the history, and with ``--val-size`` the single-process validation values
+of the final model over the whole validation subset (for the exact-metric check).
+
+``--signal-at N``: rank 0 sends itself SIGTERM (preemption) or, with ``--kill``, SIGKILL at its
+N-th training micro-batch, once per ``--once`` marker file. Usage: python trainer_torch.py OUT [options]
+"""
+
+import argparse
+import os
+import signal
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples"))
+from digits_common import load_split  # noqa: E402
+from recording import write_rank_result  # noqa: E402
+from torch.utils.data import Subset, TensorDataset  # noqa: E402
+
+import hvdkit.torch as hk  # noqa: E402
+
+
+def build_model():  # examples/torch_digits.py's
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+    )
+
+
+SEEN_DTYPES = set()  # the dtypes of the model's outputs in training and validation: the precision used
+
+
+def accuracy(out, y):
+    SEEN_DTYPES.add(str(out.dtype))
+    return (out.argmax(1) == y).float().mean()
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", default="epoch")
+    p.add_argument("--global-batch-size", type=int, default=None)
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--val-size", type=int, default=None)
+    p.add_argument("--signal-at", type=int, default=None)
+    p.add_argument("--kill", action="store_true")
+    p.add_argument("--once", default=None)
+    return p.parse_args(argv)
+
+
+def signalling(loss_fn, args):
+    """``loss_fn`` that, on rank 0, signals this process at its ``--signal-at``-th call (once per marker)."""
+    calls = [0]
+
+    def wrapped(out, y):
+        calls[0] += torch.is_grad_enabled()  # training micro-batches only (validation runs under no_grad)
+        if hk.rank() == 0 and calls[0] == args.signal_at and not (args.once and os.path.exists(args.once)):
+            if args.once:
+                open(args.once, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL if args.kill else signal.SIGTERM)
+        return loss_fn(out, y)
+
+    return wrapped
+
+
+def main(argv):
+    args = parse(argv)
+    topo = hk.init()
+    torch.manual_seed(0)  # as the example: seed, then the model
+    x_train, y_train, x_val, y_val = load_split(0)
+    train = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train), torch.arange(len(y_train)))
+    val = TensorDataset(torch.from_numpy(x_val), torch.from_numpy(y_val))
+    if args.val_size is not None:
+        val = Subset(val, range(args.val_size))
+    model = build_model()
+    every = args.checkpoint_every if args.checkpoint_every == "epoch" else int(args.checkpoint_every)
+    trainer = hk.Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+        signalling(F.cross_entropy, args) if args.signal_at else F.cross_entropy,
+        metrics={"accuracy": accuracy},
+        batch_size=32,
+        global_batch_size=args.global_batch_size,
+        eval_batch_size=64,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=every,
+        compression="none",
+        precision=args.precision,
+        scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, args.epochs)),
+        progress=False,
+    )
+    history = trainer.fit(train, val, epochs=args.epochs)
+    result = {
+        "size": topo.size,
+        "history": history.history,
+        "epoch": history.epoch,
+        "resumed_from_epoch": history.resumed_from_epoch,
+        "step": history.step,
+        "stopped": history.stopped,
+        "output_dtypes": sorted(SEEN_DTYPES),
+        "loss_scale": trainer.scaler.get_scale() if trainer.scaler is not None else None,
+    }
+    if args.val_size is not None:  # the final model over the whole subset, in one process's arithmetic
+        xs = torch.stack([val[i][0] for i in range(len(val))])
+        ys = torch.stack([val[i][1] for i in range(len(val))])
+        with torch.no_grad():
+            out = model(xs)
+        result["full_val"] = {"val_loss": F.cross_entropy(out, ys).item(), "val_accuracy": accuracy(out, ys).item()}
+    write_rank_result(args.out, topo.rank, result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
