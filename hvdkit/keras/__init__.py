@@ -16,19 +16,7 @@ Why not ``horovod.tensorflow.keras``: under Keras 3 its DistributedOptimizer hoo
 # The runtime's and the deprecated names are exported through `*_RUNTIME` and `*_DEPRECATED` in `__all__`,
 # which ruff cannot follow (F401).
 from ..tensorflow import Resumed, Tracker, batch_plan, broadcast_variables, epoch_dataset, shard
-from ..tensorflow.runtime import (  # noqa: F401
-    PreemptionGuard,
-    average_metrics,
-    communicator,
-    init,
-    is_rank0,
-    local_rank,
-    local_size,
-    rank,
-    scaled_lr,
-    size,
-    topology,
-)
+from ..tensorflow.runtime import *  # noqa: F403 - exactly its __all__, re-exported through _RUNTIME
 from ..tensorflow.runtime import __all__ as _RUNTIME  # one runtime for TensorFlow and Keras
 from ._deprecated import (  # noqa: F401
     BroadcastInitialState,

@@ -13,26 +13,14 @@ from ._engine import horovod_tf
 
 horovod_tf()  # fail here, loudly, when TensorFlow or Horovod's TensorFlow support is missing
 
-# These imports come after that check (E402). The runtime's names are exported through `*_RUNTIME` in
-# `__all__`, which ruff cannot follow (F401).
+# These imports come after that check (E402). The runtime's names (its __all__, star-imported) are
+# exported through `*_RUNTIME` in `__all__`.
 from ..core.metrics import MetricTracker  # noqa: E402
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import batch_plan, epoch_dataset, shard  # noqa: E402
 from .gradients import DistributedGradientTape, allreduce_gradients  # noqa: E402
 from .monitoring import Tracker  # noqa: E402
-from .runtime import (  # noqa: E402, F401
-    PreemptionGuard,
-    average_metrics,
-    communicator,
-    init,
-    is_rank0,
-    local_rank,
-    local_size,
-    rank,
-    scaled_lr,
-    size,
-    topology,
-)
+from .runtime import *  # noqa: E402, F403 - exactly its __all__, re-exported through _RUNTIME
 from .runtime import __all__ as _RUNTIME  # noqa: E402
 from .variables import broadcast_variables  # noqa: E402
 

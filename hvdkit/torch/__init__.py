@@ -14,28 +14,15 @@ from ._engine import horovod_torch
 
 horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is missing
 
-# These imports come after that check (E402). The runtime's names are exported through `*_RUNTIME` in
-# `__all__`, which ruff cannot follow (F401).
+# These imports come after that check (E402). The runtime's names (its __all__, star-imported) are
+# exported through `*_RUNTIME` in `__all__`.
 from ..core.metrics import MetricTracker  # noqa: E402
 from ._deprecated import scale_lr  # noqa: E402
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, TrainLoader, TrainSampler, eval_loader, train_loader, train_sampler  # noqa: E402
 from .monitoring import StragglerMonitor, Tracker, progress  # noqa: E402
 from .optim import DistributedOptimizer, ScaledLRScheduler, amp_step, autocast  # noqa: E402
-from .runtime import (  # noqa: E402, F401
-    PreemptionGuard,
-    average_metrics,
-    communicator,
-    device,
-    init,
-    is_rank0,
-    local_rank,
-    local_size,
-    rank,
-    scaled_lr,
-    size,
-    topology,
-)
+from .runtime import *  # noqa: E402, F403 - exactly its __all__, re-exported through _RUNTIME
 from .runtime import __all__ as _RUNTIME  # noqa: E402
 from .state import broadcast_state  # noqa: E402
 from .trainer import History, Trainer  # noqa: E402
