@@ -13,6 +13,7 @@ cosine schedule on the digits data, compression "none").
 """
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -130,6 +131,22 @@ def test_preempted_at_2_ranks_resumed_at_1_then_at_2_keeps_the_global_batch(refe
     assert results[2]["history"]["val_loss"] == pytest.approx(
         ranks_of(reference / "out")[0]["history"]["val_loss"][1:], rel=1e-4
     )
+
+
+def test_a_loader_the_user_shards_trains_like_the_dataset_and_a_callback_on_one_rank_stops_every_rank(
+    reference, tmp_path
+):
+    # hk.train_loader's loader is an iterable of this rank's batches with set_epoch: the Trainer does not
+    # shard it again, and must train exactly as on the Dataset. Rank 1's callback alone asks to stop.
+    trainer("mpirun", 2, tmp_path, "--iterable", "--stop-on-rank1", "0", "--checkpoint-dir", str(tmp_path / "c"))
+    r0, r1 = ranks_of(tmp_path)
+    assert (r0["epoch"], r1["epoch"], r0["step"]) == ([0], [0], STEPS // 2)  # epochs=2, stopped after the first
+    names = ["accuracy", "epoch_time", "loss", "lr", "val_accuracy", "val_loss"]
+    assert r0["callback"] == r1["callback"] == [[0, names], ["end", [0]]]
+    first_epoch = tmp_path / "reference-epoch-1"
+    shutil.copytree(reference / "ckpt" / f"ckpt-{STEPS // 2:012d}", first_epoch / f"ckpt-{STEPS // 2:012d}")
+    ref, got = params(first_epoch), params(tmp_path / "c")
+    assert bitwise_equal(ref, got), f"max difference {max_diff(ref, got)}"
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("fp16", "torch.float16"), ("bf16", "torch.bfloat16")])

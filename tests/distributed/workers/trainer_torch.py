@@ -50,6 +50,8 @@ def parse(argv):
     p.add_argument("--signal-at", type=int, default=None)
     p.add_argument("--kill", action="store_true")
     p.add_argument("--once", default=None)
+    p.add_argument("--iterable", action="store_true", help="pass hk.train_loader's loader, not the Dataset")
+    p.add_argument("--stop-on-rank1", type=int, default=None, help="a callback on rank 1 stops after this epoch")
     return p.parse_args(argv)
 
 
@@ -68,6 +70,24 @@ def signalling(loss_fn, args):
     return wrapped
 
 
+class StopOnRank1:
+    """Sets ``trainer.stop_training`` on rank 1 only, after epoch ``epoch``; records what it saw."""
+
+    def __init__(self, epoch):
+        self.epoch, self.seen = epoch, []
+
+    def on_train_begin(self, trainer):
+        self.trainer = trainer
+
+    def on_epoch_end(self, epoch, logs):
+        self.seen.append([epoch, sorted(logs)])
+        if epoch == self.epoch and hk.rank() == 1:
+            self.trainer.stop_training = True
+
+    def on_train_end(self, history):
+        self.seen.append(["end", history.epoch])
+
+
 def main(argv):
     args = parse(argv)
     topo = hk.init()
@@ -78,6 +98,7 @@ def main(argv):
     if args.val_size is not None:
         val = Subset(val, range(args.val_size))
     model = build_model()
+    callback = StopOnRank1(args.stop_on_rank1) if args.stop_on_rank1 is not None else None
     every = args.checkpoint_every if args.checkpoint_every == "epoch" else int(args.checkpoint_every)
     trainer = hk.Trainer(
         model,
@@ -93,8 +114,10 @@ def main(argv):
         precision=args.precision,
         scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, args.epochs)),
         progress=False,
+        callbacks=[callback] if callback else (),
     )
-    history = trainer.fit(train, val, epochs=args.epochs)
+    data = hk.train_loader(train, 32, seed=0) if args.iterable else train  # the same shards, made by the user
+    history = trainer.fit(data, val, epochs=args.epochs)
     result = {
         "size": topo.size,
         "history": history.history,
@@ -103,6 +126,7 @@ def main(argv):
         "step": history.step,
         "stopped": history.stopped,
         "output_dtypes": sorted(SEEN_DTYPES),
+        "callback": callback.seen if callback else None,
         "loss_scale": trainer.scaler.get_scale() if trainer.scaler is not None else None,
     }
     if args.val_size is not None:  # the final model over the whole subset, in one process's arithmetic
