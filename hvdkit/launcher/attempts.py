@@ -185,7 +185,7 @@ def run_attempts(
         stop, ended = StopRequest(), threading.Event()
         watcher = membership.watch(world, stop, ended, record, job.progress, saved)
         try:
-            result = job.run(stop)
+            result = job.run(stop if watcher is not None else None)  # nothing can ask a fixed-size job to stop
         finally:
             ended.set()
             if watcher is not None:
