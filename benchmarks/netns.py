@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hvdkit.core.errors import ConfigError, LaunchError
 
-__all__ = ["NIC", "TwoHosts", "parse_rate", "format_rate", "missing_tools"]
+__all__ = ["NIC", "TwoHosts", "parse_rate", "format_rate", "missing_tools", "wait_for_pidfile"]
 
 NIC = "hvd0"
 # Run ARGV as if on host NAME: its own hostname (UTS namespace) and the hosts' ssh client settings
@@ -73,6 +73,24 @@ def _sh(*argv):
     if proc.returncode != 0:
         raise LaunchError(f"{' '.join(argv)} failed (exit {proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
+
+
+def wait_for_pidfile(path, timeout, what):
+    """The pid a daemon wrote to ``path``, once the file holds a whole line (it may exist empty first).
+
+    A daemon creates its pid file and writes the number in two steps; reading in between gives ''.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            text = ""
+        if text.endswith("\n") and text.strip().isdigit():
+            return int(text)
+        if time.monotonic() > deadline:
+            raise LaunchError(f"{what} did not write its pid to {path} within {timeout} s (it holds {text!r})")
+        time.sleep(0.05)
 
 
 class TwoHosts:
@@ -196,12 +214,7 @@ class TwoHosts:
             f"StrictModes no\nUsePAM no\nPidFile {pidfile}\n"
         )
         _sh(*self.sshd_argv(i, config))
-        deadline = time.monotonic() + 10
-        while not pidfile.exists():
-            if time.monotonic() > deadline:
-                raise LaunchError(f"sshd did not start in {ns}")
-            time.sleep(0.05)
-        self._sshd_pids.append(int(pidfile.read_text()))
+        self._sshd_pids.append(wait_for_pidfile(pidfile, timeout=10, what=f"sshd in {ns}"))
 
     def argv_on(self, i, argv):
         """``argv`` run on host i (0 = a, 1 = b) with the hosts' ssh settings (it may ssh to the other)."""
