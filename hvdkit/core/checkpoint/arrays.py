@@ -1,15 +1,21 @@
 """A checkpoint's arrays in one file: written one array at a time, read back one at a time.
 
 The file is an uncompressed ``.npz`` (a zip of ``.npy`` members, ``numpy.load`` reads it). The writer
-streams each array into its member in bounded chunks, so a save holds one array's worth of extra
-memory, never a second copy of the whole state. The reader maps each member's data into memory
+streams each array into its member straight from the array's memory, so a save holds no second copy
+of the state. While it writes, one thread computes the file's SHA-256 from the same memory and
+another starts the disk writes (``fdatasync``) of what is written so far, so a save costs about the
+write alone instead of write + hash + fsync in turn. The reader maps each member's data into memory
 (copy-on-write): nothing is read from disk before it is used.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import queue
 import struct
+import threading
 import zipfile
 from collections.abc import Iterable
 from typing import Any
@@ -22,22 +28,122 @@ __all__ = ["ARRAYS", "write_arrays", "ArrayFile"]
 
 ARRAYS = "arrays.npz"
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip member's local file header (30 bytes)
+_CHUNK = 4 << 20  # an array's data reaches the zip (CRC), the file and the hash in pieces this size
+_SYNC_EVERY = 16 << 20  # start the disk write of what is written after each this many bytes
 
 
-def write_arrays(path: str, items: Iterable[tuple[str, Any]]) -> None:
-    """Write ``(name, array)`` pairs to the ``.npz`` file ``path``, one at a time.
+def write_arrays(path: str, items: Iterable[tuple[str, Any]]) -> str:
+    """Write ``(name, array)`` pairs to the ``.npz`` file ``path``, one at a time; its SHA-256 (hex).
 
     ``items`` may be a generator: each array is converted and written before the next is asked
     for, so only one is held at a time. Object arrays are refused (they would need pickle).
+    The digest is of the file's bytes, computed while they are written (nothing is read back).
+    The file is not yet durable: fsync it (the disk writes have already begun).
     """
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, array in items:
-            array = np.asarray(array)
-            if array.dtype.hasobject:
-                raise CheckpointError(f"array {name!r} holds Python objects, which a checkpoint does not store")
-            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
-                _write_npy(f, array)
-            del array  # before the next one is made
+    with _HashingSink(path) as sink:
+        with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, array in items:
+                array = np.asarray(array)
+                if array.dtype.hasobject:
+                    raise CheckpointError(f"array {name!r} holds Python objects, which a checkpoint does not store")
+                with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                    _write_npy(f, array)
+                sink.drain()  # the hash thread is done with this array's memory
+                del array  # before the next one is made
+    return sink.hexdigest
+
+
+class _HashingSink:
+    """A file written front to back, hashed and synced on the way by two helper threads.
+
+    ``seek`` is refused, so ``zipfile`` writes each member's CRC and sizes after its data (a data
+    descriptor) instead of going back to its header: the file's bytes are exactly the bytes
+    written, in order, and their hash is the file's. ``write`` hands the hash thread the caller's
+    buffer itself (no copy); the caller keeps it unchanged until ``drain`` or ``close`` returns.
+    ``close`` waits for both threads and raises what they met (a failed ``fdatasync``, say).
+    """
+
+    def __init__(self, path):
+        self._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        self._sha = hashlib.sha256()
+        self._size = 0
+        self._unsynced = 0
+        self._errors = []
+        self._chunks = queue.Queue()
+        self._sync_wanted = threading.Event()
+        self._sync_asked = False
+        self._done = False
+        self.hexdigest = None
+        self._threads = [
+            threading.Thread(target=self._hash_loop, name="hvdkit-ckpt-sha256", daemon=True),
+            threading.Thread(target=self._sync_loop, name="hvdkit-ckpt-sync", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        written = 0
+        while written < len(view):  # a raw file may take fewer bytes than given
+            written += self._file.write(view[written:])
+        self._chunks.put(view)
+        self._size += len(view)
+        self._unsynced += len(view)
+        if self._unsynced >= _SYNC_EVERY:
+            self._unsynced = 0
+            self._sync_asked = True
+            self._sync_wanted.set()
+        return len(view)
+
+    def tell(self):
+        return self._size
+
+    def seek(self, *args):
+        raise io.UnsupportedOperation("written front to back")
+
+    def flush(self):
+        pass  # unbuffered
+
+    def drain(self):
+        """Wait until every buffer written so far is hashed (the caller may then change or free it)."""
+        self._chunks.join()
+
+    def _hash_loop(self):
+        while (view := self._chunks.get()) is not None:
+            self._sha.update(view)  # releases the GIL for large buffers
+            del view  # holding it while waiting would keep the caller's last array alive
+            self._chunks.task_done()
+
+    def _sync_loop(self):
+        while True:
+            self._sync_wanted.wait()
+            self._sync_wanted.clear()
+            if self._sync_asked:  # every request is served, even one made just before close
+                self._sync_asked = False
+                try:
+                    os.fdatasync(self._file.fileno())
+                except OSError as e:
+                    self._errors.append(e)
+                    return
+            if self._done:
+                return
+
+    def close(self):
+        self._chunks.put(None)
+        self._done = True
+        self._sync_wanted.set()
+        for t in self._threads:
+            t.join()
+        self._file.close()
+        if self._errors:
+            raise self._errors[0]
+        self.hexdigest = self._sha.hexdigest()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _write_npy(f, array):
@@ -56,7 +162,9 @@ def _write_npy(f, array):
     except ValueError:  # a header over 64 KiB (a very long shape): format 2.0 allows 4 GiB
         np.lib.format.write_array_header_2_0(f, header)
     if array.size:
-        f.write(memoryview(array).cast("B"))
+        data = memoryview(array).cast("B")
+        for start in range(0, len(data), _CHUNK):  # CRC, write and hash of neighbouring pieces overlap
+            f.write(data[start : start + _CHUNK])
 
 
 class ArrayFile:

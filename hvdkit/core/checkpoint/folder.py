@@ -144,12 +144,14 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def sync_and_hash(folder: str) -> dict[str, dict[str, Any]]:
+def sync_and_hash(folder: str, hashed: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """{name: {size, sha256}} of every file in ``folder``, each fsynced.
 
-    The fsyncs (disk writes) run in a thread while this one hashes the files (page-cache reads);
-    both release the GIL, so a save costs about max(fsync, hash) instead of their sum.
+    ``hashed`` gives the SHA-256 of files whose writer hashed them as it wrote (``write_arrays``);
+    the other files are read and hashed here. The fsyncs (disk writes) run in a thread while this
+    one hashes (page-cache reads); both release the GIL, so this costs about max(fsync, hash).
     """
+    hashed = hashed or {}
     paths = {}
     for name in sorted(os.listdir(folder)):
         fpath = os.path.join(folder, name)
@@ -158,7 +160,9 @@ def sync_and_hash(folder: str) -> dict[str, dict[str, Any]]:
         paths[name] = fpath
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvdkit-fsync") as pool:
         synced = pool.map(fsync_path, paths.values())
-        files = {name: {"size": os.path.getsize(p), "sha256": _sha256(p)} for name, p in paths.items()}
+        files = {
+            name: {"size": os.path.getsize(p), "sha256": hashed.get(name) or _sha256(p)} for name, p in paths.items()
+        }
         list(synced)  # re-raises an fsync error
     return files
 

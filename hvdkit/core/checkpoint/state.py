@@ -189,7 +189,7 @@ class CheckpointerBase:
 
         def write(folder):
             items = ((n, t if isinstance(t, np.ndarray) else self._to_array(t)) for n, t in plan["arrays"])
-            write_arrays(os.path.join(folder, ARRAYS), items)
+            return {ARRAYS: write_arrays(os.path.join(folder, ARRAYS), items)}
 
         return self.store.save(write, step, epoch, meta=lambda: plan["meta"], check=check)
 

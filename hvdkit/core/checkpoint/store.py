@@ -205,6 +205,10 @@ class CheckpointStore:
     ) -> str:
         """Write a checkpoint of ``step`` on rank 0; ``write(folder)`` puts the files in ``folder``.
 
+        ``write`` may return ``{file name: SHA-256 hex}`` for files it hashed while writing them;
+        every other file is hashed after it is written (either way the manifest holds every file's
+        size and SHA-256, and every file is fsynced).
+
         ``meta`` goes into the manifest: a JSON-ready dict, or a function returning one (called on
         rank 0 after ``check``). ``check()``, if given, runs on rank 0 before anything is written; a
         ConfigError it raises (data that could not be read back, say) is raised on every rank as ConfigError. Returns
@@ -236,8 +240,8 @@ class CheckpointStore:
         os.makedirs(tmp)
         try:
             meta = meta() if callable(meta) else meta
-            write(tmp)
-            files = sync_and_hash(tmp)
+            hashed = write(tmp)
+            files = sync_and_hash(tmp, hashed if isinstance(hashed, dict) else None)
             manifest = _manifest.seal(
                 {
                     "step": step,

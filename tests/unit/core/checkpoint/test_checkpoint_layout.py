@@ -3,6 +3,7 @@ arrays are written one at a time, that RNG states and schedulers come back alike
 TensorFlow, and that checkpoints of the layout before still restore."""
 
 import gc
+import hashlib
 import json
 import os
 import random
@@ -216,3 +217,31 @@ def test_a_positional_keep_of_the_signature_before_still_works_with_a_warning(tm
     with pytest.warns(DeprecationWarning, match="the fourth argument is the scheduler now"):
         ckpt = TFCheckpointer(tmp_path / "ckpt", model, model.optimizer, 2, LocalCommunicator())
     assert (ckpt.store.keep, ckpt.scheduler) == (2, None)
+
+
+def test_an_array_larger_than_the_write_pieces_is_hashed_and_synced_on_the_way(tmp_path, monkeypatch):
+    import hvdkit.core.checkpoint.arrays as arrays_module
+
+    synced = []
+    real = os.fdatasync
+    monkeypatch.setattr(arrays_module, "_CHUNK", 1000)  # many pieces, several early disk writes
+    monkeypatch.setattr(arrays_module, "_SYNC_EVERY", 4000)
+    monkeypatch.setattr(arrays_module.os, "fdatasync", lambda fd: (synced.append(os.fstat(fd).st_size), real(fd)))
+    big = np.arange(10_001, dtype=np.float64)  # 80,008 bytes: not a whole number of pieces
+    digest = write_arrays(tmp_path / "a.npz", [("big", big), ("small", np.ones(3))])
+    data = (tmp_path / "a.npz").read_bytes()
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert synced, "no disk write was started while writing"
+    assert np.array_equal(ArrayFile(tmp_path / "a.npz").read("big"), big)
+
+
+def test_a_disk_write_that_fails_while_writing_fails_the_write(tmp_path, monkeypatch):
+    import hvdkit.core.checkpoint.arrays as arrays_module
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(arrays_module, "_SYNC_EVERY", 1)
+    monkeypatch.setattr(arrays_module.os, "fdatasync", broken)
+    with pytest.raises(OSError, match="Input/output error"):
+        write_arrays(tmp_path / "a.npz", [("x", np.ones(100))])

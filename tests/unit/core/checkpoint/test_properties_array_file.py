@@ -1,6 +1,8 @@
 """Property tests of the checkpoint's array file: whatever arrays go in come back bitwise, by name."""
 
+import hashlib
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +34,9 @@ def test_every_array_comes_back_bitwise_with_its_shape_dtype_and_name(items):
     named = [(f"tree/{i}", a) for i, a in enumerate(items)]
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "arrays.npz"
-        write_arrays(path, iter(named))
+        digest = write_arrays(path, iter(named))
+        assert digest == hashlib.sha256(path.read_bytes()).hexdigest()  # hashed while written, not read back
+        assert zipfile.ZipFile(path).testzip() is None  # every member's CRC (after its data) is right
         f = ArrayFile(path)
         assert f.names() == [n for n, _ in named]
         for name, a in named:
