@@ -67,6 +67,7 @@ class PreemptionGuard:
         self.every = check_positive_int("every", every, "1 checks at every call")
         self.received = None
         self.stopped = False
+        self._wants_stop = False
         self._calls = 0
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
@@ -76,22 +77,27 @@ class PreemptionGuard:
     def _on_signal(self, signum, _frame):
         self.received = signum
 
-    def should_stop(self, step: int | None = None) -> bool:
-        """True on every rank once any rank received a stop signal (collective).
+    def should_stop(self, step: int | None = None, also: bool = False) -> bool:
+        """True on every rank once any rank received a stop signal, or asked with ``also`` (collective).
 
         ``step`` (optional, the steps done so far) is reported to ``hvdkit run`` by rank 0.
+        ``also``: this rank wants to stop too (its own reason: a callback's ``stop_training``, a
+        step limit), decided in the same allreduce; a request made at a call that does not check
+        (``every``) counts at the next check. Only a signal makes the ranks report that they stop
+        because asked (an elastic launcher relaunches them); a stop of their own is a finish.
         """
         if step is not None or self._calls == 0:  # the first call says the ranks train (and can stop cleanly)
             self._report(step)
         self._calls += 1
+        self._wants_stop = self._wants_stop or bool(also)
         if self._calls % self.every:
             return False
-        flag = 1.0 if self.received is not None else 0.0
-        asked = self.comm.allreduce_sum([flag], name="hvdkit.preemption")[0] > 0
-        if asked and not self.stopped:  # the launcher tells "stopped as asked" from "finished" by it
+        flags = [1.0 if self.received is not None else 0.0, 1.0 if self._wants_stop else 0.0]
+        signalled, wanted = self.comm.allreduce_sum(flags, name="hvdkit.preemption")
+        if signalled > 0 and not self.stopped:  # the launcher tells "stopped as asked" from "finished" by it
             self._report(step, stopping=True)
-        self.stopped = asked
-        return self.stopped
+        self.stopped = signalled > 0
+        return self.stopped or wanted > 0
 
     def progress(self, step: int, resumed: bool = False) -> None:
         """Tell ``hvdkit run`` (from rank 0) that ``step`` steps are done; ``resumed``: training

@@ -67,9 +67,13 @@ class Trainer:
       stepped after every optimizer step (not with ``global_batch_size``: the batch does not change
       with the ranks); ``scheduler``: a function ``opt -> torch LR scheduler`` built on the trainer's
       optimizer, stepped per ``scheduler_interval`` (``"epoch"`` or ``"step"``).
-    - ``callbacks``: objects with any of ``on_train_begin(trainer)``, ``on_epoch_end(epoch, logs)``,
-      ``on_train_end(history)``, called on every rank; setting ``trainer.stop_training = True`` on
-      any rank ends ``fit`` after that epoch on every rank.
+    - ``callbacks``: objects with any of ``on_train_begin(trainer)``, ``on_train_batch_end(step, logs)``
+      (after every optimizer step; ``logs``: this rank's ``loss`` over the step's samples and the
+      ``lr`` it used), ``on_epoch_end(epoch, logs)``, ``on_train_end(history)``, called on every rank.
+      Setting ``trainer.stop_training = True`` on any rank ends ``fit`` on every rank: in
+      ``on_train_batch_end`` after that step (checkpointed mid-epoch, as on SIGTERM:
+      ``history.stopped``), in ``on_epoch_end`` after that epoch. ``trainer.epoch`` is the epoch
+      being trained (0-based).
     - ``tracking``: None, a log directory (TensorBoard, via ``hk.Tracker``) or an ``hk.Tracker``;
       ``progress``: rank 0's progress bar (``hk.progress``); ``straggler_threshold``: a report per
       epoch of which rank's steps hold the job back (``hk.StragglerMonitor``).
@@ -113,6 +117,7 @@ class Trainer:
         self.options = o
         self.callbacks = o["callbacks"]
         self.stop_training = False
+        self.epoch = 0
         self._lr_of_last_step = float("nan")
         comm = runtime.communicator()  # starts Horovod once
         self.comm = comm
@@ -177,10 +182,12 @@ class Trainer:
                 )
         history = History(resumed_from_epoch=start_epoch, step=step)
         guard = runtime.PreemptionGuard()
+        self.stop_training = False  # a stop asked in an earlier fit() call does not carry over
         tracker = self._tracker()
         call_callbacks(self.callbacks, "on_train_begin", self)
         try:
             for epoch in range(start_epoch, epochs):
+                self.epoch = epoch
                 t0 = time.perf_counter()
                 step, stopped, totals = self._train_epoch(loader, train_data, epoch, epochs, step, position, guard)
                 history.step = step
@@ -209,6 +216,17 @@ class Trainer:
                 tracker.close()
         call_callbacks(self.callbacks, "on_train_end", history)
         return history
+
+    def evaluate(self, data: Any) -> dict[str, float]:
+        """``{"val_loss": ..., "val_<metric>": ...}`` of the model now over ``data`` (as ``fit``'s ``val_data``).
+
+        Every sample of a ``Dataset`` counts once over all ranks (no padding); an iterable is this
+        rank's batches. The result is the same on every rank. Collective: every rank calls it.
+        """
+        loader = self._val_loader(data)
+        if loader is None:
+            raise ConfigError("evaluate() needs data: a map-style torch Dataset or an iterable of batches (got None)")
+        return self._evaluate(loader)
 
     def _train_loader(self, data):
         o = self.options
@@ -275,10 +293,11 @@ class Trainer:
                 tracker.update_sum(name, total, count)
         acc, every, steps_done = self.accumulation, self.options["checkpoint_every"], 0
         last = loader.sampler.steps if loader is not None else None
+        step_loss = [0.0, 0]  # this rank's loss sum and sample count in the current step
         for micro, batch in enumerate(batches, 1):
             if self.monitor is not None and micro % acc == 1 % acc:
                 self.monitor.step_begin()
-            self._forward_backward(batch, tracker)
+            self._forward_backward(batch, tracker, step_loss)
             if micro % acc:
                 continue
             self._optimizer_step()
@@ -286,19 +305,24 @@ class Trainer:
             steps_done += 1
             if self.monitor is not None:
                 self.monitor.step_end()
-            stop = guard.should_stop(step=step)  # every rank stops after this same step
+            logs = {"loss": step_loss[0] / max(step_loss[1], 1), "lr": self._lr_of_last_step}
+            step_loss[:] = [0.0, 0]
+            call_callbacks(self.callbacks, "on_train_batch_end", step, logs)
+            # Every rank stops after this same step: a signal on any rank, or a callback's stop_training
+            stop = guard.should_stop(step=step, also=self.stop_training)
             if stop or (every is not None and step % every == 0 and steps_done != last):
                 self._save_position(step, epoch, loader, steps_done, skipped + micro, tracker)
             if stop:
                 if self.comm.is_rank0:
-                    _log.info("stopped in epoch %d after step %d%s", epoch + 1, step, self._saved_note())
+                    why = "" if guard.stopped else " (stop_training)"
+                    _log.info("stopped in epoch %d after step %d%s%s", epoch + 1, step, why, self._saved_note())
                 return step, True, {}
         return step, False, self._average(tracker, "hvdkit.trainer.train")
 
     def _saved_note(self):
         return ": checkpoint saved" if self.checkpointer is not None else " (no checkpoint_dir: nothing saved)"
 
-    def _forward_backward(self, batch, tracker):
+    def _forward_backward(self, batch, tracker, step_loss):
         x, y = self._to_device(batch)
         with self._autocast():
             out = self.model(x)
@@ -306,7 +330,10 @@ class Trainer:
         scaled = loss / self.accumulation  # the mean over the step's micro-batches
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         count = len(y)
-        tracker.update("loss", loss.item(), count)
+        value = loss.item()
+        tracker.update("loss", value, count)
+        step_loss[0] += value * count
+        step_loss[1] += count
         if self.metrics:
             with torch.no_grad():
                 for name, fn in self.metrics.items():

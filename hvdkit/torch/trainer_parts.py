@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-CALLBACK_METHODS = ("on_train_begin", "on_epoch_end", "on_train_end")
+CALLBACK_METHODS = ("on_train_begin", "on_train_batch_end", "on_epoch_end", "on_train_end")
 INTERVALS = ("epoch", "step")
 
 
@@ -39,7 +39,8 @@ class History:
     lists, one value per epoch in ``epoch`` (0-based). ``resumed_from_epoch``: the epoch this call
     started in (0 on a fresh start; the epochs a checkpoint had completed otherwise); ``step``: the
     optimizer steps done over the whole run at the end; ``stopped``: True when a preemption (SIGTERM,
-    an elastic request) ended the call early, after saving a checkpoint.
+    an elastic request) or a callback's ``stop_training`` ended the call mid-epoch, after saving a
+    checkpoint of the step (the next call continues from it).
     """
 
     history: dict[str, list[float]] = field(default_factory=dict)

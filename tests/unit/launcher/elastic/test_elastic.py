@@ -568,6 +568,22 @@ def test_the_guard_says_once_that_the_ranks_stop_because_asked(monkeypatch, capf
     assert reports.training and reports.stopping and reports.last_step == 7
 
 
+def test_a_stop_of_the_ranks_own_is_decided_with_the_signal_but_is_a_finish_not_a_stop_as_asked(monkeypatch, capfd):
+    # A Trainer callback's stop_training (or a step limit) rides on the guard's one allreduce; the
+    # launcher must not take it for a stop it asked for (an elastic job would be launched again).
+    monkeypatch.setenv(env.JOB_ID, "job9")
+    guard = PreemptionGuard(LocalCommunicator(), signals=())
+    assert not guard.should_stop(step=1)
+    assert guard.should_stop(step=2, also=True) and not guard.stopped
+    records = [RankReports("job9").take(f"[rank 0] {line}") for line in capfd.readouterr().err.splitlines()]
+    assert [r.get("stopping", False) for r in records] == [False, False]  # steps 1 and 2, neither "stopping"
+
+
+def test_a_stop_asked_between_checks_counts_at_the_next_check():
+    guard = PreemptionGuard(LocalCommunicator(), every=3, signals=())
+    assert [guard.should_stop(also=(i == 0)) for i in range(3)] == [False, False, True]
+
+
 def test_an_elastic_job_that_never_gets_min_np_slots_gives_up_with_its_history():
     clock = FakeClock()
     with pytest.raises(ElasticGaveUp, match="fewer than --min-np 2"):
