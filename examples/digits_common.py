@@ -39,7 +39,7 @@ def parse_args(description, default_checkpoint_dir, argv=None):
         metavar="GAMMA",
         help="keras_digits.py: decay the rate by GAMMA per epoch's worth of optimizer steps, smoothly "
         "(a Keras ExponentialDecay schedule; default: constant). "
-        "torch_digits.py anneals by cosine per epoch",
+        "the torch examples anneal by cosine per epoch",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -134,6 +134,28 @@ def run(train, doc, name, argv=None):
         print(f"{name}: error: {e}", file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def torch_datasets(seed):
+    """The torch examples' training set ``(x, y, index)`` (the index feeds ``--sample-log``) and
+    validation set ``(x, y)``."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    x_train, y_train, x_val, y_val = load_split(seed)
+    return (
+        TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train), torch.arange(len(y_train))),
+        TensorDataset(torch.from_numpy(x_val), torch.from_numpy(y_val)),
+    )
+
+
+def torch_model():
+    """The torch examples' model: 64 pixels -> 128 -> 64 -> 10 logits."""
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+    )
 
 
 def keras_model():

@@ -1,162 +1,114 @@
-"""Train an MLP on scikit-learn's bundled digits data on N ranks with hvdkit.
+"""Train an MLP on scikit-learn's bundled digits data on N ranks with hvdkit's Trainer.
 
     hvdkit run -np 2 -- python examples/torch_digits.py
     mpirun -np 2 python examples/torch_digits.py          # the same, under plain mpirun
     horovodrun -np 2 --gloo python examples/torch_digits.py
 
-Shows the whole hvdkit path: sharded data, fp16 gradient compression, sample-weighted validation
-metrics, a rank-0 checkpoint every epoch and automatic resume from the newest one. On SIGTERM
-(preemption) or at ``--stop-at-step`` every rank stops after the same step and rank 0 saves it
-with the epoch's global sample offset; the next start continues from there, at any world size
-(``--global-batch-size`` keeps the maths: the accumulation per rank adapts). Nothing is
-downloaded. Ends with one JSON line on rank 0.
+One ``hk.Trainer(...).fit(...)`` call does the whole hvdkit path: it shards the data, averages the
+gradients (compression "auto": fp16 when it is faster), averages the metrics exactly over all
+samples, checkpoints every epoch on rank 0 and resumes from the newest checkpoint by itself. On
+SIGTERM (preemption) or at ``--stop-at-step`` every rank stops after the same step and rank 0 saves
+it with the epoch's global sample offset; the next start continues from there, at any world size
+(``--global-batch-size`` keeps the maths: the accumulation per rank adapts). The same training with
+its loop written out by hand, bitwise equal: examples/torch_digits_loop.py. Nothing is downloaded.
+Ends with one JSON line on rank 0.
 """
 
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
-from digits_common import SampleLog, load_split, log_epoch, result_line, run
-from torch.utils.data import TensorDataset
+from digits_common import SampleLog, result_line, run, torch_datasets, torch_model
+from torch.utils.data import Dataset
 
 import hvdkit.torch as hk
-from hvdkit.core import MetricTracker, get_logger
-
-log = get_logger("examples.torch_digits")
 
 
-def datasets(seed):
-    """Training set ``(x, y, index)`` (the index feeds ``--sample-log``) and validation set ``(x, y)``."""
-    x_train, y_train, x_val, y_val = load_split(seed)
-    return (
-        TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train), torch.arange(len(y_train))),
-        TensorDataset(torch.from_numpy(x_val), torch.from_numpy(y_val)),
-    )
+class StopAtStep:
+    """``--stop-at-step N``: stop after optimizer step N as on SIGTERM (the Trainer checkpoints it)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_begin(self, trainer):
+        self.trainer = trainer
+
+    def on_train_batch_end(self, step, logs):
+        if step == self.step:
+            self.trainer.stop_training = True
 
 
-def build_model():
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
-    )
+class LoggedSamples(Dataset):
+    """The training set, noting which samples each optimizer step read (``--sample-log``).
+
+    With ``num_workers=0`` (the Trainer's default) the loader reads a batch's samples just before
+    training on it, so what was read since the last step is that step's samples.
+    """
+
+    def __init__(self, dataset, log):
+        self.dataset, self.log, self.read = dataset, log, []
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        self.read.append(i)
+        return self.dataset[i]
+
+    def on_train_begin(self, trainer):
+        self.epoch_of = lambda: trainer.epoch
+
+    def on_train_batch_end(self, step, logs):
+        self.log.write(self.epoch_of(), step, self.read)
+        self.read = []
 
 
-def evaluate(model, loader):
-    """Validation loss and accuracy over the whole set (every rank calls it)."""
-    model.eval()
-    tracker = MetricTracker(["val_loss", "val_accuracy"])
-    with torch.no_grad():
-        for x, y in loader:
-            x, y = x.to(hk.device()), y.to(hk.device())
-            out = model(x)
-            tracker.update_sum("val_loss", F.cross_entropy(out, y, reduction="sum").item(), len(y))
-            tracker.update_sum("val_accuracy", (out.argmax(1) == y).sum().item(), len(y))
-    return hk.average_metrics(tracker)
+def accuracy(out, y):
+    return (out.argmax(1) == y).float().mean()
 
 
 def train(args):
     topo = hk.init()
     torch.manual_seed(args.seed)
-    train_ds, val_ds = datasets(args.seed)
-    model = build_model().to(hk.device())  # this rank's GPU where there are GPUs, else the CPU
-    # The global batch (if given) stays the same at any world size: the loader picks the accumulation.
-    train_loader = hk.train_loader(train_ds, args.batch_size, seed=args.seed, global_batch_size=args.global_batch_size)
-    accumulation = train_loader.accumulation
-    optimizer = hk.DistributedOptimizer(
+    train_ds, val_ds = torch_datasets(args.seed)
+    callbacks = [StopAtStep(args.stop_at_step)] if args.stop_at_step is not None else []
+    if args.sample_log:
+        train_ds = LoggedSamples(train_ds, SampleLog(args.sample_log, topo.rank, topo.size))
+        callbacks.append(train_ds)
+    model = torch_model()
+    trainer = hk.Trainer(
+        model,
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-        model=model,
+        F.cross_entropy,
+        metrics={"accuracy": accuracy},
+        batch_size=args.batch_size,
+        global_batch_size=args.global_batch_size,
+        eval_batch_size=256,
+        checkpoint_dir=args.checkpoint_dir,
+        keep=args.keep,
         compression=args.compression,
-        backward_passes_per_step=accumulation,
+        seed=args.seed,
+        scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, args.epochs)),
+        callbacks=callbacks,
     )
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs))
-    ckpt = hk.Checkpointer(args.checkpoint_dir, model, optimizer, scheduler, keep=args.keep, seed=args.seed)
-    resumed = ckpt.restore()
-    if resumed is None:
-        hk.broadcast_state(model, optimizer)
-        start_epoch, step, position = 0, 0, {}
-    else:  # position: where a stopped epoch stopped, as a global sample offset (empty after a whole epoch)
-        start_epoch, step, position = resumed.epoch, resumed.step, resumed.extra or {}
-    guard = hk.PreemptionGuard()
-    val_loader = hk.eval_loader(val_ds, batch_size=256)
-    samples = SampleLog(args.sample_log, topo.rank, topo.size)
-
-    for epoch in range(start_epoch, args.epochs):
-        t0 = time.perf_counter()
-        model.train()
-        train_loader.sampler.set_epoch(epoch, start=position.get("samples_done", 0))
-        tracker = MetricTracker(["loss"])
-        if topo.is_rank0:  # the job-wide totals of the stopped part of the epoch, counted once
-            for name, (total, count) in position.get("train_totals", {}).items():
-                tracker.update_sum(name, total, count)
-        position = {}
-        steps_done, indices = 0, []
-        batches = hk.progress(train_loader, desc=f"epoch {epoch + 1}/{args.epochs}", total=len(train_loader))
-        for micro, (x, y, idx) in enumerate(batches, 1):
-            x, y = x.to(hk.device()), y.to(hk.device())
-            loss = F.cross_entropy(model(x), y)
-            (loss / accumulation).backward()  # the mean over the step's micro-batches
-            tracker.update("loss", loss.item(), len(y))
-            indices += idx.tolist()
-            if micro % accumulation:
-                continue
-            optimizer.step()
-            optimizer.zero_grad()
-            step += 1
-            steps_done += 1
-            samples.write(epoch, step, indices)
-            indices = []
-            if guard.should_stop(step=step) or step == args.stop_at_step:  # every rank stops after this same step
-                totals = job_totals(tracker)
-                ckpt.save(
-                    step, epoch, extra={"samples_done": train_loader.position(steps_done), "train_totals": totals}
-                )
-                if topo.is_rank0:
-                    offset = train_loader.position(steps_done)
-                    log.info(
-                        "stopped at epoch %d after %d samples (step %d): checkpoint saved", epoch + 1, offset, step
-                    )
-                    print(
-                        result_line(
-                            topo.size,
-                            args,
-                            start_epoch,
-                            step,
-                            None,
-                            None,
-                            preempted=True,
-                            compression=optimizer.compression,
-                        ),
-                        flush=True,
-                    )
-                return
-        scheduler.step()
-        metrics = {**hk.average_metrics(tracker), **evaluate(model, val_loader)}
-        ckpt.save(step, epoch + 1)
-        if topo.is_rank0:
-            log_epoch(log, epoch, args.epochs, metrics, time.perf_counter() - t0)
-
-    final = evaluate(model, val_loader)
+    history = trainer.fit(train_ds, val_ds, epochs=args.epochs)
+    final = {}
+    if not history.stopped:  # the last epoch's metrics; a run with nothing left to train evaluates the model
+        final = {k: v[-1] for k, v in history.history.items()} if history.epoch else trainer.evaluate(val_ds)
     if topo.is_rank0:
         print(
             result_line(
                 topo.size,
                 args,
-                start_epoch,
-                step,
-                final["val_accuracy"],
-                final["val_loss"],
-                compression=optimizer.compression,
+                history.resumed_from_epoch,
+                history.step,
+                final.get("val_accuracy"),
+                final.get("val_loss"),
+                preempted=history.stopped,
+                compression=trainer.optimizer.compression,
             ),
             flush=True,
         )
-
-
-def job_totals(tracker):
-    """``{metric: [sum, count]}`` over all ranks (collective), to carry into a resumed epoch at any world size."""
-    local = tracker.local()
-    names = sorted(local)
-    flat = hk.communicator().allreduce_sum([v for n in names for v in local[n]], name="hvdkit.examples.totals")
-    return {n: [float(flat[2 * i]), int(flat[2 * i + 1])] for i, n in enumerate(names)}
 
 
 def main(argv=None):

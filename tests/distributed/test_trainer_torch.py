@@ -1,7 +1,7 @@
 """``hvdkit.torch.Trainer`` on real ranks (workers/trainer_torch.py: the example's model, optimizer and
 cosine schedule on the digits data, compression "none").
 
-- It trains exactly like the manual loop of examples/torch_digits.py: the final parameters are
+- It trains exactly like the manual loop of examples/torch_digits_loop.py: the final parameters are
   bitwise equal, under mpirun and under horovodrun --gloo.
 - Killed with SIGKILL mid-epoch (after a step-5 checkpoint) and restarted by ``hvdkit run
   --max-restarts 1``, it ends bitwise equal to the uninterrupted run, with the same history.
@@ -23,7 +23,7 @@ from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]
 WORKER = str(ROOT / "tests" / "distributed" / "workers" / "trainer_torch.py")
-EXAMPLE = str(ROOT / "examples" / "torch_digits.py")
+EXAMPLE = str(ROOT / "examples" / "torch_digits_loop.py")
 STEPS = 46  # 2 epochs of 23 steps (22 of 64 samples and one of 29)
 
 

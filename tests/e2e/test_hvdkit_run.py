@@ -37,8 +37,8 @@ def test_demo_reaches_95_percent_validation_accuracy_on_two_ranks(demo):
 
 def test_demo_output_is_tagged_by_rank_and_progress_is_logged_on_rank0_only(demo):
     err = demo["proc"].stderr
-    assert "[rank 0/2] hvdkit.examples.torch_digits: epoch 12/12" in err
-    assert "[rank 1/2] hvdkit.examples.torch_digits: epoch" not in err
+    assert "[rank 0/2] hvdkit.trainer: epoch 12/12" in err
+    assert "[rank 1/2] hvdkit.trainer: epoch" not in err
 
 
 def test_demo_keeps_the_newest_three_checkpoints(demo):

@@ -1,5 +1,5 @@
 """Runs on every rank: ``hk.Trainer`` on the digits data with the example's model, optimizer and
-schedule (examples/torch_digits.py), so that its checkpoints compare with the example's manual loop.
+schedule (examples/torch_digits_loop.py), so that its checkpoints compare with the example's manual loop.
 Writes OUT/rank<r>.json: the history, and with ``--val-size`` the single-process validation values
 of the final model over the whole validation subset (for the exact-metric check).
 
@@ -23,7 +23,7 @@ from torch.utils.data import Subset, TensorDataset  # noqa: E402
 import hvdkit.torch as hk  # noqa: E402
 
 
-def build_model():  # examples/torch_digits.py's
+def build_model():  # the examples' (digits_common.torch_model)
     return torch.nn.Sequential(
         torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
     )
