@@ -10,16 +10,28 @@ cosine schedule on the digits data, compression "none").
 - Validation over 359 samples (179 and 180 per rank) equals the one-process value over the set.
 - fp16 (GradScaler) and bf16 forward passes run in that precision and train.
 - Bad options fail on every rank with the message, before any collective.
+- tracking=, progress=True and straggler_threshold= do what the rest of hvdkit does: rank 0 alone
+  writes the TensorBoard file (the history's values) and shows progress; every rank gets the
+  straggler report; on_train_batch_end sees every step with its loss and learning rate.
 """
 
 import json
+import os
 import shutil
 
 import pytest
 import torch
-from helpers import PYTHON, ROOT, hvdkit_run, run_ranks
+from helpers import HVDKIT, PYTHON, ROOT, hvdkit_run, run_bounded, run_ranks
 
 from hvdkit.core.checkpoint.state import read_newest
+
+pytest.importorskip("tensorboard")
+import tensorboard.compat  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+# TensorBoard reads records with TensorFlow's reader when TensorFlow is installed; importing it sets
+# environment variables, so do it at collection, not inside a test (the conftest's leak check).
+assert tensorboard.compat.tf.__version__
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(1500)]
 WORKER = str(ROOT / "tests" / "distributed" / "workers" / "trainer_torch.py")
@@ -172,3 +184,29 @@ def test_a_bad_option_fails_on_every_rank_with_its_message_and_never_hangs(args,
     proc = trainer("mpirun", 2, tmp_path, *args, ok=False)
     assert proc.returncode != 0
     assert proc.stderr.count(message) == 2, proc.stderr[-3000:]  # every rank says it
+
+
+def test_tracking_progress_straggler_report_and_step_callbacks_on_real_ranks(tmp_path):
+    argv = [HVDKIT, "run", "-np", "2", "--", PYTHON, WORKER, str(tmp_path), "--tracking", str(tmp_path / "runs")]
+    argv += ["--progress", "--straggler-threshold", "50", "--step-logs"]
+    proc = run_bounded(argv, 600, env={"HVDKIT_PROGRESS": "1", "HVDKIT_PROGRESS_INTERVAL": "0.001"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r0, r1 = ranks_of(tmp_path)
+    events = os.listdir(tmp_path / "runs")
+    assert len(events) == 1 and "tfevents" in events[0], events  # rank 0's file only
+    tb = EventAccumulator(str(tmp_path / "runs"))
+    tb.Reload()
+    for tag in ("loss", "accuracy", "val_loss", "val_accuracy", "lr", "epoch_time"):
+        got = [(e.step, e.value) for e in tb.Scalars(tag)]
+        assert got == [(i, pytest.approx(v, rel=1e-6)) for i, v in enumerate(r0["history"][tag])], tag
+    lines = (proc.stdout + proc.stderr).splitlines()
+    bars = [line for line in lines if "epoch 1/2 [" in line and "samples/s" in line]
+    assert bars and all(line.startswith("[rank 0]") for line in bars), bars[:3]  # rank 0's bar only
+    assert any(line.startswith("[rank 0] epoch 2/2 [") and f"{STEPS // 2}/{STEPS // 2} 100%" in line for line in lines)
+    for r in (r0, r1):  # the same report on every rank: both ranks timed every step of the last epoch
+        assert [t["steps"] for t in r["straggler"]["ranks"]] == [STEPS // 2] * 2 and r["straggler"]["epoch"] == 1
+        assert [s for s, _ in r["step_logs"]] == list(range(1, STEPS + 1))
+    assert r0["step_logs"][0][1]["lr"] == 0.05 and r0["step_logs"][-1][1]["lr"] == pytest.approx(
+        r0["history"]["lr"][-1]
+    )
+    assert r0["step_logs"][0][1]["loss"] != r1["step_logs"][0][1]["loss"]  # each rank's own samples

@@ -52,6 +52,10 @@ def parse(argv):
     p.add_argument("--once", default=None)
     p.add_argument("--iterable", action="store_true", help="pass hk.train_loader's loader, not the Dataset")
     p.add_argument("--stop-on-rank1", type=int, default=None, help="a callback on rank 1 stops after this epoch")
+    p.add_argument("--tracking", default=None, help="tracking=DIR (TensorBoard)")
+    p.add_argument("--progress", action="store_true", help="progress=True (HVDKIT_PROGRESS decides where it shows)")
+    p.add_argument("--straggler-threshold", type=float, default=None)
+    p.add_argument("--step-logs", action="store_true", help="record what on_train_batch_end is given")
     return p.parse_args(argv)
 
 
@@ -88,6 +92,16 @@ class StopOnRank1:
         self.seen.append(["end", history.epoch])
 
 
+class StepLogs:
+    """Records ``(step, logs)`` of every ``on_train_batch_end``."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, step, logs):
+        self.seen.append([step, logs])
+
+
 def main(argv):
     args = parse(argv)
     topo = hk.init()
@@ -99,6 +113,7 @@ def main(argv):
         val = Subset(val, range(args.val_size))
     model = build_model()
     callback = StopOnRank1(args.stop_on_rank1) if args.stop_on_rank1 is not None else None
+    steps = StepLogs() if args.step_logs else None
     every = args.checkpoint_every if args.checkpoint_every == "epoch" else int(args.checkpoint_every)
     trainer = hk.Trainer(
         model,
@@ -113,8 +128,10 @@ def main(argv):
         compression="none",
         precision=args.precision,
         scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, args.epochs)),
-        progress=False,
-        callbacks=[callback] if callback else (),
+        progress=args.progress,
+        tracking=args.tracking,
+        straggler_threshold=args.straggler_threshold,
+        callbacks=[c for c in (callback, steps) if c],
     )
     data = hk.train_loader(train, 32, seed=0) if args.iterable else train  # the same shards, made by the user
     history = trainer.fit(data, val, epochs=args.epochs)
@@ -127,6 +144,8 @@ def main(argv):
         "stopped": history.stopped,
         "output_dtypes": sorted(SEEN_DTYPES),
         "callback": callback.seen if callback else None,
+        "step_logs": steps.seen if steps else None,
+        "straggler": trainer.monitor.last_report.as_dict() if trainer.monitor is not None else None,
         "loss_scale": trainer.scaler.get_scale() if trainer.scaler is not None else None,
     }
     if args.val_size is not None:  # the final model over the whole subset, in one process's arithmetic
