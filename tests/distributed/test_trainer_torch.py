@@ -210,3 +210,20 @@ def test_tracking_progress_straggler_report_and_step_callbacks_on_real_ranks(tmp
         r0["history"]["lr"][-1]
     )
     assert r0["step_logs"][0][1]["loss"] != r1["step_logs"][0][1]["loss"]  # each rank's own samples
+
+
+def test_a_loader_the_user_shards_resumes_mid_epoch_at_its_size_bitwise_and_refuses_another_size(reference, tmp_path):
+    # A SIGTERM in epoch 2 checkpoints how many of this rank's batches were done; the next start skips
+    # them. At another world size the user's shards would differ: every rank refuses, naming the size.
+    common = ["--iterable", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    trainer("mpirun", 2, tmp_path / "leg0", *common, "--signal-at", "30")  # rank 0's 30th batch: step 30
+    assert [(r["step"], r["stopped"]) for r in ranks_of(tmp_path / "leg0")] == [(30, True)] * 2
+    proc = trainer("mpirun", 1, tmp_path / "other-size", *common, ok=False)
+    assert proc.returncode != 0
+    assert "the checkpoint stopped mid-epoch at 2 ranks over batches this script shards itself" in proc.stderr
+    trainer("mpirun", 2, tmp_path / "leg1", *common)
+    r0 = ranks_of(tmp_path / "leg1")[0]
+    assert (r0["resumed_from_epoch"], r0["step"], r0["stopped"]) == (1, STEPS, False)
+    ref, got = params(reference / "ckpt"), params(tmp_path / "ckpt")
+    assert bitwise_equal(ref, got), f"max difference {max_diff(ref, got)}"
+    assert r0["history"]["val_loss"] == ranks_of(reference / "out")[0]["history"]["val_loss"][1:]
