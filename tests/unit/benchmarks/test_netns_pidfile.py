@@ -10,20 +10,10 @@ from benchmarks.netns import wait_for_pidfile
 from hvdkit.core.errors import LaunchError
 
 
-def test_a_pid_file_that_exists_empty_at_first_is_read_once_its_line_is_complete(tmp_path):
+@pytest.mark.parametrize("first", ["", "43"], ids=["empty", "part-of-the-number"])
+def test_a_pid_file_is_read_only_once_its_line_is_complete(tmp_path, first):
     pidfile = tmp_path / "sshd.pid"
-    pidfile.write_text("")  # created, number not written yet
-    writer = threading.Timer(0.3, lambda: pidfile.write_text("4321\n"))
-    writer.start()
-    try:
-        assert wait_for_pidfile(pidfile, timeout=10, what="sshd") == 4321
-    finally:
-        writer.join()
-
-
-def test_a_partly_written_number_is_not_taken(tmp_path):
-    pidfile = tmp_path / "sshd.pid"
-    pidfile.write_text("43")  # no newline yet: the rest of the number may follow
+    pidfile.write_text(first)  # created, the number not (wholly) written yet
     writer = threading.Timer(0.3, lambda: pidfile.write_text("4321\n"))
     writer.start()
     try:
