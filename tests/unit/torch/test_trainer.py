@@ -45,7 +45,10 @@ def make(**options):
         ({"metrics": {"loss": len}}, "metric name 'loss' is not usable"),
         ({"metrics": {"val_acc": len}}, "metric name 'val_acc' is not usable"),
         ({"metrics": {"acc": 3}}, "metrics['acc'] must be callable as fn(output, target) (got int)"),
-        ({"callbacks": [object()]}, "has none of the methods on_train_begin, on_train_batch_end, on_epoch_end, on_train_end"),
+        (
+            {"callbacks": [object()]},
+            "has none of the methods on_train_begin, on_train_batch_end, on_epoch_end, on_train_end",
+        ),
         ({"callbacks": 5}, "callbacks must be a list of objects (got int)"),
         ({"scheduler_interval": "batch"}, "scheduler_interval must be one of ('epoch', 'step') (got 'batch')"),
         ({"tracking": 42}, "tracking must be None, a log directory or an hk.Tracker (got int)"),
