@@ -56,10 +56,10 @@ class LoggedSamples(Dataset):
         return self.dataset[i]
 
     def on_train_begin(self, trainer):
-        self.epoch_of = lambda: trainer.epoch
+        self.trainer = trainer
 
     def on_train_batch_end(self, step, logs):
-        self.log.write(self.epoch_of(), step, self.read)
+        self.log.write(self.trainer.epoch, step, self.read)
         self.read = []
 
 

@@ -16,18 +16,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples"))
-from digits_common import load_split  # noqa: E402
+from digits_common import load_split, torch_model  # noqa: E402
 from recording import write_rank_result  # noqa: E402
 from torch.utils.data import Subset, TensorDataset  # noqa: E402
 
 import hvdkit.torch as hk  # noqa: E402
-
-
-def build_model():  # the examples' (digits_common.torch_model)
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
-    )
-
 
 SEEN_DTYPES = set()  # the dtypes of the model's outputs in training and validation: the precision used
 
@@ -111,7 +104,7 @@ def main(argv):
     val = TensorDataset(torch.from_numpy(x_val), torch.from_numpy(y_val))
     if args.val_size is not None:
         val = Subset(val, range(args.val_size))
-    model = build_model()
+    model = torch_model()
     callback = StopOnRank1(args.stop_on_rank1) if args.stop_on_rank1 is not None else None
     steps = StepLogs() if args.step_logs else None
     every = args.checkpoint_every if args.checkpoint_every == "epoch" else int(args.checkpoint_every)
