@@ -88,7 +88,16 @@ class Checkpointer(CheckpointerBase):
             framework=f"torch {torch.__version__}",
         )
 
-    save = CheckpointerBase.save  # named here so that the API reference, made from own members, lists them
+    def save(self, step: int, epoch: int, extra: Any = None) -> str:
+        """Write a checkpoint of ``step`` (``CheckpointerBase.save``); a sharded optimizer's state is whole in it.
+
+        Collective: every rank calls it.
+        """
+        consolidate = getattr(self.optimizer, "consolidate_state_dict", None)
+        if consolidate is not None:  # hk.DistributedOptimizer(..., shard_optimizer_state=True): gather it first
+            consolidate()
+        return super().save(step, epoch, extra)
+
     restore = CheckpointerBase.restore
 
     def _is_tensor(self, value):

@@ -1,0 +1,181 @@
+"""Runs on every rank of a real torch job: ``shard_optimizer_state=True`` (ZeRO-1) against the unsharded optimizer.
+
+``train`` (2 ranks): for SGD+momentum, Adam and AdamW with weight decay (and Adam with accumulation
+and clipping) the same model is trained sharded and unsharded on the same batches; each rank records
+its parameters' digest, the largest relative difference to the unsharded run, and the elements its
+optimizer state holds. The sharded state dict is compared with the unsharded one. LBFGS must be
+refused. A sharded AdamW run saves a checkpoint at step ``SAVE`` and goes on to ``STEPS``.
+``resume`` (1 rank): an unsharded AdamW restores that checkpoint and trains the remaining steps on
+the whole global batch. Writes OUT/<mode>-rank<r>.json.
+Usage: python zero_torch.py OUT {train,resume}
+"""
+
+import json
+import os
+import sys
+
+import torch
+from model_params import params_digest, params_of
+
+import hvdkit.torch as hk
+from hvdkit.core.errors import ConfigError
+from hvdkit.torch.zero import elements
+
+STEPS = 24
+SAVE = 12
+B = 3  # per-rank batch at 2 ranks
+GLOBAL = 6
+
+
+class Net(torch.nn.Module):
+    """Two layers, a frozen offset and a scalar gain: parameter counts 35, 5, 1 (group 0) and 15, 3 (group 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(7, 5)
+        self.l2 = torch.nn.Linear(5, 3)
+        self.offset = torch.nn.Parameter(torch.randn(3), requires_grad=False)
+        self.gain = torch.nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        return self.gain * self.l2(torch.tanh(self.l1(x))) + self.offset
+
+
+def make_model():
+    torch.manual_seed(0)
+    return Net()
+
+
+def groups(model, kind):
+    first = [model.l1.weight, model.l1.bias, model.offset, model.gain]
+    second = [model.l2.weight, model.l2.bias]
+    if kind == "sgd":
+        return torch.optim.SGD([{"params": first}, {"params": second, "lr": 0.02}], lr=0.05, momentum=0.9)
+    if kind == "adam":
+        return torch.optim.Adam([{"params": first}, {"params": second, "lr": 3e-3}], lr=1e-2)
+    return torch.optim.AdamW([{"params": first, "weight_decay": 0.1}, {"params": second, "lr": 3e-3}], lr=1e-2)
+
+
+def batch(step, micro=0):
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    x = torch.randn(GLOBAL, 7, generator=g)
+    return x, torch.randn(GLOBAL, 3, generator=g) * 2
+
+
+def local(tensor, rank, size):
+    per = GLOBAL // size
+    return tensor[rank * per : (rank + 1) * per]
+
+
+def train(model, opt, steps, rank, size, passes=1):
+    for s in steps:
+        opt.zero_grad()
+        for m in range(passes):
+            x, y = batch(s, m)
+            loss = torch.nn.functional.mse_loss(model(local(x, rank, size)), local(y, rank, size)) / passes
+            loss.backward()
+        opt.step()
+
+
+def rel_diff(a, b):
+    pa, pb = params_of(a).double(), params_of(b).double()
+    return float(((pa - pb).abs() / pb.abs().clamp(min=1e-3)).max())
+
+
+def vector_elements(state):
+    """Elements of the state's tensors with at least one dimension (the per-element state; scalars left out)."""
+    return sum(v.numel() for s in state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+def compare(kind, rank, size, passes=1, max_grad_norm=None):
+    sharded, plain = make_model(), make_model()
+    opts = {}
+    for name, model, shard in (("sharded", sharded, True), ("plain", plain, False)):
+        opts[name] = hk.DistributedOptimizer(
+            groups(model, kind),
+            model=model,
+            backward_passes_per_step=passes,
+            max_grad_norm=max_grad_norm,
+            shard_optimizer_state=shard,
+        )
+    norms = {"sharded": [], "plain": []}
+    for s in range(STEPS):
+        for name, model in (("sharded", sharded), ("plain", plain)):
+            train(model, opts[name], [s], rank, size, passes)
+            if max_grad_norm is not None:
+                norms[name].append(float(opts[name].last_grad_norm))
+    opts["sharded"].consolidate_state_dict()
+    full, ref = opts["sharded"].state_dict(), opts["plain"].state_dict()
+    state_diff = max(
+        float((full["state"][i][k].double() - v.double()).abs().max())
+        for i, entry in ref["state"].items()
+        for k, v in entry.items()
+    )
+    return {
+        "digest": params_digest(sharded),
+        "rel_diff": rel_diff(sharded, plain),
+        "moved": float((params_of(sharded) - params_of(make_model())).abs().max()),
+        "state_elements": elements(opts["sharded"].state),
+        "state_vector_elements": vector_elements(opts["sharded"].state),
+        "plain_state_elements": elements(opts["plain"].state),
+        "plain_state_vector_elements": vector_elements(opts["plain"].state),
+        "state_dict_same_structure": (
+            full["param_groups"] == ref["param_groups"]
+            and sorted(full["state"]) == sorted(ref["state"])
+            and all(
+                list(full["state"][i]) == list(ref["state"][i])
+                and all(full["state"][i][k].shape == v.shape for k, v in ref["state"][i].items())
+                for i in ref["state"]
+            )
+        ),
+        "state_dict_max_diff": state_diff,
+        "norms": norms["sharded"],
+        "plain_norms": norms["plain"],
+    }
+
+
+def refused():
+    model = make_model()
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    try:
+        hk.DistributedOptimizer(lbfgs, model=model, shard_optimizer_state=True)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def checkpointed(out, rank, size):
+    model = make_model()
+    opt = hk.DistributedOptimizer(groups(model, "adamw"), model=model, shard_optimizer_state=True)
+    ckpt = hk.Checkpointer(os.path.join(out, "ckpt"), model, opt)
+    train(model, opt, range(SAVE), rank, size)
+    ckpt.save(SAVE, 0)
+    train(model, opt, range(SAVE, STEPS), rank, size)
+    return {"final": params_of(model).tolist(), "digest": params_digest(model)}
+
+
+def resumed(out, rank, size):
+    model = make_model()
+    opt = hk.DistributedOptimizer(groups(model, "adamw"), model=model)
+    resume = hk.Checkpointer(os.path.join(out, "ckpt"), model, opt).restore()
+    train(model, opt, range(resume.step, STEPS), rank, size)
+    return {"step": resume.step, "saved_size": resume.world_size, "final": params_of(model).tolist()}
+
+
+def main():
+    out, mode = sys.argv[1], sys.argv[2]
+    topo = hk.init()
+    rank, size = topo.rank, topo.size
+    if mode == "train":
+        result = {kind: compare(kind, rank, size) for kind in ("sgd", "adam", "adamw")}
+        result["adam_accumulate_clip"] = compare("adam", rank, size, passes=2, max_grad_norm=0.05)
+        result["refused"] = refused()
+        result["checkpoint"] = checkpointed(out, rank, size)
+    else:
+        result = resumed(out, rank, size)
+    with open(os.path.join(out, f"{mode}-rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "size": size, **result}, f)
+
+
+if __name__ == "__main__":
+    main()
