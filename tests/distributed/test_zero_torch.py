@@ -1,0 +1,88 @@
+"""ZeRO-1 (``shard_optimizer_state=True``) for torch on 2 real ranks, under mpirun and horovodrun --gloo.
+
+The sharded optimizer must train exactly what the unsharded one trains (to fp32 rounding), keep
+the ranks bitwise identical, hold about half the optimizer state on each rank, write checkpoints a
+1-rank unsharded job resumes from, and refuse LBFGS on every rank without hanging.
+Worker: workers/zero_torch.py (model: two param groups, a frozen parameter, 41 and 18 trainable elements).
+"""
+
+import json
+
+import pytest
+import torch
+from helpers import LAUNCHERS, ROOT, run_ranks
+
+pytestmark = pytest.mark.dist
+WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_torch.py"
+KINDS = ("sgd", "adam", "adamw", "adam_accumulate_clip")
+TOL = 1e-6  # relative, fp32 rounding
+
+
+def _results(launcher, np_, out, mode):
+    proc = run_ranks(launcher, np_, [str(WORKER), str(out), mode], timeout=400)
+    assert proc.returncode == 0, f"{launcher} {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(np_)]
+
+
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def runs(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"zero-{request.param}")
+    trained = _results(request.param, 2, out, "train")
+    resumed = _results(request.param, 1, out, "resume")
+    return trained, resumed[0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sharded_parameters_are_bitwise_equal_on_every_rank(runs, kind):
+    r0, r1 = runs[0]
+    assert r0[kind]["digest"] == r1[kind]["digest"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sharded_training_equals_the_unsharded_optimizer_to_fp32_rounding(runs, kind):
+    for r in runs[0]:
+        assert r[kind]["rel_diff"] < TOL
+        assert r[kind]["moved"] > 1e-2  # the parameters really trained
+
+
+def test_clipping_uses_the_same_global_norm_as_the_unsharded_optimizer(runs):
+    for r in runs[0]:
+        result = r["adam_accumulate_clip"]
+        assert len(result["norms"]) == 24
+        assert min(result["plain_norms"]) > 0.05  # every step was clipped
+        assert result["norms"] == pytest.approx(result["plain_norms"], rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_rank_holds_about_half_the_optimizer_state(runs, kind):
+    ranks = [r[kind] for r in runs[0]]
+    plain = ranks[0]["plain_state_elements"]
+    for r in ranks:
+        assert r["plain_state_elements"] == plain
+        assert r["state_elements"] <= plain / 2 + 2  # + one step count per param group
+    # together the ranks hold every element once (scalar step counts: one per group and rank, not per tensor)
+    assert abs(sum(r["state_elements"] for r in ranks) - plain) <= 4
+    assert abs(ranks[0]["state_vector_elements"] - ranks[1]["state_vector_elements"]) <= 4  # balanced
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_sharded_state_dict_is_the_unsharded_optimizers(runs, kind):
+    for r in runs[0]:
+        assert r[kind]["state_dict_same_structure"]
+        assert r[kind]["state_dict_max_diff"] < 1e-6
+
+
+def test_a_non_elementwise_optimizer_is_refused_on_every_rank_with_the_fix(runs):
+    for r in runs[0]:
+        message = r["refused"]
+        assert message is not None
+        assert "LBFGS" in message and "shard_optimizer_state=False" in message
+
+
+def test_a_checkpoint_saved_sharded_at_2_ranks_resumes_unsharded_at_1_rank_and_continues_equal(runs):
+    (r0, r1), resumed = runs
+    assert r0["checkpoint"]["digest"] == r1["checkpoint"]["digest"]
+    assert (resumed["step"], resumed["saved_size"]) == (12, 2)
+    uninterrupted = torch.tensor(r0["checkpoint"]["final"], dtype=torch.float64)
+    final = torch.tensor(resumed["final"], dtype=torch.float64)
+    assert float(((final - uninterrupted).abs() / uninterrupted.abs().clamp(min=1e-3)).max()) < TOL
