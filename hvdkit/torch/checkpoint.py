@@ -89,9 +89,15 @@ class Checkpointer(CheckpointerBase):
         )
 
     def save(self, step: int, epoch: int, extra: Any = None) -> str:
-        """Write a checkpoint of ``step`` (``CheckpointerBase.save``); a sharded optimizer's state is whole in it.
+        """Write a checkpoint of ``step`` (rank 0 writes; every rank's RNG state is included).
 
-        Collective: every rank calls it.
+        ``epoch`` is the number of epochs completed. Returns the checkpoint path on every rank.
+        ``extra`` may hold None, bool, int, float, str, bytes, lists, tuples, dicts (scalar keys)
+        and tensors; anything else (a NumPy scalar or array, a path, an object of your own class),
+        in ``extra`` or in a state dict, raises ConfigError on every rank naming its key path and
+        type, and nothing is written. A sharded optimizer (``shard_optimizer_state=True``) is
+        gathered first and saved whole, as the unsharded optimizer's state: any world size,
+        sharded or not, restores it. Collective: every rank calls it.
         """
         consolidate = getattr(self.optimizer, "consolidate_state_dict", None)
         if consolidate is not None:  # hk.DistributedOptimizer(..., shard_optimizer_state=True): gather it first
