@@ -29,7 +29,8 @@ def runs(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"zero-{request.param}")
     trained = _results(request.param, 2, out, "train")
     resumed = _results(request.param, 1, out, "resume")
-    return trained, resumed[0]
+    regrown = _results(request.param, 2, out, "regrow")
+    return trained, resumed[0], regrown
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -80,9 +81,25 @@ def test_a_non_elementwise_optimizer_is_refused_on_every_rank_with_the_fix(runs)
 
 
 def test_a_checkpoint_saved_sharded_at_2_ranks_resumes_unsharded_at_1_rank_and_continues_equal(runs):
-    (r0, r1), resumed = runs
+    (r0, r1), resumed, _ = runs
     assert r0["checkpoint"]["digest"] == r1["checkpoint"]["digest"]
     assert (resumed["step"], resumed["saved_size"]) == (12, 2)
     uninterrupted = torch.tensor(r0["checkpoint"]["final"], dtype=torch.float64)
     final = torch.tensor(resumed["final"], dtype=torch.float64)
     assert float(((final - uninterrupted).abs() / uninterrupted.abs().clamp(min=1e-3)).max()) < TOL
+
+
+def test_a_sharded_run_restored_sharded_at_the_same_size_ends_bitwise_equal_to_the_uninterrupted_run(runs):
+    for r in runs[0]:
+        assert r["resumed_sharded"]["step"] == 12
+        assert r["resumed_sharded"]["digest"] == r["checkpoint"]["digest"]
+
+
+def test_a_1_rank_unsharded_checkpoint_resumes_sharded_at_2_ranks_and_continues_equal(runs):
+    (r0, _), _, regrown = runs
+    uninterrupted = torch.tensor(r0["checkpoint"]["final"], dtype=torch.float64)
+    assert regrown[0]["digest"] == regrown[1]["digest"]
+    for r in regrown:
+        assert (r["step"], r["saved_size"]) == (18, 1)
+        final = torch.tensor(r["final"], dtype=torch.float64)
+        assert float(((final - uninterrupted).abs() / uninterrupted.abs().clamp(min=1e-3)).max()) < TOL

@@ -5,9 +5,11 @@ and clipping) the same model is trained sharded and unsharded on the same batche
 its parameters' digest, the largest relative difference to the unsharded run, and the elements its
 optimizer state holds. The sharded state dict is compared with the unsharded one. LBFGS must be
 refused. A sharded AdamW run saves a checkpoint at step ``SAVE`` and goes on to ``STEPS``.
+A fresh sharded AdamW then restores it and trains to ``STEPS`` again (2 -> 2 ranks).
 ``resume`` (1 rank): an unsharded AdamW restores that checkpoint and trains the remaining steps on
-the whole global batch. Writes OUT/<mode>-rank<r>.json.
-Usage: python zero_torch.py OUT {train,resume}
+the whole global batch, saving again at ``REGROW``. ``regrow`` (2 ranks): a sharded AdamW restores
+that 1-rank checkpoint and trains to ``STEPS``. Writes OUT/<mode>-rank<r>.json.
+Usage: python zero_torch.py OUT {train,resume,regrow}
 """
 
 import json
@@ -23,6 +25,7 @@ from hvdkit.torch.zero import elements
 
 STEPS = 24
 SAVE = 12
+REGROW = 18  # the 1-rank job's own checkpoint, restored sharded at 2 ranks
 B = 3  # per-rank batch at 2 ranks
 GLOBAL = 6
 
@@ -154,12 +157,27 @@ def checkpointed(out, rank, size):
     return {"final": params_of(model).tolist(), "digest": params_digest(model)}
 
 
-def resumed(out, rank, size):
+def resumed(out, rank, size, shard):
+    """Restore the newest checkpoint into a fresh AdamW (sharded or not) and train to ``STEPS``.
+
+    Unsharded (the 1-rank job), it saves again at ``REGROW`` on the way, for the 2-rank sharded ``regrow``.
+    """
     model = make_model()
-    opt = hk.DistributedOptimizer(groups(model, "adamw"), model=model)
-    resume = hk.Checkpointer(os.path.join(out, "ckpt"), model, opt).restore()
-    train(model, opt, range(resume.step, STEPS), rank, size)
-    return {"step": resume.step, "saved_size": resume.world_size, "final": params_of(model).tolist()}
+    opt = hk.DistributedOptimizer(groups(model, "adamw"), model=model, shard_optimizer_state=shard)
+    ckpt = hk.Checkpointer(os.path.join(out, "ckpt"), model, opt)
+    resume = ckpt.restore()
+    if shard:
+        train(model, opt, range(resume.step, STEPS), rank, size)
+    else:
+        train(model, opt, range(resume.step, REGROW), rank, size)
+        ckpt.save(REGROW, 0)
+        train(model, opt, range(REGROW, STEPS), rank, size)
+    return {
+        "step": resume.step,
+        "saved_size": resume.world_size,
+        "final": params_of(model).tolist(),
+        "digest": params_digest(model),
+    }
 
 
 def main():
@@ -171,8 +189,11 @@ def main():
         result["adam_accumulate_clip"] = compare("adam", rank, size, passes=2, max_grad_norm=0.05)
         result["refused"] = refused()
         result["checkpoint"] = checkpointed(out, rank, size)
-    else:
-        result = resumed(out, rank, size)
+        result["resumed_sharded"] = resumed(out, rank, size, shard=True)
+    elif mode == "resume":
+        result = resumed(out, rank, size, shard=False)
+    else:  # regrow
+        result = resumed(out, rank, size, shard=True)
     with open(os.path.join(out, f"{mode}-rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "size": size, **result}, f)
 
