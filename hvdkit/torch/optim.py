@@ -339,6 +339,13 @@ def amp_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> 
 
     Collective: every rank calls it once per step, as ``step()``.
     """
+    if isinstance(optimizer, zero.ShardedOptimizer):
+        # GradScaler would look for inf/NaN in each rank's own gradients (before the reduce-scatter
+        # inside step()), so ranks could disagree about skipping a step.
+        raise ConfigError(
+            "amp_step does not support shard_optimizer_state=True yet; use bf16 (hk.autocast(), no loss "
+            "scaling needed) or shard_optimizer_state=False with fp16"
+        )
     if not hasattr(optimizer, "skip_synchronize"):
         raise ConfigError(
             f"amp_step needs the optimizer hk.DistributedOptimizer returns (got {type(optimizer).__name__}); "

@@ -92,7 +92,7 @@ class _Group:
         like = self.params[0] if self.params else torch.zeros(0)
         self.shard = torch.zeros(self.slice.stop - self.slice.start, dtype=like.dtype, device=like.device)
 
-    def pieces(self, tensors):
+    def pieces(self):
         """``(index, lo, hi)`` for each parameter that overlaps this rank's slice: its elements ``[lo, hi)``."""
         start, stop = self.slice
         for i, p in enumerate(self.params):
@@ -109,7 +109,7 @@ class _Group:
 
     def own(self, tensors):
         """This rank's slice of the flat vector of ``tensors`` (one per trainable parameter), copied."""
-        parts = [tensors[i].reshape(-1)[lo:hi] for i, lo, hi in self.pieces(tensors)]
+        parts = [tensors[i].reshape(-1)[lo:hi] for i, lo, hi in self.pieces()]
         return torch.cat(parts) if parts else self.shard.new_zeros(0)
 
     def unflatten(self, flat):

@@ -89,6 +89,19 @@ def test_a_checkpoint_saved_sharded_at_2_ranks_resumes_unsharded_at_1_rank_and_c
     assert float(((final - uninterrupted).abs() / uninterrupted.abs().clamp(min=1e-3)).max()) < TOL
 
 
+def test_fp16_compression_on_the_wire_matches_the_unsharded_fp16_average(runs):
+    for r in runs[0]:
+        assert r["adam_fp16"]["compression"] == "fp16"
+        assert r["adam_fp16"]["rel_diff"] < 1e-4
+    assert runs[0][0]["adam_fp16"]["digest"] == runs[0][1]["adam_fp16"]["digest"]
+    assert runs[0][0]["adam_fp16"]["digest"] != runs[0][0]["adam"]["digest"]  # fp16 really was used
+
+
+def test_amp_step_refuses_a_sharded_optimizer_naming_the_fix(runs):
+    for r in runs[0]:
+        assert "shard_optimizer_state=False" in r["amp_refused"]
+
+
 def test_a_sharded_run_restored_sharded_at_the_same_size_ends_bitwise_equal_to_the_uninterrupted_run(runs):
     for r in runs[0]:
         assert r["resumed_sharded"]["step"] == 12

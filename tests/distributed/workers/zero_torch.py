@@ -90,7 +90,7 @@ def vector_elements(state):
     return sum(v.numel() for s in state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
 
 
-def compare(kind, rank, size, passes=1, max_grad_norm=None):
+def compare(kind, rank, size, passes=1, max_grad_norm=None, compression="none"):
     sharded, plain = make_model(), make_model()
     opts = {}
     for name, model, shard in (("sharded", sharded, True), ("plain", plain, False)):
@@ -99,6 +99,7 @@ def compare(kind, rank, size, passes=1, max_grad_norm=None):
             model=model,
             backward_passes_per_step=passes,
             max_grad_norm=max_grad_norm,
+            compression=compression,
             shard_optimizer_state=shard,
         )
     norms = {"sharded": [], "plain": []}
@@ -132,19 +133,30 @@ def compare(kind, rank, size, passes=1, max_grad_norm=None):
             )
         ),
         "state_dict_max_diff": state_diff,
+        "compression": opts["sharded"].compression,
         "norms": norms["sharded"],
         "plain_norms": norms["plain"],
     }
 
 
-def refused():
-    model = make_model()
-    lbfgs = torch.optim.LBFGS(model.parameters())
+def error_of(call):
     try:
-        hk.DistributedOptimizer(lbfgs, model=model, shard_optimizer_state=True)
+        call()
     except ConfigError as e:
         return str(e)
     return None
+
+
+def refused():
+    model = make_model()
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    return error_of(lambda: hk.DistributedOptimizer(lbfgs, model=model, shard_optimizer_state=True))
+
+
+def amp_refused():
+    model = make_model()
+    opt = hk.DistributedOptimizer(groups(model, "adam"), model=model, shard_optimizer_state=True)
+    return error_of(lambda: hk.amp_step(opt, torch.amp.GradScaler("cpu")))
 
 
 def checkpointed(out, rank, size):
@@ -187,7 +199,9 @@ def main():
     if mode == "train":
         result = {kind: compare(kind, rank, size) for kind in ("sgd", "adam", "adamw")}
         result["adam_accumulate_clip"] = compare("adam", rank, size, passes=2, max_grad_norm=0.05)
+        result["adam_fp16"] = compare("adam", rank, size, compression="fp16")
         result["refused"] = refused()
+        result["amp_refused"] = amp_refused()
         result["checkpoint"] = checkpointed(out, rank, size)
         result["resumed_sharded"] = resumed(out, rank, size, shard=True)
     elif mode == "resume":
