@@ -81,10 +81,6 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     check_positive_int("backward_passes_per_step", backward_passes_per_step)
     if op not in _OPS:
         raise ConfigError(f"op must be one of {_OPS} (got {op!r})")
-    if shard_optimizer_state:
-        if max_grad_norm is not None:
-            _check_max_norm(max_grad_norm)
-        return zero.ShardedOptimizer(optimizer, compression=compression, op=op, max_grad_norm=max_grad_norm)
     named = None
     if model is not None:
         if not isinstance(model, torch.nn.Module):
@@ -92,6 +88,9 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         named = list(model.named_parameters())
     if max_grad_norm is not None:
         _check_max_norm(max_grad_norm)
+    if shard_optimizer_state:  # its collectives have fixed names: it needs no parameter names
+        return zero.ShardedOptimizer(optimizer, compression=compression, op=op, max_grad_norm=max_grad_norm)
+    if max_grad_norm is not None:
         optimizer = _clipping_copy(optimizer)
     wrapped = _listening_optimizer(
         hvd,

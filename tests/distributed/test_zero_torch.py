@@ -105,6 +105,16 @@ def test_amp_step_refuses_a_sharded_optimizer_naming_the_fix(runs):
         assert "shard_optimizer_state=False" in r["amp_refused"]
 
 
+def test_state_dict_after_a_step_without_consolidating_says_what_to_call(runs):
+    for r in runs[0]:
+        assert "consolidate_state_dict() on every rank" in r["state_errors"]["unconsolidated"]
+
+
+def test_a_state_dict_with_state_for_only_some_parameters_of_a_group_is_refused(runs):
+    for r in runs[0]:
+        assert "param group 0 has state for some of its trainable parameters only" in r["state_errors"]["partial"]
+
+
 def test_a_sharded_run_restored_sharded_at_the_same_size_ends_bitwise_equal_to_the_uninterrupted_run(runs):
     for r in runs[0]:
         assert r["resumed_sharded"]["step"] == 12

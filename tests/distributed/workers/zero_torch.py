@@ -152,10 +152,10 @@ def compare(kind, rank, size, passes=1, max_grad_norm=None, compression="none"):
     }
 
 
-def error_of(call):
+def error_of(call, exc_type=ConfigError):
     try:
         call()
-    except ConfigError as e:
+    except exc_type as e:
         return str(e)
     return None
 
@@ -164,6 +164,18 @@ def refused():
     model = make_model()
     lbfgs = torch.optim.LBFGS(model.parameters())
     return error_of(lambda: hk.DistributedOptimizer(lbfgs, model=model, shard_optimizer_state=True))
+
+
+def state_errors(rank, size):
+    """After a step: ``state_dict()`` without consolidating, and a state dict with state for some parameters only."""
+    model = make_model()
+    opt = hk.DistributedOptimizer(groups(model, "adam"), model=model, shard_optimizer_state=True)
+    train(model, opt, [0], rank, size)
+    unconsolidated = error_of(opt.state_dict)
+    opt.consolidate_state_dict()
+    partial = opt.state_dict()
+    del partial["state"][0]  # l1.weight, in the first group with others that keep their state
+    return {"unconsolidated": unconsolidated, "partial": error_of(lambda: opt.load_state_dict(partial), ValueError)}
 
 
 def amp_refused():
@@ -215,6 +227,7 @@ def main():
         result["adam_fp16"] = compare("adam", rank, size, compression="fp16")
         result["refused"] = refused()
         result["amp_refused"] = amp_refused()
+        result["state_errors"] = state_errors(rank, size)
         result["checkpoint"] = checkpointed(out, rank, size)
         result["resumed_sharded"] = resumed(out, rank, size, shard=True)
     elif mode == "resume":
