@@ -19,7 +19,7 @@ import torch
 from ..core.errors import ConfigError
 from ._engine import horovod_torch
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "ShardedOptimizer", "Slice", "check_shardable", "partition"]
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "ShardedOptimizer", "Slice", "check_shardable", "elements", "partition"]
 
 # torch optimizers whose update of an element reads only that element's parameter, gradient and state
 # (plus scalars: step counts, learning rate), so a slice updated alone equals the same slice of the whole.
@@ -157,9 +157,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             [dict(self._hyper(g), params=[s.shard]) for g, s in zip(self.param_groups, self._groups, strict=True)]
         )
         self.state = self._inner.state
-        self._sharded_keys = [
-            self._probe_keys(type(optimizer), g, s) for g, s in zip(self.param_groups, self._groups, strict=True)
-        ]
         if self._inner.state:  # made at construction (Adagrad): a fresh state_dict() needs it whole
             self.consolidate_state_dict()
         else:
@@ -254,11 +251,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         Collective: every rank calls it (before ``state_dict()`` after a ``step()``).
         """
         index = self._indices()
-        owned = [
-            (g, keys, self._inner.state.get(g.shard, {}))
-            for g, keys in zip(self._groups, self._sharded_keys, strict=True)
-        ]
-        owned = [(g, keys, own) for g, keys, own in owned if own]  # every rank alike: every shard steps
+        owned = [(g, self._inner.state.get(g.shard, {})) for g in self._groups]
+        # Per-element state is shaped like the 1-D shard, scalars (step counts) are 0-D: the same keys on
+        # every rank, even where a slice is empty. Every shard steps, so every rank has state alike.
+        owned = [(g, [k for k, v in own.items() if _is_slice(v)], own) for g, own in owned if own]
         slices = [own[k].reshape(-1) for _, keys, own in owned for k in keys]
         fulls = iter(self._hvd.grouped_allgather(slices, name="hvdkit.zero.state") if slices else [])
         state = {}
@@ -302,8 +298,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
             )
         saved = {int(k): v for k, v in state_dict["state"].items()}
         index = self._indices()
+        # the saved hyperparameters decide which state is per element (SGD keeps a momentum buffer only with momentum)
+        sharded_keys = [
+            self._probe_keys(type(self._inner), s, g) for s, g in zip(saved_groups, self._groups, strict=True)
+        ]
         inner_state = {}
-        for gi, (g, keys) in enumerate(zip(self._groups, self._sharded_keys, strict=True)):
+        for gi, (g, keys) in enumerate(zip(self._groups, sharded_keys, strict=True)):
             entries = [saved.get(index[id(p)]) for p in g.params]
             if all(e is None for e in entries):
                 continue
@@ -320,6 +320,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for group, s in zip(self.param_groups, saved_groups, strict=True):
             group.update(self._hyper(s))
         self._consolidated = saved
+
+
+def _is_slice(value):
+    return isinstance(value, torch.Tensor) and value.dim() == 1
 
 
 def elements(state: dict[Any, dict[str, Any]]) -> int:
