@@ -157,6 +157,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             [dict(self._hyper(g), params=[s.shard]) for g, s in zip(self.param_groups, self._groups, strict=True)]
         )
         self.state = self._inner.state
+        # State an optimizer makes at construction (Adagrad) for frozen parameters: kept whole, as unsharded.
+        frozen = [p for g in self.param_groups for p in g["params"] if not p.requires_grad]
+        self._frozen_state = {p: optimizer.state[p] for p in frozen if p in optimizer.state}
         if self._inner.state:  # made at construction (Adagrad): a fresh state_dict() needs it whole
             self.consolidate_state_dict()
         else:
@@ -265,6 +268,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     k: whole[k][pi] if k in whole else (v.clone() if isinstance(v, torch.Tensor) else v)
                     for k, v in own.items()
                 }
+        for p, own in self._frozen_state.items():
+            state[index[id(p)]] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in own.items()}
         self._consolidated = state
 
     def state_dict(self) -> dict[str, Any]:
@@ -317,6 +322,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         inner_groups = [dict(self._hyper(s), params=[i]) for i, s in enumerate(saved_groups)]
         self._inner.load_state_dict({"state": inner_state, "param_groups": inner_groups})
         self.state = self._inner.state
+        frozen = [p for g in self.param_groups for p in g["params"] if not p.requires_grad]
+        self._frozen_state = {p: saved[index[id(p)]] for p in frozen if index[id(p)] in saved}
         for group, s in zip(self.param_groups, saved_groups, strict=True):
             group.update(self._hyper(s))
         self._consolidated = saved

@@ -16,6 +16,7 @@ from helpers import LAUNCHERS, ROOT, run_ranks
 pytestmark = pytest.mark.dist
 WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_torch.py"
 KINDS = ("sgd", "adam", "adamw", "adam_accumulate_clip")
+OTHERS = ("Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD")  # the rest of the allow-list
 TOL = 1e-6  # relative, fp32 rounding
 
 
@@ -74,6 +75,18 @@ def test_the_sharded_state_dict_is_the_unsharded_optimizers(runs, kind):
     for r in runs[0]:
         assert r[kind]["state_dict_same_structure"]
         assert r[kind]["state_dict_max_diff"] < 1e-6
+
+
+@pytest.mark.parametrize("kind", OTHERS)
+def test_every_other_allowed_optimizer_trains_sharded_as_unsharded_with_about_half_the_state(runs, kind):
+    r0, r1 = (r[kind] for r in runs[0])
+    assert r0["digest"] == r1["digest"]
+    for r in (r0, r1):
+        assert r["rel_diff"] < TOL
+        assert r["moved"] > 1e-4
+        assert r["state_dict_same_structure"]  # Adagrad's state for the frozen parameter included
+        assert r["state_dict_max_diff"] < 1e-6
+        assert r["state_elements"] <= 0.56 * r["plain_state_elements"]  # scalars per group, not per tensor
 
 
 def test_a_non_elementwise_optimizer_is_refused_on_every_rank_with_the_fix(runs):

@@ -25,6 +25,7 @@ from hvdkit.torch.zero import elements
 
 STEPS = 24
 SAVE = 12
+OTHERS = ("Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD")
 REGROW = 18  # the 1-rank job's own checkpoint, restored sharded at 2 ranks
 B = 3  # per-rank batch at 2 ranks
 GLOBAL = 6
@@ -62,14 +63,17 @@ def groups(model, kind):
         return torch.optim.Adam(
             [{"params": first}, {"params": second, "lr": 3e-3}, {"params": third, "lr": 3e-3}], lr=1e-2
         )
-    return torch.optim.AdamW(
-        [
-            {"params": first, "weight_decay": 0.1},
-            {"params": second, "lr": 3e-3},
-            {"params": third, "weight_decay": 0.0},
-        ],
-        lr=1e-2,
-    )
+    if kind == "adamw":
+        return torch.optim.AdamW(
+            [
+                {"params": first, "weight_decay": 0.1},
+                {"params": second, "lr": 3e-3},
+                {"params": third, "weight_decay": 0.0},
+            ],
+            lr=1e-2,
+        )
+    cls = getattr(torch.optim, kind)  # the rest of the allow-list, by class name
+    return cls([{"params": first}, {"params": second, "lr": 3e-3}, {"params": third}], lr=1e-2)
 
 
 def batch(step, micro=0):
@@ -225,6 +229,8 @@ def main():
         result = {kind: compare(kind, rank, size) for kind in ("sgd", "adam", "adamw")}
         result["adam_accumulate_clip"] = compare("adam", rank, size, passes=2, max_grad_norm=0.05)
         result["adam_fp16"] = compare("adam", rank, size, compression="fp16")
+        for kind in OTHERS:
+            result[kind] = compare(kind, rank, size)
         result["refused"] = refused()
         result["amp_refused"] = amp_refused()
         result["state_errors"] = state_errors(rank, size)
