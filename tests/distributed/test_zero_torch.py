@@ -142,3 +142,8 @@ def test_a_1_rank_unsharded_checkpoint_resumes_sharded_at_2_ranks_and_continues_
         assert (r["step"], r["saved_size"]) == (18, 1)
         final = torch.tensor(r["final"], dtype=torch.float64)
         assert float(((final - uninterrupted).abs() / uninterrupted.abs().clamp(min=1e-3)).max()) < TOL
+
+
+def test_the_synchronize_listener_hears_every_gradient_reduce_scatter(runs):
+    for r in runs[0]:
+        assert r["checkpoint"]["waits"] == 24  # one per step (hk.StragglerMonitor(optimizer=opt) listens)

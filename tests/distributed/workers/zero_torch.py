@@ -189,13 +189,17 @@ def amp_refused():
 
 
 def checkpointed(out, rank, size):
+    """The uninterrupted sharded run, started as a script starts one (fresh ``broadcast_state``), saving at ``SAVE``."""
     model = make_model()
     opt = hk.DistributedOptimizer(groups(model, "adamw"), model=model, shard_optimizer_state=True)
+    waits = []
+    opt.add_synchronize_listener(waits.append)
     ckpt = hk.Checkpointer(os.path.join(out, "ckpt"), model, opt)
+    hk.broadcast_state(model, opt)
     train(model, opt, range(SAVE), rank, size)
     ckpt.save(SAVE, 0)
     train(model, opt, range(SAVE, STEPS), rank, size)
-    return {"final": params_of(model).tolist(), "digest": params_digest(model)}
+    return {"final": params_of(model).tolist(), "digest": params_digest(model), "waits": len(waits)}
 
 
 def resumed(out, rank, size, shard):
