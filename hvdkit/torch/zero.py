@@ -17,9 +17,18 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.errors import ConfigError
+from ..core.options import check_positive_int
 from ._engine import horovod_torch
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "ShardedOptimizer", "Slice", "check_shardable", "elements", "partition"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "ELEMENTWISE_OPTIMIZERS",
+    "ShardedOptimizer",
+    "Slice",
+    "check_shardable",
+    "elements",
+    "partition",
+]
 
 # torch optimizers whose update of an element reads only that element's parameter, gradient and state
 # (plus scalars: step counts, learning rate), so a slice updated alone equals the same slice of the whole.
@@ -35,6 +44,10 @@ ELEMENTWISE_OPTIMIZERS = (
     torch.optim.Adadelta,
     torch.optim.ASGD,
 )
+
+
+# Elements of optimizer state one round of consolidate_state_dict() moves (16 MiB of fp32).
+CHUNK_ELEMENTS = 1 << 22
 
 
 class Slice(NamedTuple):
@@ -129,8 +142,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``backward()`` calls accumulate in ``.grad`` and are reduced once, in ``step()``.
 
     ``state_dict()`` is the unsharded optimizer's, the same at any world size: call
-    ``consolidate_state_dict()`` on every rank first (``hk.Checkpointer.save`` does). After
-    ``load_state_dict`` (which keeps this rank's slice) it is available until the next ``step()``.
+    ``consolidate_state_dict()`` on every rank first (``hk.Checkpointer.save`` does); it gathers the
+    state to rank 0 in rounds of at most ``chunk_elements`` elements (``to=None``: to every rank).
+    After ``load_state_dict`` (which keeps this rank's slice) it is available until the next ``step()``.
 
     Collective: construction, ``step()`` and ``consolidate_state_dict()`` on every rank alike.
     """
@@ -151,6 +165,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.last_grad_norm = None
         self._listeners = []
         self._consolidated = None  # the whole state, valid until the next step() (see state_dict)
+        self._consolidated_to = None  # the rank consolidate_state_dict() gathered it to, where not this one
+        self.chunk_elements = CHUNK_ELEMENTS
+        self.last_consolidation = None
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self._groups = [_Group(g["params"], self._rank, self._size) for g in self.param_groups]
         self._inner = type(optimizer)(
@@ -161,7 +178,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         frozen = [p for g in self.param_groups for p in g["params"] if not p.requires_grad]
         self._frozen_state = {p: optimizer.state[p] for p in frozen if p in optimizer.state}
         if self._inner.state:  # made at construction (Adagrad): a fresh state_dict() needs it whole
-            self.consolidate_state_dict()
+            self.consolidate_state_dict(to=None)
         else:
             self._consolidated = {}
 
@@ -195,7 +212,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._consolidated = None
+        self._consolidated, self._consolidated_to = None, None
         for g in self._groups:  # the parameters may have been set since the last step (a restore, a broadcast)
             g.shard.copy_(g.own([p.detach() for p in g.params]))
         self._reduce_scatter()
@@ -248,21 +265,64 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Each parameter's index in a torch state dict (numbered through every group, frozen ones too)."""
         return {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
 
-    def consolidate_state_dict(self) -> None:
-        """Gather the whole optimizer state on every rank, for the next ``state_dict()``.
+    def consolidate_state_dict(self, to: int | None = 0) -> None:
+        """Gather the whole optimizer state on rank ``to`` (None: on every rank), for its next ``state_dict()``.
 
-        Collective: every rank calls it (before ``state_dict()`` after a ``step()``).
+        The per-element state goes in rounds of at most ``chunk_elements`` elements: each round is one
+        grouped all-gather in which only the owners of its pieces send, and the ranks that do not keep
+        the state drop what they receive at once, so their extra memory is one round's worth, not the
+        whole state (``last_consolidation`` says how much each round brought and what was kept).
+        Collective: every rank calls it alike (before ``state_dict()`` after a ``step()``).
         """
+        if to is not None and (isinstance(to, bool) or not isinstance(to, int) or not 0 <= to < self._size):
+            raise ConfigError(f"to must be a rank in [0, {self._size}) or None (got {to!r})")
+        chunk = self.chunk_elements
+        check_positive_int("chunk_elements", chunk)
+        keep = to is None or to == self._rank
         index = self._indices()
         owned = [(g, self._inner.state.get(g.shard, {})) for g in self._groups]
         # Per-element state is shaped like the 1-D shard, scalars (step counts) are 0-D: the same keys on
         # every rank, even where a slice is empty. Every shard steps, so every rank has state alike.
         owned = [(g, [k for k, v in own.items() if _is_slice(v)], own) for g, own in owned if own]
-        slices = [own[k].reshape(-1) for _, keys, own in owned for k in keys]
-        fulls = iter(self._hvd.grouped_allgather(slices, name="hvdkit.zero.state") if slices else [])
+        wholes, pieces = {}, []  # pieces: (whole or None, start, stop, this rank's part or an empty tensor)
+        for gi, (g, keys, own) in enumerate(owned):
+            bounds = partition(g.offsets[-1], self._size)
+            for k in keys:
+                mine = own[k].reshape(-1)
+                whole = mine.new_empty(g.offsets[-1]) if keep else None
+                wholes[gi, k] = whole
+                for r, (a, b) in enumerate(bounds):
+                    for lo in range(a, b, chunk):
+                        hi = min(lo + chunk, b)
+                        part = mine[lo - a : hi - a] if r == self._rank else mine.new_empty(0)
+                        pieces.append((whole, lo, hi, part))
+        rounds, size = [], chunk  # pack the pieces (each <= chunk) into rounds of <= chunk elements
+        for piece in pieces:
+            if size + piece[2] - piece[1] > chunk:
+                rounds.append([])
+                size = 0
+            rounds[-1].append(piece)
+            size += piece[2] - piece[1]
+        largest = 0
+        for i, round_ in enumerate(rounds):
+            outs = self._hvd.grouped_allgather([p[3] for p in round_], name=f"hvdkit.zero.state.{i}")
+            largest = max(largest, sum(o.numel() for o in outs))
+            if keep:
+                for (whole, lo, hi, _), out in zip(round_, outs, strict=True):
+                    whole[lo:hi].copy_(out)
+            del outs  # dropped at once where the state is not kept
+        self.last_consolidation = {
+            "to": to,
+            "rounds": len(rounds),
+            "largest_round": largest,
+            "kept": sum(w.numel() for w in wholes.values()) if keep else 0,
+        }
+        if not keep:
+            self._consolidated, self._consolidated_to = None, to
+            return
         state = {}
-        for g, keys, own in owned:
-            whole = {k: [t.clone() for t in g.unflatten(next(fulls))] for k in keys}
+        for gi, (g, keys, own) in enumerate(owned):
+            whole = {k: g.unflatten(wholes[gi, k]) for k in keys}
             for pi, p in enumerate(g.params):
                 state[index[id(p)]] = {
                     k: whole[k][pi] if k in whole else (v.clone() if isinstance(v, torch.Tensor) else v)
@@ -270,7 +330,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 }
         for p, own in self._frozen_state.items():
             state[index[id(p)]] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in own.items()}
-        self._consolidated = state
+        self._consolidated, self._consolidated_to = state, to
 
     def state_dict(self) -> dict[str, Any]:
         """The unsharded optimizer's state dict: ``state`` by parameter index, the user's ``param_groups``.
@@ -279,6 +339,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         ConfigError says so otherwise); no collective.
         """
         if self._consolidated is None:
+            if self._consolidated_to is not None:
+                raise ConfigError(
+                    f"state_dict() of a sharded optimizer: the state was consolidated to rank {self._consolidated_to}, "
+                    f"not this rank ({self._rank}); call state_dict() there, or consolidate_state_dict(to=None) for "
+                    "every rank"
+                )
             if self._size > 1:
                 raise ConfigError(
                     "state_dict() of a sharded optimizer needs consolidate_state_dict() on every rank after the "
@@ -326,7 +392,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._frozen_state = {p: saved[index[id(p)]] for p in frozen if index[id(p)] in saved}
         for group, s in zip(self.param_groups, saved_groups, strict=True):
             group.update(self._hyper(s))
-        self._consolidated = saved
+        self._consolidated, self._consolidated_to = saved, None
 
 
 def _is_slice(value):

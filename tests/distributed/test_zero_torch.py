@@ -123,6 +123,39 @@ def test_state_dict_after_a_step_without_consolidating_says_what_to_call(runs):
         assert "consolidate_state_dict() on every rank" in r["state_errors"]["unconsolidated"]
 
 
+def test_state_dict_on_a_rank_the_state_was_not_consolidated_to_names_the_rank(runs):
+    assert runs[0][0]["state_errors"]["elsewhere"] is None
+    message = runs[0][1]["state_errors"]["elsewhere"]
+    assert "consolidated to rank 0" in message and "consolidate_state_dict(to=None)" in message
+
+
+def test_consolidating_to_rank_0_moves_bounded_rounds_and_other_ranks_keep_nothing(runs):
+    r0, r1 = (r["bounded"] for r in runs[0])
+    whole = r0["state_per_element"]  # Adam's two moments over 68,362 parameters
+    assert whole == 2 * 68362
+    chunk = r0["chunk"]
+    for r in (r0, r1):
+        assert r["to_rank0"]["to"] == 0
+        assert r["to_rank0"]["rounds"] >= whole // chunk  # in rounds, not all at once
+        assert 0 < r["to_rank0"]["largest_round"] <= chunk  # the most any rank received at once
+        assert r["to_rank0"]["spied_largest"] == r["to_rank0"]["largest_round"]  # as Horovod handed it over
+        assert r["to_rank0"]["spied_calls"] == r["to_rank0"]["rounds"]
+    assert r0["to_rank0"]["kept"] == whole  # rank 0 holds the whole state
+    assert r1["to_rank0"]["kept"] == 0  # rank 1: one round at a time, dropped at once (1/136 of the state)
+    assert r0["same_as_everywhere"]  # bitwise the state dict consolidate_state_dict(to=None) gives
+    for r in (r0, r1):
+        assert r["everywhere"]["kept"] == whole
+
+
+def test_checkpoint_save_gathers_to_rank_0_only_in_chunks(runs):
+    c0, c1 = (r["checkpoint"]["consolidation"] for r in runs[0])
+    assert c0["to"] == c1["to"] == 0
+    assert c0["kept"] == 2 * 59  # AdamW's two moments over the 59 trainable elements
+    assert c1["kept"] == 0
+    assert c0["rounds"] == c1["rounds"] >= 2 * 59 // 5
+    assert max(c0["largest_round"], c1["largest_round"]) <= 5
+
+
 def test_a_state_dict_with_state_for_only_some_parameters_of_a_group_is_refused(runs):
     for r in runs[0]:
         assert "param group 0 has state for some of its trainable parameters only" in r["state_errors"]["partial"]

@@ -27,6 +27,7 @@ STEPS = 24
 SAVE = 12
 OTHERS = ("Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD")
 REGROW = 18  # the 1-rank job's own checkpoint, restored sharded at 2 ranks
+CHUNK = 1000  # elements per consolidation round in ``bounded``
 B = 3  # per-rank batch at 2 ranks
 GLOBAL = 6
 
@@ -125,7 +126,7 @@ def compare(kind, rank, size, passes=1, max_grad_norm=None, compression="none"):
             train(model, opts[name], [s], rank, size, passes)
             if max_grad_norm is not None:
                 norms[name].append(float(opts[name].last_grad_norm))
-    opts["sharded"].consolidate_state_dict()
+    opts["sharded"].consolidate_state_dict(to=None)
     full, ref = opts["sharded"].state_dict(), opts["plain"].state_dict()
     state_diff = max(
         float((full["state"][i][k].double() - v.double()).abs().max())
@@ -176,10 +177,72 @@ def state_errors(rank, size):
     opt = hk.DistributedOptimizer(groups(model, "adam"), model=model, shard_optimizer_state=True)
     train(model, opt, [0], rank, size)
     unconsolidated = error_of(opt.state_dict)
-    opt.consolidate_state_dict()
+    opt.consolidate_state_dict()  # to rank 0
+    elsewhere = error_of(opt.state_dict) if rank != 0 else None
+    opt.consolidate_state_dict(to=None)
     partial = opt.state_dict()
     del partial["state"][0]  # l1.weight, in the first group with others that keep their state
-    return {"unconsolidated": unconsolidated, "partial": error_of(lambda: opt.load_state_dict(partial), ValueError)}
+    return {
+        "unconsolidated": unconsolidated,
+        "elsewhere": elsewhere,
+        "partial": error_of(lambda: opt.load_state_dict(partial), ValueError),
+    }
+
+
+class _GatherSpy:
+    """Horovod's module, but ``grouped_allgather`` records the elements each call returned."""
+
+    def __init__(self, hvd):
+        self.hvd, self.received = hvd, []
+
+    def __getattr__(self, name):
+        return getattr(self.hvd, name)
+
+    def grouped_allgather(self, tensors, **kwargs):
+        outs = self.hvd.grouped_allgather(tensors, **kwargs)
+        self.received.append(sum(o.numel() for o in outs))
+        return outs
+
+
+def bounded(rank, size):
+    """Adam over 68,362 parameters, consolidated to rank 0 in rounds of ``CHUNK`` elements and to every rank."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 10))
+    opt = hk.DistributedOptimizer(
+        torch.optim.Adam(model.parameters(), lr=1e-3), model=model, shard_optimizer_state=True
+    )
+    for s in range(2):
+        g = torch.Generator().manual_seed(s)
+        x, y = torch.randn(8, 256, generator=g), torch.randn(8, 10, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[rank::size]), y[rank::size]).backward()
+        opt.step()
+    opt.chunk_elements = CHUNK
+    spy = _GatherSpy(opt._hvd)  # counts what Horovod's all-gathers hand this rank, apart from the optimizer's own count
+    opt._hvd = spy
+    opt.consolidate_state_dict()
+    opt._hvd = spy.hvd
+    to_rank0 = dict(opt.last_consolidation, spied_largest=max(spy.received), spied_calls=len(spy.received))
+    gathered = opt.state_dict() if rank == 0 else None
+    opt.chunk_elements = 1 << 22
+    opt.consolidate_state_dict(to=None)
+    everywhere = dict(opt.last_consolidation)
+    ref = opt.state_dict()
+    same = gathered is None or (
+        sorted(gathered["state"]) == sorted(ref["state"])
+        and all(
+            torch.equal(gathered["state"][i][k], v) if isinstance(v, torch.Tensor) else gathered["state"][i][k] == v
+            for i, entry in ref["state"].items()
+            for k, v in entry.items()
+        )
+    )
+    return {
+        "to_rank0": to_rank0,
+        "everywhere": everywhere,
+        "state_per_element": per_element(ref["state"]),
+        "same_as_everywhere": same,
+        "chunk": CHUNK,
+    }
 
 
 def amp_refused():
@@ -194,12 +257,19 @@ def checkpointed(out, rank, size):
     opt = hk.DistributedOptimizer(groups(model, "adamw"), model=model, shard_optimizer_state=True)
     waits = []
     opt.add_synchronize_listener(waits.append)
+    opt.chunk_elements = 5  # many rounds, pieces cut inside a rank's slice and across groups
     ckpt = hk.Checkpointer(os.path.join(out, "ckpt"), model, opt)
     hk.broadcast_state(model, opt)
     train(model, opt, range(SAVE), rank, size)
     ckpt.save(SAVE, 0)
+    consolidation = opt.last_consolidation
     train(model, opt, range(SAVE, STEPS), rank, size)
-    return {"final": params_of(model).tolist(), "digest": params_digest(model), "waits": len(waits)}
+    return {
+        "final": params_of(model).tolist(),
+        "digest": params_digest(model),
+        "waits": len(waits),
+        "consolidation": consolidation,
+    }
 
 
 def resumed(out, rank, size, shard):
@@ -238,6 +308,7 @@ def main():
         result["refused"] = refused()
         result["amp_refused"] = amp_refused()
         result["state_errors"] = state_errors(rank, size)
+        result["bounded"] = bounded(rank, size)
         result["checkpoint"] = checkpointed(out, rank, size)
         result["resumed_sharded"] = resumed(out, rank, size, shard=True)
     elif mode == "resume":
