@@ -334,17 +334,16 @@ def amp_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> 
     scale (``scaler.update()``). This avoids Horovod's AMP traps: ``scaler.step(opt)`` alone would
     unscale gradients still being averaged, and unscaling before ``synchronize()`` makes Horovod
     average them a second time. Returns the averaged gradient norm before clipping when the
-    optimizer clips (``optimizer.last_grad_norm``), else None.
+    optimizer clips (``optimizer.last_grad_norm``), else None. A sharded optimizer
+    (``shard_optimizer_state=True``) holds only its slice of the averaged gradients: it reduce-scatters
+    them, unscales its slice and sums the inf/NaN flags over the ranks before stepping, so every rank
+    skips (and rescales) together.
 
     Collective: every rank calls it once per step, as ``step()``.
     """
-    if isinstance(optimizer, zero.ShardedOptimizer):
-        # GradScaler would look for inf/NaN in each rank's own gradients (before the reduce-scatter
-        # inside step()), so ranks could disagree about skipping a step.
-        raise ConfigError(
-            "amp_step does not support shard_optimizer_state=True yet; use bf16 (hk.autocast(), no loss "
-            "scaling needed) or shard_optimizer_state=False with fp16"
-        )
+    if isinstance(optimizer, zero.ShardedOptimizer):  # its own order: the inf/NaN flags agreed over the ranks
+        optimizer.amp_step(scaler)
+        return optimizer.last_grad_norm if optimizer.max_grad_norm is not None else None
     if not hasattr(optimizer, "skip_synchronize"):
         raise ConfigError(
             f"amp_step needs the optimizer hk.DistributedOptimizer returns (got {type(optimizer).__name__}); "

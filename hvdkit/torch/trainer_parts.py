@@ -158,12 +158,6 @@ def check_options(o: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"shard_optimizer_state must be True or False (got {o['shard_optimizer_state']!r})")
     if o["shard_optimizer_state"]:
         zero.check_shardable(opt)  # LBFGS and the like: refused here, on every rank alike
-        if o["precision"] == "fp16":
-            raise ConfigError(
-                "precision='fp16' with shard_optimizer_state=True is not supported yet (loss scaling would judge "
-                "inf/NaN on each rank's own gradients); use precision='bf16' (no loss scaling) or "
-                "shard_optimizer_state=False"
-            )
     if o["lr_rule"] not in RULES:
         raise ConfigError(f"lr_rule must be one of {tuple(RULES)} (got {o['lr_rule']!r})")
     if o["lr_rule"] != "none" and o["global_batch_size"] is not None:

@@ -212,17 +212,54 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._reduce()
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = self._clip(self.max_grad_norm)
+        self._update()
+        return loss
+
+    @torch.no_grad()
+    def amp_step(self, scaler: torch.amp.GradScaler) -> None:
+        """``hk.amp_step``'s sharded form: reduce-scatter, unscale, agree on inf/NaN, clip, step, update.
+
+        ``scaler.unscale_`` looks for inf/NaN in this rank's slices only; their flags are summed over
+        the ranks (one allreduce) and put back into the scaler, so ``scaler.step`` skips the update on
+        every rank together and ``scaler.update()`` changes the scale alike on every rank, as the
+        unsharded optimizer does with its averaged gradients. Collective: every rank calls it.
+        """
+        if not scaler.is_enabled():
+            self.step()
+            return
+        self._reduce()
+        scaler.unscale_(self._inner)
+        state = scaler._per_optimizer_states[id(self._inner)]  # what torch's FSDP ShardedGradScaler edits too
+        found = state["found_inf_per_device"]
+        local = sum((v.detach().float().cpu() for v in found.values()), torch.zeros(()))
+        total = self._hvd.allreduce(local, name="hvdkit.zero.found_inf", op=self._hvd.Sum)
+        devices = list(found) or [self._groups[0].shard.device if self._groups else torch.device("cpu")]
+        state["found_inf_per_device"] = {d: total.to(device=d, dtype=torch.float32) for d in devices}
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = self._clip(self.max_grad_norm)
+        self._sync_hyper()
+        scaler.step(self._inner)  # skips the update where the summed flags say inf/NaN
+        if float(total) == 0:  # the same on every rank: all step and all-gather, or none
+            self._all_gather()
+        scaler.update()
+
+    def _reduce(self):
         self._consolidated, self._consolidated_to = None, None
         for g in self._groups:  # the parameters may have been set since the last step (a restore, a broadcast)
             g.shard.copy_(g.own([p.detach() for p in g.params]))
         self._reduce_scatter()
-        if self.max_grad_norm is not None:
-            self.last_grad_norm = self._clip(self.max_grad_norm)
+
+    def _sync_hyper(self):
         for group, inner in zip(self.param_groups, self._inner.param_groups, strict=True):
             inner.update(self._hyper(group))
+
+    def _update(self):
+        self._sync_hyper()
         self._inner.step()
         self._all_gather()
-        return loss
 
     def _active(self):
         """The groups with trainable parameters (a group of frozen ones takes no part in collectives)."""

@@ -2,7 +2,8 @@
 
 The sharded optimizer must train exactly what the unsharded one trains (to fp32 rounding), keep
 the ranks bitwise identical, hold about half the optimizer state on each rank, write checkpoints a
-1-rank unsharded job resumes from, and refuse LBFGS on every rank without hanging.
+1-rank unsharded job resumes from (gathering the state to rank 0 in bounded rounds), skip an fp16
+inf/NaN step on every rank together under hk.amp_step, and refuse LBFGS on every rank without hanging.
 Worker: workers/zero_torch.py (model: three param groups of 43 trainable elements and a frozen parameter,
 15, and 1: rank 1 owns none of the last).
 """
@@ -113,9 +114,19 @@ def test_fp16_compression_on_the_wire_matches_the_unsharded_fp16_average(runs):
     assert runs[0][0]["adam_fp16"]["digest"] != runs[0][0]["adam"]["digest"]  # fp16 really was used
 
 
-def test_amp_step_refuses_a_sharded_optimizer_naming_the_fix(runs):
-    for r in runs[0]:
-        assert "shard_optimizer_state=False" in r["amp_refused"]
+@pytest.mark.parametrize("kind", ["amp", "amp_clip"])
+def test_amp_step_sharded_trains_as_unsharded_and_every_rank_skips_an_inf_step_together(runs, kind):
+    r0, r1 = (r[kind] for r in runs[0])
+    assert r0["digest"] == r1["digest"]
+    inf_at = 5  # rank 1 alone put an inf into a gradient element that rank 0's slice holds
+    for r in (r0, r1):
+        assert r["rel_diff"] < TOL
+        assert r["moved"] > 1e-2
+        assert r["skipped"] == r["plain_skipped"] == [s == inf_at for s in range(12)]
+        assert r["scales"] == r["plain_scales"]
+        assert r["scales"][inf_at] == r["scales"][inf_at - 1] / 2  # the scale backed off on every rank
+        assert max(r["scales"]) > 1024.0  # and grew where no inf was found
+        assert r["state_per_element"] <= r["plain_state_per_element"] / 2 + 6
 
 
 def test_state_dict_after_a_step_without_consolidating_says_what_to_call(runs):

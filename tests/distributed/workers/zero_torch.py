@@ -245,10 +245,58 @@ def bounded(rank, size):
     }
 
 
-def amp_refused():
-    model = make_model()
-    opt = hk.DistributedOptimizer(groups(model, "adam"), model=model, shard_optimizer_state=True)
-    return error_of(lambda: hk.amp_step(opt, torch.amp.GradScaler("cpu")))
+AMP_STEPS = 12
+INF_AT = 5  # the step at which rank 1 puts an inf into its own gradient of an element rank 0 owns
+
+
+def amp_compare(rank, size, max_grad_norm=None):
+    """fp16 loss scaling through ``hk.amp_step``, sharded and unsharded, on the same batches.
+
+    At ``INF_AT`` rank 1 alone sets ``l1.weight.grad[0, 0]`` (in rank 0's slice) to inf: rank 1's own
+    slice stays finite, so only the agreed flag makes it skip with rank 0, as the unsharded optimizer does.
+    """
+    models = {"sharded": make_model(), "plain": make_model()}
+    opts, scalers = {}, {}
+    for name, model in models.items():
+        opts[name] = hk.DistributedOptimizer(
+            groups(model, "adam"), model=model, max_grad_norm=max_grad_norm, shard_optimizer_state=name == "sharded"
+        )
+        scalers[name] = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    scales, skipped = {n: [] for n in models}, {n: [] for n in models}
+    poison = [False]
+
+    def inf_into(grad):  # a tensor hook: runs inside backward, before Horovod's hook takes the gradient
+        if not poison[0]:
+            return grad
+        grad = grad.clone()
+        grad[0, 0] = float("inf")
+        return grad
+
+    for model in models.values():
+        model.l1.weight.register_hook(inf_into)
+    for s in range(AMP_STEPS):
+        poison[0] = s == INF_AT and rank == 1
+        x, y = batch(s)
+        for name, model in models.items():
+            opts[name].zero_grad()
+            with hk.autocast(dtype="float16"):
+                loss = torch.nn.functional.mse_loss(model(local(x, rank, size)), local(y, rank, size))
+            scalers[name].scale(loss).backward()
+            before = params_of(model).clone()
+            hk.amp_step(opts[name], scalers[name])
+            scales[name].append(scalers[name].get_scale())
+            skipped[name].append(bool(torch.equal(before, params_of(model))))
+    return {
+        "digest": params_digest(models["sharded"]),
+        "rel_diff": rel_diff(models["sharded"], models["plain"]),
+        "moved": float((params_of(models["sharded"]) - params_of(make_model())).abs().max()),
+        "scales": scales["sharded"],
+        "plain_scales": scales["plain"],
+        "skipped": skipped["sharded"],
+        "plain_skipped": skipped["plain"],
+        "state_per_element": per_element(opts["sharded"].state),
+        "plain_state_per_element": per_element(opts["plain"].state),
+    }
 
 
 def checkpointed(out, rank, size):
@@ -306,7 +354,8 @@ def main():
         for kind in OTHERS:
             result[kind] = compare(kind, rank, size)
         result["refused"] = refused()
-        result["amp_refused"] = amp_refused()
+        result["amp"] = amp_compare(rank, size)
+        result["amp_clip"] = amp_compare(rank, size, max_grad_norm=0.05)
         result["state_errors"] = state_errors(rank, size)
         result["bounded"] = bounded(rank, size)
         result["checkpoint"] = checkpointed(out, rank, size)

@@ -55,10 +55,6 @@ def make(**options):
         ({"straggler_threshold": 0.5}, "straggler_threshold must be a finite number > 1 (got 0.5)"),
         ({"seed": -1}, "seed must be an integer >= 0 (got -1)"),
         ({"shard_optimizer_state": 1}, "shard_optimizer_state must be True or False (got 1)"),
-        (
-            {"shard_optimizer_state": True, "precision": "fp16"},
-            "precision='fp16' with shard_optimizer_state=True is not supported yet",
-        ),
     ],
 )
 def test_a_bad_option_is_a_config_error_naming_the_value_before_anything_starts(options, message):
