@@ -286,3 +286,20 @@ def test_a_sharded_trainer_preempted_resumes_at_2_ranks_bitwise_and_at_1_rank_wi
     assert ranks_of(other / "leg1", 1)[0]["step"] == STEPS
     diff = max_diff(ref, params(other / "ckpt"))
     assert diff < 1e-5, f"final parameters differ by {diff}"
+
+
+def test_a_sharded_trainer_in_fp16_steps_through_the_loss_scaler_as_the_unsharded_one(tmp_path):
+    runs = {}
+    for name, extra in (("plain", []), ("sharded", ["--shard"])):
+        d = tmp_path / name
+        trainer("mpirun", 2, d, "--precision", "fp16", "--checkpoint-dir", str(d / "c"), *extra)
+        runs[name] = (ranks_of(d), params(d / "c"))
+    (p0, _), ref = runs["plain"]
+    (s0, s1), got = runs["sharded"]
+    assert s0["optimizer"] == "ShardedOptimizer" and s0["output_dtypes"] == ["torch.float16"]
+    assert s0["loss_scale"] == s1["loss_scale"] == p0["loss_scale"]
+    assert s0["history"] == s1["history"]
+    assert s0["history"]["loss"][1] < s0["history"]["loss"][0]
+    for k in ref:
+        rel = ((got[k] - ref[k]).abs() / ref[k].abs().clamp(min=1e-3)).max().item()
+        assert rel < 1e-5, f"{k}: relative difference {rel}"
