@@ -88,7 +88,23 @@ class Checkpointer(CheckpointerBase):
             framework=f"torch {torch.__version__}",
         )
 
-    save = CheckpointerBase.save  # named here so that the API reference, made from own members, lists them
+    def save(self, step: int, epoch: int, extra: Any = None) -> str:
+        """Write a checkpoint of ``step`` (rank 0 writes; every rank's RNG state is included).
+
+        ``epoch`` is the number of epochs completed. Returns the checkpoint path on every rank.
+        ``extra`` may hold None, bool, int, float, str, bytes, lists, tuples, dicts (scalar keys)
+        and tensors; anything else (a NumPy scalar or array, a path, an object of your own class),
+        in ``extra`` or in a state dict, raises ConfigError on every rank naming its key path and
+        type, and nothing is written. A sharded optimizer (``shard_optimizer_state=True``) is
+        gathered to rank 0 first, in rounds of at most its ``chunk_elements`` elements (the other
+        ranks keep none of it), and saved whole, as the unsharded optimizer's state: any world
+        size, sharded or not, restores it. Collective: every rank calls it.
+        """
+        consolidate = getattr(self.optimizer, "consolidate_state_dict", None)
+        if consolidate is not None:  # hk.DistributedOptimizer(..., shard_optimizer_state=True): gather it first
+            consolidate(to=0)  # only rank 0 calls state_dict() (in store.save's check)
+        return super().save(step, epoch, extra)
+
     restore = CheckpointerBase.restore
 
     def _is_tensor(self, value):

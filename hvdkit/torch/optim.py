@@ -12,7 +12,7 @@ from ..core.errors import ConfigError, MissingDependencyError
 from ..core.log import get_logger
 from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
 from ..core.options import check_positive_int
-from . import autocompress
+from . import autocompress, zero
 from ._engine import horovod_torch
 
 __all__ = ["DistributedOptimizer", "ScaledLRScheduler", "amp_step", "autocast"]
@@ -28,6 +28,7 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     backward_passes_per_step: int = 1,
     op: str = "average",
     max_grad_norm: float | None = None,
+    shard_optimizer_state: bool = False,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 
@@ -53,7 +54,14 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       be reading them). The manual equivalent, for other per-gradient edits, is
       ``opt.synchronize(); edit grads; with opt.skip_synchronize(): opt.step()``.
 
-    The result is an instance of a subclass of Horovod's class that adds
+    - ``shard_optimizer_state``: ZeRO stage 1 (``hvdkit.torch.zero.ShardedOptimizer``): each rank
+      keeps the optimizer state of a 1/size slice of every param group only; gradients are
+      reduce-scattered and the updated slices all-gathered (the bytes of one allreduce). For torch's
+      elementwise optimizers (SGD, Adam, AdamW, ...; others raise ConfigError). ``state_dict()``
+      stays the unsharded one, so checkpoints (``hk.Checkpointer``) restore at any world size,
+      sharded or not. Gradients are reduced in ``step()``, not during ``backward()``.
+
+    Unsharded, the result is an instance of a subclass of Horovod's class that adds
     ``add_synchronize_listener(listener)``: ``listener(seconds)`` is called after every
     ``synchronize()`` (the one inside ``step()`` too) with the time it took, mostly spent waiting
     for the other ranks' gradients (``hk.StragglerMonitor(optimizer=opt)`` uses it).
@@ -67,6 +75,8 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
             f"optimizer must be a torch.optim.Optimizer (got {type(optimizer).__name__}); "
             "create it first, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
         )
+    if shard_optimizer_state:
+        zero.check_shardable(optimizer)  # before any collective: every rank refuses alike
     compression = autocompress.resolve(compression, optimizer)  # "auto": timed once here, collectively
     check_positive_int("backward_passes_per_step", backward_passes_per_step)
     if op not in _OPS:
@@ -78,6 +88,9 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         named = list(model.named_parameters())
     if max_grad_norm is not None:
         _check_max_norm(max_grad_norm)
+    if shard_optimizer_state:  # its collectives have fixed names: it needs no parameter names
+        return zero.ShardedOptimizer(optimizer, compression=compression, op=op, max_grad_norm=max_grad_norm)
+    if max_grad_norm is not None:
         optimizer = _clipping_copy(optimizer)
     wrapped = _listening_optimizer(
         hvd,
@@ -321,10 +334,16 @@ def amp_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> 
     scale (``scaler.update()``). This avoids Horovod's AMP traps: ``scaler.step(opt)`` alone would
     unscale gradients still being averaged, and unscaling before ``synchronize()`` makes Horovod
     average them a second time. Returns the averaged gradient norm before clipping when the
-    optimizer clips (``optimizer.last_grad_norm``), else None.
+    optimizer clips (``optimizer.last_grad_norm``), else None. A sharded optimizer
+    (``shard_optimizer_state=True``) holds only its slice of the averaged gradients: it reduce-scatters
+    them, unscales its slice and sums the inf/NaN flags over the ranks before stepping, so every rank
+    skips (and rescales) together.
 
     Collective: every rank calls it once per step, as ``step()``.
     """
+    if isinstance(optimizer, zero.ShardedOptimizer):  # its own order: the inf/NaN flags agreed over the ranks
+        optimizer.amp_step(scaler)
+        return optimizer.last_grad_norm if optimizer.max_grad_norm is not None else None
     if not hasattr(optimizer, "skip_synchronize"):
         raise ConfigError(
             f"amp_step needs the optimizer hk.DistributedOptimizer returns (got {type(optimizer).__name__}); "

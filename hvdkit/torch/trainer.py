@@ -49,7 +49,9 @@ class Trainer:
 
     The Trainer calls ``hk.init()``, moves ``model`` to ``hk.device()`` and wraps ``optimizer`` (a
     plain torch optimizer over the model's parameters) in ``hk.DistributedOptimizer`` with
-    ``compression``, ``max_grad_norm`` (clipping after averaging) and the accumulation of the batch
+    ``compression``, ``max_grad_norm`` (clipping after averaging), ``shard_optimizer_state`` (ZeRO
+    stage 1: each rank keeps the optimizer state of a 1/size slice of the parameters; checkpoints stay
+    the unsharded optimizer's, gathered to rank 0 in chunks) and the accumulation of the batch
     plan. Options (keyword only; the names of the rest of hvdkit's API):
 
     - ``loss_fn(output, target)``: the batch's mean loss; ``metrics``: ``{name: fn(output, target)}``,
@@ -101,6 +103,7 @@ class Trainer:
         keep: int = 3,
         compression: str = "auto",
         max_grad_norm: float | None = None,
+        shard_optimizer_state: bool = False,
         precision: str = "fp32",
         lr_rule: str = "none",
         warmup_steps: int = 0,
@@ -133,6 +136,7 @@ class Trainer:
             compression=o["compression"],
             backward_passes_per_step=self.accumulation,
             max_grad_norm=max_grad_norm,
+            shard_optimizer_state=shard_optimizer_state,
         )
         rule = ScaledLRScheduler(self.optimizer, lr_rule, warmup_steps) if lr_rule != "none" or warmup_steps else None
         self.lr_rule = rule

@@ -13,6 +13,7 @@ import torch
 from ..core.errors import ConfigError
 from ..core.lr import RULES
 from ..core.options import check_compression, check_int_at_least, check_number_above, check_positive_int
+from . import zero
 from .monitoring import Tracker
 
 __all__ = [
@@ -128,7 +129,7 @@ def check_options(o: Mapping[str, Any]) -> dict[str, Any]:
             f"optimizer must be a torch.optim.Optimizer (got {type(opt).__name__}); "
             "e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
         )
-    if hasattr(opt, "skip_synchronize"):
+    if hasattr(opt, "skip_synchronize") or isinstance(opt, zero.ShardedOptimizer):
         raise ConfigError(
             "optimizer is already distributed (hk.DistributedOptimizer or Horovod's); pass the plain torch "
             "optimizer: the Trainer wraps it (compression=, max_grad_norm= are Trainer options)"
@@ -153,6 +154,10 @@ def check_options(o: Mapping[str, Any]) -> dict[str, Any]:
         check_number_above("max_grad_norm", o["max_grad_norm"], 0.0, "or None: no clipping")
     if o["precision"] not in PRECISIONS:
         raise ConfigError(f"precision must be one of {PRECISIONS} (got {o['precision']!r})")
+    if not isinstance(o["shard_optimizer_state"], bool):
+        raise ConfigError(f"shard_optimizer_state must be True or False (got {o['shard_optimizer_state']!r})")
+    if o["shard_optimizer_state"]:
+        zero.check_shardable(opt)  # LBFGS and the like: refused here, on every rank alike
     if o["lr_rule"] not in RULES:
         raise ConfigError(f"lr_rule must be one of {tuple(RULES)} (got {o['lr_rule']!r})")
     if o["lr_rule"] != "none" and o["global_batch_size"] is not None:

@@ -13,6 +13,9 @@ cosine schedule on the digits data, compression "none").
 - tracking=, progress=True and straggler_threshold= do what the rest of hvdkit does: rank 0 alone
   writes the TensorBoard file (the history's values) and shows progress; every rank gets the
   straggler report; on_train_batch_end sees every step with its loss and learning rate.
+- shard_optimizer_state=True (ZeRO-1) ends within fp32 rounding of the unsharded run with half the
+  optimizer state per rank, checkpoints the unsharded state, and resumes from SIGTERM bitwise at 2 ranks
+  and within fp32 rounding at 1.
 """
 
 import json
@@ -227,3 +230,76 @@ def test_a_loader_the_user_shards_resumes_mid_epoch_at_its_size_bitwise_and_refu
     ref, got = params(reference / "ckpt"), params(tmp_path / "ckpt")
     assert bitwise_equal(ref, got), f"max difference {max_diff(ref, got)}"
     assert r0["history"]["val_loss"] == ranks_of(reference / "out")[0]["history"]["val_loss"][1:]
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """The reference run with shard_optimizer_state=True (ZeRO-1), uninterrupted, 2 ranks under mpirun."""
+    d = tmp_path_factory.mktemp("trainer-sharded")
+    trainer("mpirun", 2, d / "out", "--checkpoint-dir", str(d / "ckpt"), "--global-batch-size", "64", "--shard")
+    return d
+
+
+def optimizer_state(ckpt):
+    """The momentum buffers of the newest checkpoint in ``ckpt``, by parameter index."""
+    return {i: torch.from_numpy(s["momentum_buffer"]) for i, s in read_newest(ckpt).state["optimizer"]["state"].items()}
+
+
+def test_a_sharded_trainer_ends_within_fp32_rounding_of_the_unsharded_one_with_half_the_state(reference, sharded):
+    ref, got = params(reference / "ckpt"), params(sharded / "ckpt")
+    assert read_newest(sharded / "ckpt").step == STEPS
+    for k in ref:  # 46 steps of SGD with momentum: only the order of the gradient sums differs
+        rel = ((got[k] - ref[k]).abs() / ref[k].abs().clamp(min=1e-3)).max().item()
+        assert rel < 1e-5, f"{k}: relative difference {rel}"
+    assert not all(torch.equal(ref[k], torch.zeros_like(ref[k])) for k in ref)
+    # the checkpoint holds the whole unsharded optimizer state (gathered to rank 0), equal to the unsharded run's
+    ref_state, got_state = optimizer_state(reference / "ckpt"), optimizer_state(sharded / "ckpt")
+    assert sorted(got_state) == sorted(ref_state) and len(ref_state) == 6
+    for i in ref_state:
+        assert got_state[i].shape == ref_state[i].shape
+        assert (got_state[i] - ref_state[i]).abs().max().item() < 1e-5
+    r0, r1 = ranks_of(sharded / "out")
+    plain = ranks_of(reference / "out")[0]
+    assert r0["optimizer"] == r1["optimizer"] == "ShardedOptimizer" and plain["optimizer"] != "ShardedOptimizer"
+    total = sum(t.numel() for t in ref.values())  # 17,226 parameters: one momentum element each unsharded
+    assert plain["state_elements"] == total
+    assert r0["state_elements"] + r1["state_elements"] == total
+    assert max(r0["state_elements"], r1["state_elements"]) <= total // 2 + 3
+    assert r0["history"] == r1["history"]
+    assert r0["history"]["val_loss"] == pytest.approx(plain["history"]["val_loss"], rel=1e-5)
+
+
+def test_a_sharded_trainer_preempted_resumes_at_2_ranks_bitwise_and_at_1_rank_within_fp32_rounding(sharded, tmp_path):
+    # 2 ranks, SIGTERM after step 10; 2 ranks resume (bitwise the uninterrupted sharded run, step 10 -> 46)
+    common = ["--global-batch-size", "64", "--shard"]
+    same, other = tmp_path / "same", tmp_path / "other"
+    same.mkdir()
+    trainer("mpirun", 2, same / "leg0", "--checkpoint-dir", str(same / "ckpt"), *common, "--signal-at", "10")
+    trainer("mpirun", 2, same / "leg1", "--checkpoint-dir", str(same / "ckpt"), *common)
+    first, second = ranks_of(same / "leg0")[0], ranks_of(same / "leg1")[0]
+    assert (first["step"], first["stopped"], second["step"], second["stopped"]) == (10, True, STEPS, False)
+    ref, got = params(sharded / "ckpt"), params(same / "ckpt")
+    assert bitwise_equal(ref, got), f"max difference {max_diff(ref, got)}"
+    # the same checkpoint of step 10 resumed sharded at 1 rank (2 accumulation steps): fp32 rounding apart
+    shutil.copytree(same / "ckpt" / f"ckpt-{10:012d}", other / "ckpt" / f"ckpt-{10:012d}")
+    trainer("mpirun", 1, other / "leg1", "--checkpoint-dir", str(other / "ckpt"), *common)
+    assert ranks_of(other / "leg1", 1)[0]["step"] == STEPS
+    diff = max_diff(ref, params(other / "ckpt"))
+    assert diff < 1e-5, f"final parameters differ by {diff}"
+
+
+def test_a_sharded_trainer_in_fp16_steps_through_the_loss_scaler_as_the_unsharded_one(tmp_path):
+    runs = {}
+    for name, extra in (("plain", []), ("sharded", ["--shard"])):
+        d = tmp_path / name
+        trainer("mpirun", 2, d, "--precision", "fp16", "--checkpoint-dir", str(d / "c"), *extra)
+        runs[name] = (ranks_of(d), params(d / "c"))
+    (p0, _), ref = runs["plain"]
+    (s0, s1), got = runs["sharded"]
+    assert s0["optimizer"] == "ShardedOptimizer" and s0["output_dtypes"] == ["torch.float16"]
+    assert s0["loss_scale"] == s1["loss_scale"] == p0["loss_scale"]
+    assert s0["history"] == s1["history"]
+    assert s0["history"]["loss"][1] < s0["history"]["loss"][0]
+    for k in ref:
+        rel = ((got[k] - ref[k]).abs() / ref[k].abs().clamp(min=1e-3)).max().item()
+        assert rel < 1e-5, f"{k}: relative difference {rel}"

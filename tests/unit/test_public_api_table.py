@@ -29,7 +29,10 @@ PAGE = ROOT / "docs" / "api" / "names.md"
 
 # Names shared by adapters whose arguments differ by framework; the arguments they share must still agree.
 FRAMEWORK_EXTRAS = {
-    "DistributedOptimizer": "torch's takes model=, op= and max_grad_norm= (Keras clips inside its own optimizer)",
+    "DistributedOptimizer": (
+        "torch's takes model=, op=, max_grad_norm= (Keras clips inside its own optimizer) "
+        "and shard_optimizer_state= (ZeRO-1, torch only so far)"
+    ),
 }
 
 # torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test

@@ -49,6 +49,7 @@ def parse(argv):
     p.add_argument("--progress", action="store_true", help="progress=True (HVDKIT_PROGRESS decides where it shows)")
     p.add_argument("--straggler-threshold", type=float, default=None)
     p.add_argument("--step-logs", action="store_true", help="record what on_train_batch_end is given")
+    p.add_argument("--shard", action="store_true", help="shard_optimizer_state=True (ZeRO-1)")
     return p.parse_args(argv)
 
 
@@ -119,6 +120,7 @@ def main(argv):
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=every,
         compression="none",
+        shard_optimizer_state=args.shard,
         precision=args.precision,
         scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, args.epochs)),
         progress=args.progress,
@@ -140,6 +142,10 @@ def main(argv):
         "step_logs": steps.seen if steps else None,
         "straggler": trainer.monitor.last_report.as_dict() if trainer.monitor is not None else None,
         "loss_scale": trainer.scaler.get_scale() if trainer.scaler is not None else None,
+        "optimizer": type(trainer.optimizer).__name__,
+        "state_elements": sum(
+            v.numel() for st in trainer.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)
+        ),
     }
     if args.val_size is not None:  # the final model over the whole subset, in one process's arithmetic
         xs = torch.stack([val[i][0] for i in range(len(val))])

@@ -54,6 +54,7 @@ def make(**options):
         ({"tracking": 42}, "tracking must be None, a log directory or an hk.Tracker (got int)"),
         ({"straggler_threshold": 0.5}, "straggler_threshold must be a finite number > 1 (got 0.5)"),
         ({"seed": -1}, "seed must be an integer >= 0 (got -1)"),
+        ({"shard_optimizer_state": 1}, "shard_optimizer_state must be True or False (got 1)"),
     ],
 )
 def test_a_bad_option_is_a_config_error_naming_the_value_before_anything_starts(options, message):
@@ -84,6 +85,13 @@ def test_an_optimizer_that_is_already_distributed_is_refused():
     opt.skip_synchronize = lambda: None  # what hk.DistributedOptimizer's (Horovod's) class has
     with pytest.raises(ConfigError, match="optimizer is already distributed"):
         hk.Trainer(model, opt, loss, batch_size=8)
+
+
+def test_a_sharded_trainer_refuses_an_optimizer_it_cannot_shard_before_anything_starts():
+    model, _, loss = parts()
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    with pytest.raises(ConfigError, match=r"cannot shard LBFGS.*shard_optimizer_state=False"):
+        hk.Trainer(model, lbfgs, loss, batch_size=8, shard_optimizer_state=True)
 
 
 def test_batch_size_is_keyword_only_and_required():

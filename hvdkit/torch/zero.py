@@ -1,0 +1,441 @@
+"""Optimizer-state sharding (ZeRO stage 1) on Horovod's reduce-scatter and all-gather.
+
+Each param group's trainable parameters are seen as one flat vector; rank ``r`` owns the slice
+``partition(length, size)[r]`` of it, cut the way Horovod's ``reducescatter`` cuts a first
+dimension (balanced; the first ``length % size`` ranks hold one element more). ``step()``
+reduce-scatters the gradients, lets an inner optimizer of the user's class update only this rank's
+slice (so its ``state`` holds about ``1/size`` of the unsharded state) and all-gathers the updated
+slices back into the parameters. Only optimizers whose update is elementwise can be cut this way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from ..core.errors import ConfigError
+from ..core.options import check_positive_int
+from ._engine import horovod_torch
+
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "ELEMENTWISE_OPTIMIZERS",
+    "ShardedOptimizer",
+    "Slice",
+    "check_shardable",
+    "elements",
+    "partition",
+]
+
+# torch optimizers whose update of an element reads only that element's parameter, gradient and state
+# (plus scalars: step counts, learning rate), so a slice updated alone equals the same slice of the whole.
+ELEMENTWISE_OPTIMIZERS = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.RMSprop,
+    torch.optim.Adagrad,
+    torch.optim.Adadelta,
+    torch.optim.ASGD,
+)
+
+
+# Elements of optimizer state one round of consolidate_state_dict() moves (16 MiB of fp32).
+CHUNK_ELEMENTS = 1 << 22
+
+
+class Slice(NamedTuple):
+    """The elements ``[start, stop)`` of a flat vector that one rank owns."""
+
+    start: int
+    stop: int
+
+
+def partition(length: int, size: int) -> list[Slice]:
+    """Cut ``length`` elements into ``size`` contiguous slices, one per rank, as Horovod's ``reducescatter`` does.
+
+    Balanced (sizes differ by at most one; the first ``length % size`` ranks hold the larger ones),
+    in rank order, covering ``range(length)`` exactly once; the same on every rank.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ConfigError(f"length must be an int >= 0 (got {length!r})")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"size must be an int >= 1 (got {size!r})")
+    base, extra = divmod(length, size)
+    starts = [r * base + min(r, extra) for r in range(size + 1)]
+    return [Slice(starts[r], starts[r + 1]) for r in range(size)]
+
+
+def check_shardable(optimizer: torch.optim.Optimizer) -> None:
+    """Raise ConfigError unless ``optimizer``'s class is one whose state can be sharded (elementwise update).
+
+    No collective: every rank raises alike, so a refused optimizer cannot hang the job.
+    """
+    if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
+        allowed = ", ".join(c.__name__ for c in ELEMENTWISE_OPTIMIZERS)
+        raise ConfigError(
+            f"shard_optimizer_state=True cannot shard {type(optimizer).__name__}: only optimizers whose update "
+            f"is elementwise can update a slice of the parameters alone ({allowed}); "
+            "pass shard_optimizer_state=False to keep the whole state on every rank"
+        )
+    for i, group in enumerate(optimizer.param_groups):
+        kinds = {(p.dtype, p.device) for p in group["params"] if p.requires_grad}
+        if len(kinds) > 1:
+            raise ConfigError(
+                f"shard_optimizer_state=True needs one dtype and device per param group (group {i} mixes "
+                f"{sorted(str(k) for k in kinds)}); put parameters of each dtype in a group of their own"
+            )
+
+
+class _Group:
+    """One param group as the shard sees it: its trainable parameters, their offsets, this rank's slice."""
+
+    def __init__(self, params, rank, size):
+        self.params = [p for p in params if p.requires_grad]
+        self.offsets = [0]
+        for p in self.params:
+            self.offsets.append(self.offsets[-1] + p.numel())
+        self.slice = partition(self.offsets[-1], size)[rank]
+        like = self.params[0] if self.params else torch.zeros(0)
+        self.shard = torch.zeros(self.slice.stop - self.slice.start, dtype=like.dtype, device=like.device)
+
+    def pieces(self):
+        """``(index, lo, hi)`` for each parameter that overlaps this rank's slice: its elements ``[lo, hi)``."""
+        start, stop = self.slice
+        for i, p in enumerate(self.params):
+            lo, hi = max(start - self.offsets[i], 0), min(stop - self.offsets[i], p.numel())
+            if lo < hi:
+                yield i, lo, hi
+
+    def flat(self, tensors):
+        """The trainable parameters' ``tensors`` (None: zeros) as one flat vector."""
+        parts = [
+            (t if t is not None else torch.zeros_like(p)).reshape(-1) for p, t in zip(self.params, tensors, strict=True)
+        ]
+        return torch.cat(parts) if parts else self.shard.new_zeros(0)
+
+    def own(self, tensors):
+        """This rank's slice of the flat vector of ``tensors`` (one per trainable parameter), copied."""
+        parts = [tensors[i].reshape(-1)[lo:hi] for i, lo, hi in self.pieces()]
+        return torch.cat(parts) if parts else self.shard.new_zeros(0)
+
+    def unflatten(self, flat):
+        """``flat`` (the whole group's vector) cut back into tensors of the parameters' shapes (views)."""
+        return [flat[a:b].view_as(p) for p, a, b in zip(self.params, self.offsets, self.offsets[1:], strict=False)]
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """A torch optimizer whose state is sharded over the ranks (ZeRO stage 1); ``hk.DistributedOptimizer`` makes it.
+
+    ``param_groups`` are the user's, with the user's parameters (schedulers and ``zero_grad`` act on
+    them as usual); ``state`` is the inner optimizer's, over this rank's slices only. ``step()``
+    reduce-scatters the gradients (``op``, fp16 on the wire with ``compression="fp16"``), clips them
+    to ``max_grad_norm`` by their global norm (taken from the slices: one allreduce of the sum of
+    squares; left in ``last_grad_norm``), updates this rank's slices and all-gathers them into the
+    parameters, so every rank ends with bitwise the same parameters. Gradients of several
+    ``backward()`` calls accumulate in ``.grad`` and are reduced once, in ``step()``.
+
+    ``state_dict()`` is the unsharded optimizer's, the same at any world size: call
+    ``consolidate_state_dict()`` on every rank first (``hk.Checkpointer.save`` does); it gathers the
+    state to rank 0 in rounds of at most ``chunk_elements`` elements (``to=None``: to every rank).
+    After ``load_state_dict`` (which keeps this rank's slice) it is available until the next ``step()``.
+
+    Collective: construction, ``step()`` and ``consolidate_state_dict()`` on every rank alike.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        compression: str = "none",
+        op: str = "average",
+        max_grad_norm: float | None = None,
+    ) -> None:
+        check_shardable(optimizer)
+        self._hvd = hvd = horovod_torch()
+        self._rank, self._size = hvd.rank(), hvd.size()
+        self.compression = compression
+        self._op = hvd.Average if op == "average" else hvd.Sum
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.last_grad_norm = None
+        self._listeners = []
+        self._consolidated = None  # the whole state, valid until the next step() (see state_dict)
+        self._consolidated_to = None  # the rank consolidate_state_dict() gathered it to, where not this one
+        self.chunk_elements = CHUNK_ELEMENTS
+        self.last_consolidation = None
+        super().__init__(optimizer.param_groups, optimizer.defaults)
+        self._groups = [_Group(g["params"], self._rank, self._size) for g in self.param_groups]
+        self._inner = type(optimizer)(
+            [dict(self._hyper(g), params=[s.shard]) for g, s in zip(self.param_groups, self._groups, strict=True)]
+        )
+        self.state = self._inner.state
+        # State an optimizer makes at construction (Adagrad) for frozen parameters: kept whole, as unsharded.
+        frozen = [p for g in self.param_groups for p in g["params"] if not p.requires_grad]
+        self._frozen_state = {p: optimizer.state[p] for p in frozen if p in optimizer.state}
+        if self._inner.state:  # made at construction (Adagrad): a fresh state_dict() needs it whole
+            self.consolidate_state_dict(to=None)
+        else:
+            self._consolidated = {}
+
+    @staticmethod
+    def _hyper(group):
+        return {k: v for k, v in group.items() if k != "params"}
+
+    @staticmethod
+    def _probe_keys(cls, group, sgroup):
+        """The state keys ``cls`` keeps per element (shaped like the parameter), found on a throwaway tensor."""
+        t = torch.zeros(2, dtype=sgroup.shard.dtype, device=sgroup.shard.device)
+        t.grad = torch.zeros_like(t)
+        probe = cls([dict(ShardedOptimizer._hyper(group), params=[t])])
+        probe.step()
+        return [k for k, v in probe.state[t].items() if isinstance(v, torch.Tensor) and v.shape == t.shape]
+
+    def add_synchronize_listener(self, listener: Callable[[float], Any]) -> None:
+        """Call ``listener(seconds)`` after every gradient reduce-scatter with the seconds it took."""
+        if not callable(listener):
+            raise ConfigError(f"listener must be callable with the seconds (got {type(listener).__name__})")
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Reduce-scatter the gradients, update this rank's slices, all-gather the parameters.
+
+        Collective: every rank calls it the same number of times.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._reduce()
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = self._clip(self.max_grad_norm)
+        self._update()
+        return loss
+
+    @torch.no_grad()
+    def amp_step(self, scaler: torch.amp.GradScaler) -> None:
+        """``hk.amp_step``'s sharded form: reduce-scatter, unscale, agree on inf/NaN, clip, step, update.
+
+        ``scaler.unscale_`` looks for inf/NaN in this rank's slices only; their flags are summed over
+        the ranks (one allreduce) and put back into the scaler, so ``scaler.step`` skips the update on
+        every rank together and ``scaler.update()`` changes the scale alike on every rank, as the
+        unsharded optimizer does with its averaged gradients. Collective: every rank calls it.
+        """
+        if not scaler.is_enabled():
+            self.step()
+            return
+        self._reduce()
+        scaler.unscale_(self._inner)
+        state = scaler._per_optimizer_states[id(self._inner)]  # what torch's FSDP ShardedGradScaler edits too
+        found = state["found_inf_per_device"]
+        local = sum((v.detach().float().cpu() for v in found.values()), torch.zeros(()))
+        total = self._hvd.allreduce(local, name="hvdkit.zero.found_inf", op=self._hvd.Sum)
+        devices = list(found) or [self._groups[0].shard.device if self._groups else torch.device("cpu")]
+        state["found_inf_per_device"] = {d: total.to(device=d, dtype=torch.float32) for d in devices}
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = self._clip(self.max_grad_norm)
+        self._sync_hyper()
+        scaler.step(self._inner)  # skips the update where the summed flags say inf/NaN
+        if float(total) == 0:  # the same on every rank: all step and all-gather, or none
+            self._all_gather()
+        scaler.update()
+
+    def _reduce(self):
+        self._consolidated, self._consolidated_to = None, None
+        for g in self._groups:  # the parameters may have been set since the last step (a restore, a broadcast)
+            g.shard.copy_(g.own([p.detach() for p in g.params]))
+        self._reduce_scatter()
+
+    def _sync_hyper(self):
+        for group, inner in zip(self.param_groups, self._inner.param_groups, strict=True):
+            inner.update(self._hyper(group))
+
+    def _update(self):
+        self._sync_hyper()
+        self._inner.step()
+        self._all_gather()
+
+    def _active(self):
+        """The groups with trainable parameters (a group of frozen ones takes no part in collectives)."""
+        return [g for g in self._groups if g.params]
+
+    def _reduce_scatter(self):
+        """Each shard's ``.grad``: its slice of the gradients reduced over the ranks (a missing gradient counts 0)."""
+        start = time.perf_counter()
+        groups = self._active()
+        flats = [g.flat([p.grad for p in g.params]) for g in groups]
+        if self.compression == "fp16":
+            flats = [f.to(torch.float16) for f in flats]
+        outs = self._hvd.grouped_reducescatter(flats, name="hvdkit.zero.grads", op=self._op) if groups else []
+        for g, out in zip(groups, outs, strict=True):
+            g.shard.grad = out.to(g.shard.dtype)
+        seconds = time.perf_counter() - start
+        for listener in self._listeners:
+            listener(seconds)
+
+    def _clip(self, max_norm):
+        """Scale the slices' gradients so that the whole gradient's 2-norm is at most ``max_norm``; the norm before."""
+        grads = [g.shard.grad for g in self._active()]
+        local = sum((gr.double().pow(2).sum() for gr in grads), torch.zeros((), dtype=torch.float64))
+        total = self._hvd.allreduce(local, name="hvdkit.zero.grad_norm", op=self._hvd.Sum)
+        norm = total.sqrt().to(torch.float32)
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for gr in grads:
+            gr.mul_(coef.to(gr.dtype))
+        return norm
+
+    def _all_gather(self):
+        groups = self._active()
+        fulls = self._hvd.grouped_allgather([g.shard for g in groups], name="hvdkit.zero.params") if groups else []
+        for g, full in zip(groups, fulls, strict=True):
+            for p, value in zip(g.params, g.unflatten(full), strict=True):
+                p.copy_(value)
+
+    # ------------------------------------------------------------ state
+    def _indices(self):
+        """Each parameter's index in a torch state dict (numbered through every group, frozen ones too)."""
+        return {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+
+    def consolidate_state_dict(self, to: int | None = 0) -> None:
+        """Gather the whole optimizer state on rank ``to`` (None: on every rank), for its next ``state_dict()``.
+
+        The per-element state goes in rounds of at most ``chunk_elements`` elements: each round is one
+        grouped all-gather in which only the owners of its pieces send, and the ranks that do not keep
+        the state drop what they receive at once, so their extra memory is one round's worth, not the
+        whole state (``last_consolidation`` says how much each round brought and what was kept).
+        Collective: every rank calls it alike (before ``state_dict()`` after a ``step()``).
+        """
+        if to is not None and (isinstance(to, bool) or not isinstance(to, int) or not 0 <= to < self._size):
+            raise ConfigError(f"to must be a rank in [0, {self._size}) or None (got {to!r})")
+        chunk = self.chunk_elements
+        check_positive_int("chunk_elements", chunk)
+        keep = to is None or to == self._rank
+        index = self._indices()
+        owned = [(g, self._inner.state.get(g.shard, {})) for g in self._groups]
+        # Per-element state is shaped like the 1-D shard, scalars (step counts) are 0-D: the same keys on
+        # every rank, even where a slice is empty. Every shard steps, so every rank has state alike.
+        owned = [(g, [k for k, v in own.items() if _is_slice(v)], own) for g, own in owned if own]
+        wholes, pieces = {}, []  # pieces: (whole or None, start, stop, this rank's part or an empty tensor)
+        for gi, (g, keys, own) in enumerate(owned):
+            bounds = partition(g.offsets[-1], self._size)
+            for k in keys:
+                mine = own[k].reshape(-1)
+                whole = mine.new_empty(g.offsets[-1]) if keep else None
+                wholes[gi, k] = whole
+                for r, (a, b) in enumerate(bounds):
+                    for lo in range(a, b, chunk):
+                        hi = min(lo + chunk, b)
+                        part = mine[lo - a : hi - a] if r == self._rank else mine.new_empty(0)
+                        pieces.append((whole, lo, hi, part))
+        rounds, size = [], chunk  # pack the pieces (each <= chunk) into rounds of <= chunk elements
+        for piece in pieces:
+            if size + piece[2] - piece[1] > chunk:
+                rounds.append([])
+                size = 0
+            rounds[-1].append(piece)
+            size += piece[2] - piece[1]
+        largest = 0
+        for i, round_ in enumerate(rounds):
+            outs = self._hvd.grouped_allgather([p[3] for p in round_], name=f"hvdkit.zero.state.{i}")
+            largest = max(largest, sum(o.numel() for o in outs))
+            if keep:
+                for (whole, lo, hi, _), out in zip(round_, outs, strict=True):
+                    whole[lo:hi].copy_(out)
+            del outs  # dropped at once where the state is not kept
+        self.last_consolidation = {
+            "to": to,
+            "rounds": len(rounds),
+            "largest_round": largest,
+            "kept": sum(w.numel() for w in wholes.values()) if keep else 0,
+        }
+        if not keep:
+            self._consolidated, self._consolidated_to = None, to
+            return
+        state = {}
+        for gi, (g, keys, own) in enumerate(owned):
+            whole = {k: g.unflatten(wholes[gi, k]) for k in keys}
+            for pi, p in enumerate(g.params):
+                state[index[id(p)]] = {
+                    k: whole[k][pi] if k in whole else (v.clone() if isinstance(v, torch.Tensor) else v)
+                    for k, v in own.items()
+                }
+        for p, own in self._frozen_state.items():
+            state[index[id(p)]] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in own.items()}
+        self._consolidated, self._consolidated_to = state, to
+
+    def state_dict(self) -> dict[str, Any]:
+        """The unsharded optimizer's state dict: ``state`` by parameter index, the user's ``param_groups``.
+
+        Needs ``consolidate_state_dict()`` since the last ``step()`` on more than one rank (a
+        ConfigError says so otherwise); no collective.
+        """
+        if self._consolidated is None:
+            if self._consolidated_to is not None:
+                raise ConfigError(
+                    f"state_dict() of a sharded optimizer: the state was consolidated to rank {self._consolidated_to}, "
+                    f"not this rank ({self._rank}); call state_dict() there, or consolidate_state_dict(to=None) for "
+                    "every rank"
+                )
+            if self._size > 1:
+                raise ConfigError(
+                    "state_dict() of a sharded optimizer needs consolidate_state_dict() on every rank after the "
+                    "last step() (hk.Checkpointer.save does it)"
+                )
+            self.consolidate_state_dict()
+        index = self._indices()
+        groups = [dict(self._hyper(g), params=[index[id(p)] for p in g["params"]]) for g in self.param_groups]
+        return {"state": dict(self._consolidated), "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load an unsharded optimizer state dict (from any world size); keep only this rank's slice.
+
+        No collective. ``state_dict()`` returns it until the next ``step()``.
+        """
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError(
+                "loaded state dict contains a parameter group that doesn't match the size of optimizer's group"
+            )
+        saved = {int(k): v for k, v in state_dict["state"].items()}
+        index = self._indices()
+        # the saved hyperparameters decide which state is per element (SGD keeps a momentum buffer only with momentum)
+        sharded_keys = [
+            self._probe_keys(type(self._inner), s, g) for s, g in zip(saved_groups, self._groups, strict=True)
+        ]
+        inner_state = {}
+        for gi, (g, keys) in enumerate(zip(self._groups, sharded_keys, strict=True)):
+            entries = [saved.get(index[id(p)]) for p in g.params]
+            if all(e is None for e in entries):
+                continue
+            if any(e is None for e in entries):
+                raise ValueError(
+                    f"param group {gi} has state for some of its trainable parameters only; a sharded optimizer "
+                    "needs state for all of them or none"
+                )
+            first = entries[0]
+            inner_state[gi] = {k: (g.own([e[k] for e in entries]) if k in keys else v) for k, v in first.items()}
+        inner_groups = [dict(self._hyper(s), params=[i]) for i, s in enumerate(saved_groups)]
+        self._inner.load_state_dict({"state": inner_state, "param_groups": inner_groups})
+        self.state = self._inner.state
+        frozen = [p for g in self.param_groups for p in g["params"] if not p.requires_grad]
+        self._frozen_state = {p: saved[index[id(p)]] for p in frozen if index[id(p)] in saved}
+        for group, s in zip(self.param_groups, saved_groups, strict=True):
+            group.update(self._hyper(s))
+        self._consolidated, self._consolidated_to = saved, None
+
+
+def _is_slice(value):
+    return isinstance(value, torch.Tensor) and value.dim() == 1
+
+
+def elements(state: dict[Any, dict[str, Any]]) -> int:
+    """How many elements the tensors of an optimizer ``state`` hold (for measuring the sharding)."""
+    return sum(v.numel() for s in state.values() for v in s.values() if isinstance(v, torch.Tensor))
