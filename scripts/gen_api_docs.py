@@ -19,6 +19,7 @@ PAGES = {
     "keras.md": ("hvdkit.keras", "Keras 3 (`model.fit`): `import hvdkit.keras as hk`"),
     "tensorflow.md": ("hvdkit.tensorflow", "TensorFlow custom loops: `import hvdkit.tensorflow as htf`"),
     "core.md": ("hvdkit.core", "Framework-free core: `import hvdkit.core`"),
+    "tune.md": ("hvdkit.tune", "Hyperparameter search (`hvdkit tune`): `import hvdkit.tune`"),
 }
 
 

@@ -1,5 +1,5 @@
 """The ``hvdkit`` command: one module per sub-command (``run``, ``render``, ``doctor``, ``timeline``,
-``bench``, ``engine``), each with ``register(subparsers)`` and ``main(args)``; here the parser, the
+``bench``, ``engine``, ``tune``), each with ``register(subparsers)`` and ``main(args)``; here the parser, the
 dispatch, ``--version`` and the one error rule: an ``HvdkitError`` is one line on stderr and exit 2.
 """
 
@@ -16,7 +16,7 @@ from ..core.errors import HvdkitError
 
 __all__ = ["main", "version_line"]
 
-COMMANDS = ("run", "render", "timeline", "bench", "engine", "doctor")  # in the order --help lists them
+COMMANDS = ("run", "tune", "render", "timeline", "bench", "engine", "doctor")  # in the order --help lists them
 
 
 def _command(name: str) -> ModuleType:

@@ -39,6 +39,10 @@ WORLD_SIZE = "HVDKIT_WORLD_SIZE"  # the ranks of this launch (an elastic job's s
 MEMBERSHIP_CHANGES = "HVDKIT_MEMBERSHIP_CHANGES"  # elastic: times the hosts or the size changed so far (0 at first)
 LINEAGE = "HVDKIT_LINEAGE"  # elastic: one random id for every attempt of the job (its checkpoint lock names it)
 
+# Set by `hvdkit tune` for the `hvdkit run` of each trial (and so for its ranks).
+TUNE_REPORT = "HVDKIT_TUNE_REPORT"  # file rank 0's hvdkit.tune.report() appends one JSON line per epoch to
+TUNE_TRIAL = "HVDKIT_TUNE_TRIAL"  # the trial's number in its study
+
 # MLflow's own, used by hvdkit.core.monitoring.tracking: the first is read (an explicit URI wins), the second
 # set to "true" (if unset) when the URI is a `file:` store, which MLflow 3 refuses otherwise.
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"

@@ -23,6 +23,7 @@ from ..core.errors import ConfigError
 from ..core.log import get_logger
 from ..core.metrics import MetricTracker
 from ..core.options import check_positive_int
+from ..core.tune_channel import report_from
 from . import runtime
 from .checkpoint import Checkpointer
 from .data import eval_loader, train_loader
@@ -79,6 +80,8 @@ class Trainer:
     - ``tracking``: None, a log directory (TensorBoard, via ``hk.Tracker``) or an ``hk.Tracker``;
       ``progress``: rank 0's progress bar (``hk.progress``); ``straggler_threshold``: a report per
       epoch of which rank's steps hold the job back (``hk.StragglerMonitor``).
+    - Inside a trial of ``hvdkit tune``, rank 0 reports every epoch's metrics (the history's) to it
+      (``hvdkit.tune.report``), so a pruned trial stops through the preemption path.
 
     Bad options raise ConfigError on every rank before any collective.
     Collective: every rank constructs it (``compression="auto"`` times the gradients now) and calls ``fit``.
@@ -211,6 +214,7 @@ class Trainer:
                 logs["epoch_time"] = self.comm.allreduce_sum([seconds], name="hvdkit.trainer.time")[0] / self.comm.size
                 self._log_epoch(epoch, epochs, logs, tracker)
                 history.append(epoch, logs)
+                report_from(self.comm.rank, epoch, logs)  # to `hvdkit tune`'s trial, when inside one (rank 0 only)
                 call_callbacks(self.callbacks, "on_epoch_end", epoch, dict(logs))
                 if self._asked_to_stop():
                     break

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, SupportsIndex
 
 from ..errors import ConfigError
 from ..log import get_logger
+from ..tune_channel import report_from
 from .mlflow_store import MlflowRun, resolve_mlflow_uri
 from .tensorboard_events import TensorBoardWriter
 from .tfrecord import crc32c, masked_crc32c
@@ -187,11 +188,14 @@ class Tracker:
     def log_metrics(self, metrics: Mapping[str, float], step: SupportsIndex) -> None:
         """Record ``{name: number}`` at ``step`` (an integer >= 0): values already averaged over ranks.
 
-        Raises ConfigError on every rank for a non-numeric or non-finite value. Collective: no.
+        Raises ConfigError on every rank for a non-numeric or non-finite value. Inside a trial of
+        ``hvdkit tune``, rank 0 also reports them to it at ``step`` (as ``hvdkit.tune.report``). Collective: no.
+        Env: HVDKIT_TUNE_REPORT (set by ``hvdkit tune``).
         """
         self._check_open()
         step = _check_step(step)
         values = _check_metrics(metrics, step)
+        report_from(self.rank, step, values)  # to `hvdkit tune`'s trial, when inside one (rank 0 only)
         if self.tensorboard:
             self.tensorboard.add_scalars(values, step)
         if self.mlflow:

@@ -53,6 +53,6 @@ def test_no_command_is_an_error_listing_the_commands(capsys):
         main([])
     assert done.value.code == 2
     assert (
-        "a command is required: one of run, render, timeline, bench, engine, doctor (or --version)"
+        "a command is required: one of run, tune, render, timeline, bench, engine, doctor (or --version)"
         in capsys.readouterr().err
     )

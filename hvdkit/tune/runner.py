@@ -1,0 +1,133 @@
+"""How a trial's job is started and stopped: the ``TrialRunner`` interface and its local implementation.
+
+``hvdkit tune`` plans trials and talks to the study; a runner only starts one trial's job and lets the
+driver poll it, stop it gracefully (pruning: the preemption path) or end it. ``LocalRunner`` runs
+``hvdkit run -np K`` on this machine, pinned to its core group, in its own process group. Other
+backends (Ray placement groups, SLURM steps) implement the same three calls.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..core import env as _env
+
+__all__ = ["TrialLaunch", "TrialJob", "TrialRunner", "LocalRunner", "hvdkit_run_argv"]
+
+
+@dataclass(frozen=True)
+class TrialLaunch:
+    """One attempt of a trial: ``command`` (with its ``--name value`` flags) on ``num_proc`` ranks,
+    on the core group ``cores``; its output goes to ``log_path``, its reports to ``report_path``."""
+
+    number: int
+    command: tuple
+    num_proc: int
+    cores: tuple
+    log_path: str
+    report_path: str
+    run_flags: tuple = ()  # extra `hvdkit run` flags, e.g. ("--gloo",)
+    env: dict = field(default_factory=dict)
+
+
+class TrialJob(Protocol):
+    """A started trial: ``poll()`` its exit code (None while it runs), ``stop()`` it gracefully,
+    ``kill()`` it and everything it started."""
+
+    def poll(self) -> int | None: ...
+
+    def stop(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class TrialRunner(Protocol):
+    """Starts trials: ``start(launch)`` returns the running ``TrialJob``."""
+
+    def start(self, launch: TrialLaunch) -> TrialJob: ...
+
+
+def hvdkit_run_argv(launch: TrialLaunch, python: str | None = None) -> list[str]:
+    """``python -m hvdkit.tune.pin CORES -- python -m hvdkit run -np K FLAGS -- COMMAND``: pure."""
+    python = python or sys.executable
+    cores = ",".join(str(c) for c in launch.cores)
+    run = [python, "-m", "hvdkit", "run", "-np", str(launch.num_proc), *launch.run_flags, "--", *launch.command]
+    return [python, "-m", "hvdkit.tune.pin", cores, "--", *run]
+
+
+class LocalProcess:
+    """A trial's ``hvdkit run`` on this machine, the leader of its own process group."""
+
+    def __init__(self, launch: TrialLaunch, base_env: Mapping[str, str] | None = None) -> None:
+        env = dict(os.environ if base_env is None else base_env)
+        env.update(launch.env)
+        env[_env.TUNE_REPORT] = launch.report_path
+        env[_env.TUNE_TRIAL] = str(launch.number)
+        self._log = open(launch.log_path, "ab")  # noqa: SIM115 - closed when the process has ended
+        self.proc = subprocess.Popen(
+            hvdkit_run_argv(launch),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group: ended by its id, never by a name
+        )
+        self.pid = self.proc.pid
+        self.stopped_at: float | None = None
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is not None and not self._log.closed:
+            self._log.close()
+        return code
+
+    def stop(self) -> None:
+        """SIGTERM to ``hvdkit run``: its ranks get SIGTERM, checkpoint at the next step and exit
+        (``hvdkit run --grace-period`` bounds it)."""
+        if self.stopped_at is None and self.proc.poll() is None:
+            self.stopped_at = time.monotonic()
+            self._signal(signal.SIGTERM, group=False)
+
+    def kill(self) -> None:
+        """SIGKILL to the trial's process group (``hvdkit run`` then takes its ranks down: they watch it)."""
+        self._signal(signal.SIGKILL, group=True)
+        self.proc.wait()
+        self.poll()
+
+    def _signal(self, sig: int, group: bool) -> None:
+        try:
+            if group:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class LocalRunner:
+    """Runs each trial as ``hvdkit run`` on this machine (see ``hvdkit_run_argv``)."""
+
+    def __init__(self, base_env: Mapping[str, str] | None = None) -> None:
+        self.base_env = base_env
+
+    def start(self, launch: TrialLaunch) -> LocalProcess:
+        return LocalProcess(launch, self.base_env)
+
+
+def tail(path: str, lines: int = 15, limit: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of the file ``path`` (at most its last ``limit`` bytes), '' if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])

@@ -1,0 +1,338 @@
+"""The driver of ``hvdkit tune``: ask Optuna for trials, run each as a distributed job, tell the outcome.
+
+Up to ``parallel`` trials run at once, each ``hvdkit run -np K`` pinned to its own core group. The
+driver reads each trial's reports as they come and asks the pruner after every epoch; a pruned trial
+gets the preemption stop (SIGTERM to ``hvdkit run``: every rank checkpoints and exits) and is
+recorded PRUNED. A failed attempt is recorded FAIL with the last lines of its output, and its
+parameters are enqueued again as a new trial (same trial folder, so it resumes from the failed
+attempt's checkpoint), up to ``retries`` times; a parameter set that fails every attempt ends the
+search. The study is counted in COMPLETE + PRUNED trials, so running the same command again resumes
+it until ``trials`` are done. Imports Optuna.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from ..core.errors import ConfigError
+from ..core.tune_channel import read_reports
+from .results import ATTEMPT_ATTR, ERROR_ATTR, KEY_ATTR, write_results
+from .runner import LocalRunner, TrialJob, TrialLaunch, TrialRunner, tail
+from .slots import SlotPool, local_cores, plan_slots
+from .space import SearchSpace
+from .storage import import_optuna, make_pruner, open_storage
+
+__all__ = ["TuneConfig", "run_study", "KEY_ATTR", "ATTEMPT_ATTR", "ERROR_ATTR", "PLACEHOLDERS"]
+
+PLACEHOLDERS = ("{trial_dir}", "{trial}")  # replaced in the command's words: the trial's folder and key
+EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """What ``hvdkit tune`` was asked for (validated by ``check``)."""
+
+    space: SearchSpace
+    metric: str
+    mode: str
+    trials: int
+    command: tuple
+    parallel: int = 1
+    num_proc: int = 1
+    pruner: str = "median"
+    pruner_startup_trials: int = 5
+    storage: str | None = None
+    study_name: str = "hvdkit-tune"
+    out: str = "tune-out"
+    retries: int = 1
+    seed: int | None = None
+    run_flags: tuple = ()
+    poll_interval: float = 0.2
+    status_interval: float = 30.0
+    kill_after: float = 90.0  # seconds after a graceful stop before the trial's process group is killed
+
+    def check(self) -> None:
+        if self.mode not in ("min", "max"):
+            raise ConfigError(f"--mode must be min or max (got {self.mode!r}): minimize or maximize --metric")
+        if not self.metric or not isinstance(self.metric, str):
+            raise ConfigError("--metric must name a reported metric, e.g. --metric val_loss")
+        for flag, value, least in (
+            ("--trials", self.trials, 1),
+            ("--retries", self.retries, 0),
+            ("--pruner-startup-trials", self.pruner_startup_trials, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"{flag} must be an integer >= {least} (got {value!r})")
+        if not self.command:
+            raise ConfigError("no training command given; put it after '--', e.g. -- python train.py --epochs 5")
+        taken = set(self.space.names())
+        for word in self.command:
+            if word.startswith("--") and word[2:].split("=")[0] in taken:
+                raise ConfigError(
+                    f"the command already has {word!r}, which the search space sets ({word[2:].split('=')[0]}); "
+                    "remove it from the command (each trial gets --NAME VALUE for every space key)"
+                )
+
+
+@dataclass
+class _Running:
+    trial: Any
+    params: dict
+    key: int
+    attempt: int
+    cores: tuple
+    launch: TrialLaunch
+    job: TrialJob
+    started: float
+    offset: int = 0
+    epochs: dict = field(default_factory=dict)  # epoch -> {metric: value}
+    reported: set = field(default_factory=set)
+    pruned_at: int | None = None
+
+
+def substitute(command: tuple, trial_dir: str, key: int) -> list[str]:
+    """``command`` with ``{trial_dir}`` and ``{trial}`` replaced in each word (nothing else is touched)."""
+    return [w.replace("{trial_dir}", trial_dir).replace("{trial}", str(key)) for w in command]
+
+
+class Driver:
+    """Runs one ``hvdkit tune`` invocation on a study (see the module docstring)."""
+
+    def __init__(self, cfg: TuneConfig, runner: TrialRunner | None = None, stream: TextIO | None = None) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.optuna = import_optuna()
+        self.runner = runner or LocalRunner()
+        self.stream = stream or sys.stdout
+        self.pool = SlotPool(plan_slots(cfg.parallel, cfg.num_proc, local_cores()))
+        os.makedirs(os.path.join(cfg.out, "trials"), exist_ok=True)
+        self.study = self._study()
+        self.running: dict[int, _Running] = {}
+        self.abort: str | None = None
+        self.interrupted: int | None = None
+        self._last_status = time.monotonic()
+
+    def _study(self):
+        optuna, cfg = self.optuna, self.cfg
+        direction = "minimize" if cfg.mode == "min" else "maximize"
+        study = optuna.create_study(
+            storage=open_storage(cfg.storage, cfg.out),
+            study_name=cfg.study_name,
+            direction=direction,
+            sampler=optuna.samplers.TPESampler(seed=cfg.seed),
+            pruner=make_pruner(cfg.pruner, cfg.pruner_startup_trials),
+            load_if_exists=True,
+        )
+        if study.direction.name.lower() != direction:
+            raise ConfigError(
+                f"study {cfg.study_name!r} {study.direction.name.lower()}s its metric, but --mode {cfg.mode} "
+                "was given; give the study's mode, or a new --study NAME"
+            )
+        return study
+
+    # -- counting -------------------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """``{state name: trials}`` of the whole study (all workers)."""
+        out: dict[str, int] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            out[t.state.name] = out.get(t.state.name, 0) + 1
+        return out
+
+    def done(self) -> int:
+        c = self.counts()
+        return c.get("COMPLETE", 0) + c.get("PRUNED", 0)
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run trials until the study has ``trials`` COMPLETE + PRUNED ones; the exit code."""
+        cfg = self.cfg
+        done = self.done()
+        self._say(
+            f"study {cfg.study_name!r}: {done} of {cfg.trials} trials done; up to {cfg.parallel} at once, "
+            f"{cfg.num_proc} rank(s) each; {cfg.mode}imize {cfg.metric}"
+        )
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while True:
+                while self._may_start():
+                    self._start()
+                if not self.running:
+                    break
+                time.sleep(cfg.poll_interval)
+                for number in list(self.running):
+                    self._watch(self.running[number])
+                self._status()
+        finally:
+            for r in self.running.values():  # only after an exception of our own: leave no trial behind
+                r.job.kill()
+            for s, h in previous.items():
+                signal.signal(s, h)
+        if self.interrupted is not None:
+            self._say(f"interrupted by {signal.Signals(self.interrupted).name}: run the same command again to resume")
+            return EXIT_INTERRUPTED
+        if self.abort is not None:
+            self._say(f"search ended: {self.abort}")
+            return EXIT_FAILED
+        return EXIT_DONE
+
+    def _on_signal(self, signum, _frame):
+        if self.interrupted is not None:  # a second signal: no more waiting
+            for r in self.running.values():
+                r.job.kill()
+            return
+        self.interrupted = signum
+        for r in self.running.values():
+            r.job.stop()
+
+    def _may_start(self) -> bool:
+        if self.abort or self.interrupted is not None or not self.pool.free():
+            return False
+        return self.done() + len(self.running) < self.cfg.trials
+
+    def _start(self) -> None:
+        cfg = self.cfg
+        trial = self.study.ask()
+        params = cfg.space.suggest(trial)
+        key = int(trial.user_attrs.get(KEY_ATTR, trial.number))
+        attempt = int(trial.user_attrs.get(ATTEMPT_ATTR, 1))
+        trial.set_user_attr(KEY_ATTR, key)
+        trial.set_user_attr(ATTEMPT_ATTR, attempt)
+        trial_dir = os.path.abspath(os.path.join(cfg.out, "trials", f"{key:04d}"))
+        os.makedirs(trial_dir, exist_ok=True)
+        cores = self.pool.take()
+        launch = TrialLaunch(
+            number=trial.number,
+            command=tuple(substitute(cfg.command, trial_dir, key) + cfg.space.flags(params)),
+            num_proc=cfg.num_proc,
+            cores=cores,
+            log_path=os.path.join(trial_dir, f"attempt-{trial.number:04d}.log"),
+            report_path=os.path.join(trial_dir, f"reports-{trial.number:04d}.jsonl"),
+            run_flags=cfg.run_flags,
+        )
+        try:
+            job = self.runner.start(launch)
+        except BaseException:
+            self.pool.give(cores)
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            raise
+        self.running[trial.number] = _Running(trial, params, key, attempt, cores, launch, job, time.monotonic())
+        again = f", attempt {attempt}" if attempt > 1 else ""
+        self._say(f"trial {trial.number} started on core(s) {','.join(map(str, cores))}{again}: {_params(params)}")
+
+    def _watch(self, r: _Running) -> None:
+        code = r.job.poll()  # before reading: every report written before the exit is then read
+        self._read(r)
+        if code is None:
+            stopped_at = getattr(r.job, "stopped_at", None)
+            if stopped_at is not None and time.monotonic() - stopped_at > self.cfg.kill_after:
+                r.job.kill()
+            return
+        del self.running[r.trial.number]
+        self.pool.give(r.cores)
+        self._finish(r, code)
+
+    def _read(self, r: _Running) -> None:
+        records, r.offset = read_reports(r.launch.report_path, r.offset)
+        for rec in records:
+            epoch = rec["epoch"]
+            r.epochs.setdefault(epoch, {}).update(rec["metrics"])
+            value = rec["metrics"].get(self.cfg.metric)
+            if value is None or epoch in r.reported or r.pruned_at is not None:
+                continue
+            r.reported.add(epoch)
+            r.trial.report(float(value), epoch)
+            if self.interrupted is None and r.trial.should_prune():
+                r.pruned_at = epoch
+                r.job.stop()  # the preemption path: every rank checkpoints and exits
+
+    def _finish(self, r: _Running, code: int) -> None:
+        TrialState = self.optuna.trial.TrialState
+        took = time.monotonic() - r.started
+        value = self._last_value(r)
+        if r.pruned_at is not None:
+            self.study.tell(r.trial, state=TrialState.PRUNED)
+            self._say(f"trial {r.trial.number} PRUNED at epoch {r.pruned_at} ({self._metric(value)}) in {took:.1f} s")
+            return
+        if self.interrupted is not None:
+            why = f"interrupted by {signal.Signals(self.interrupted).name} sent to hvdkit tune"
+            self._fail(r, why, took)
+            self.study.enqueue_trial(r.params, user_attrs={KEY_ATTR: r.key, ATTEMPT_ATTR: r.attempt})
+            return
+        if code == 0 and value is not None and math.isfinite(value):
+            self.study.tell(r.trial, value)
+            self._say(f"trial {r.trial.number} COMPLETE {self._metric(value)} in {took:.1f} s: {_params(r.params)}")
+            return
+        if code == 0 and value is not None:  # NaN/inf: an outcome of these parameters, not a fault to retry
+            self._fail(r, f"{self.cfg.metric} was {value} (diverged)", took)
+            return
+        if code == 0:
+            seen = sorted({k for m in r.epochs.values() for k in m})
+            why = (
+                f"exited 0 without reporting {self.cfg.metric!r} (reported: {', '.join(seen) or 'nothing'}); "
+                f"call hvdkit.tune.report(epoch, {self.cfg.metric}=...) or use hvdkit's Trainer"
+            )
+        else:
+            why = f"exit code {code}; last output:\n{tail(r.launch.log_path)}"
+        self._fail(r, why, took)
+        if r.attempt <= self.cfg.retries:
+            self.study.enqueue_trial(r.params, user_attrs={KEY_ATTR: r.key, ATTEMPT_ATTR: r.attempt + 1})
+            self._say(f"  retrying its parameters (attempt {r.attempt + 1} of {self.cfg.retries + 1})")
+        elif self.abort is None:
+            self.abort = (
+                f"the parameters of trial {r.key} failed {r.attempt} time(s) (last: trial {r.trial.number}, see "
+                f"{r.launch.log_path}); fix the script, or raise --retries, and run the same command to resume"
+            )
+
+    def _fail(self, r: _Running, why: str, took: float) -> None:
+        r.trial.set_user_attr(ERROR_ATTR, why[-4000:])
+        self.study.tell(r.trial, state=self.optuna.trial.TrialState.FAIL)
+        first, _, rest = why.partition("\n")
+        self._say(f"trial {r.trial.number} FAIL in {took:.1f} s: {first}")
+        for line in rest.splitlines()[-8:]:
+            self._say(f"  | {line}")
+
+    def _last_value(self, r: _Running) -> float | None:
+        with_metric = [e for e, m in r.epochs.items() if self.cfg.metric in m]
+        return float(r.epochs[max(with_metric)][self.cfg.metric]) if with_metric else None
+
+    def _metric(self, value: float | None) -> str:
+        return f"{self.cfg.metric} {'-' if value is None else f'{value:.6g}'}"
+
+    def _status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_status < self.cfg.status_interval:
+            return
+        self._last_status = now
+        c = self.counts()
+        parts = []
+        for r in self.running.values():
+            last = max(r.epochs) if r.epochs else None
+            where = f"epoch {last}" if last is not None else "starting"
+            parts.append(f"trial {r.trial.number} {where} ({now - r.started:.0f} s)")
+        self._say(
+            f"[status] {c.get('COMPLETE', 0) + c.get('PRUNED', 0)}/{self.cfg.trials} done "
+            f"({c.get('COMPLETE', 0)} complete, {c.get('PRUNED', 0)} pruned, {c.get('FAIL', 0)} failed); "
+            f"running: {'; '.join(parts) or 'none'}"
+        )
+
+    def _say(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _params(params: dict) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def run_study(cfg: TuneConfig, runner: TrialRunner | None = None, stream: TextIO | None = None) -> int:
+    """Run ``hvdkit tune`` for ``cfg``, then write its results (table, CSV, best.json, plots); the exit code."""
+    driver = Driver(cfg, runner, stream)
+    code = driver.run()
+    write_results(driver.study, cfg, driver.stream)
+    return code
