@@ -166,6 +166,13 @@ def _param(name, spec, source):
             )
         if step > high - low:
             raise SpaceError(f"{where}: 'step' {step!r} is wider than high - low ({high - low!r}); use a smaller step")
+        count = (high - low) / step
+        if abs(count - round(count)) > 1e-9 * max(1.0, count):  # Optuna would cut 'high' silently
+            fit = low + step * math.floor(count + 1e-9)
+            raise SpaceError(
+                f"{where}: high - low must be a multiple of 'step' (got low={low!r}, high={high!r}, step={step!r}); "
+                f"e.g. high: {fit:.12g}"
+            )
     return Param(name, kind, low=low, high=high, log=log, step=step)
 
 
