@@ -18,6 +18,7 @@ from ..core.options import check_int_at_least, check_number_above, check_positiv
 from ..tensorflow.checkpoint import Checkpointer
 from ..tensorflow.runtime import communicator
 from ..tensorflow.variables import broadcast_variables
+from .zero import is_sharded
 
 __all__ = [
     "BroadcastInitialStateCallback",
@@ -40,6 +41,9 @@ def _built_optimizer(model):
 class BroadcastInitialStateCallback(keras.callbacks.Callback):
     """At the start of ``fit``, copy rank 0's weights and optimizer variables to every rank.
 
+    A sharded optimizer (``shard_optimizer_state=True``) sends only its variables that are not per
+    slice (iterations, learning rate): each rank's slots belong to its own slice.
+
     Collective: every rank's ``fit`` has it.
     """
 
@@ -49,7 +53,13 @@ class BroadcastInitialStateCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         opt = _built_optimizer(self.model)
-        broadcast_variables(list(self.model.weights) + (list(opt.variables) if opt is not None else []), self.root_rank)
+        if opt is None:
+            opt_vars = []
+        elif is_sharded(opt):  # its slots hold this rank's slice: the same initial values everywhere
+            opt_vars = opt.broadcastable_variables()
+        else:
+            opt_vars = list(opt.variables)
+        broadcast_variables(list(self.model.weights) + opt_vars, self.root_rank)
 
 
 def average_model_metrics(model: keras.Model) -> dict[str, float]:

@@ -15,11 +15,13 @@ from ..tensorflow import autocompress
 from ..tensorflow.gradients import allreduce_gradients
 from ..tensorflow.runtime import communicator
 from .allreduce_clock import AllreduceClock, allreduce_seconds
+from .zero import ShardedMixin, check_shardable
 
 __all__ = ["DistributedOptimizer", "ScaledLRSchedule", "allreduce_seconds", "is_distributed"]
 
 _counter = itertools.count()
 _classes = {}
+_sharded_classes = {}
 
 
 class _AveragingMixin:
@@ -71,13 +73,23 @@ def _distributed_class(base):
     return _classes[base]
 
 
+def _sharded_class(base):
+    if base not in _sharded_classes:
+        attrs = {"__module__": base.__module__, "_hvdkit_base": base}
+        _sharded_classes[base] = type(base.__name__, (ShardedMixin, _AveragingMixin, base), attrs)
+    return _sharded_classes[base]
+
+
 def is_distributed(optimizer: object) -> bool:
     """True when ``optimizer`` came from ``DistributedOptimizer``."""
     return isinstance(optimizer, _AveragingMixin)
 
 
 def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
-    optimizer: keras.optimizers.Optimizer, compression: str = "none", backward_passes_per_step: int = 1
+    optimizer: keras.optimizers.Optimizer,
+    compression: str = "none",
+    backward_passes_per_step: int = 1,
+    shard_optimizer_state: bool = False,
 ) -> keras.optimizers.Optimizer:
     """A copy of the Keras 3 ``optimizer`` (same class and config) that averages gradients over ranks.
 
@@ -90,6 +102,22 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       batch (Keras accumulates inside ``apply``), so this saves memory and optimizer steps, not
       communication. A learning-rate schedule sees optimizer steps (``iterations``), as without
       accumulation (plain Keras 3.15 gives it the batch count).
+
+    - ``shard_optimizer_state``: ZeRO stage 1 (``hvdkit.keras.zero``): each rank keeps the optimizer
+      state (momentums, velocities, ...) of a contiguous 1/N slice of the flattened trainable
+      variables only, so its optimizer variables hold about 1/N of the unsharded ones. ``apply``
+      reduce-scatters the gradients (in fp16 with ``compression="fp16"``), the optimizer updates this
+      rank's slice, and the slices are all-gathered back into the variables: every rank ends with
+      bitwise the same weights, equal to the unsharded optimizer's to fp32 rounding. Elementwise
+      optimizers only (``hvdkit.keras.zero.ELEMENTWISE_OPTIMIZERS``: SGD, Adam, AdamW, Adamax, Nadam,
+      RMSprop, Adagrad, Adadelta, Lion, Ftrl); ``global_clipnorm`` and ``clipvalue`` act as
+      unsharded (the global norm comes from the slices in one allreduce); ``clipnorm``, ``use_ema``,
+      gradient accumulation (``backward_passes_per_step > 1``), ``exclude_from_weight_decay`` and
+      non-elementwise optimizers (Lamb, Adafactor, Muon, ...) raise ConfigError. A gradient that is None counts as
+      0. ``hk.CheckpointCallback`` (``hvdkit.tensorflow.Checkpointer``) saves the unsharded state,
+      gathered to rank 0, which any world size restores, sharded or not; ``BroadcastInitialStateCallback``
+      sends only the variables that are not per-slice. Build it (``fit``, ``apply`` or ``build``) with
+      every variable it will update.
 
     Use it in ``model.compile(optimizer=...)`` or call ``apply``/``apply_gradients`` in a custom
     loop. Pass the plain optimizer: its state (if any) is not copied.
@@ -110,6 +138,15 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         raise ConfigError("optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
     compression = check_compression(compression, allow_auto=True)
     check_positive_int("backward_passes_per_step", backward_passes_per_step)
+    if not isinstance(shard_optimizer_state, bool):
+        raise ConfigError(f"shard_optimizer_state must be True or False (got {shard_optimizer_state!r})")
+    if shard_optimizer_state:
+        check_shardable(optimizer)
+        if backward_passes_per_step > 1:
+            raise ConfigError(
+                f"shard_optimizer_state=True does not support backward_passes_per_step={backward_passes_per_step} "
+                "(gradient accumulation); make the batch larger instead, or pass shard_optimizer_state=False"
+            )
     config = optimizer.get_config()
     if backward_passes_per_step > 1:
         if config.get("gradient_accumulation_steps") not in (None, backward_passes_per_step):
@@ -118,7 +155,8 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
                 f"gradient_accumulation_steps={config['gradient_accumulation_steps']}; set one of them"
             )
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    wrapped = _distributed_class(type(optimizer)).from_config(config)
+    make = _sharded_class if shard_optimizer_state else _distributed_class
+    wrapped = make(type(optimizer)).from_config(config)
     wrapped._hvdkit_compression = compression
     # Wrapping happens in program order, so the n-th optimizer has the same name on every rank.
     wrapped._hvdkit_name = f"hvdkit.optimizer.{next(_counter)}.grads"

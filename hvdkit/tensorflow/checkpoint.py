@@ -16,6 +16,7 @@ from ..core.checkpoint.arrays import ArrayFile
 from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.checkpoint.store import Resumed
 from ..core.errors import CheckpointError
+from ._engine import horovod_tf
 from .runtime import communicator
 from .variables import broadcast_variables
 
@@ -99,9 +100,31 @@ class Checkpointer(CheckpointerBase):
             framework=f"tensorflow {tf.__version__}",
         )
         self._opt_vars = []
+        self._consolidated = None  # a sharded optimizer's unsharded variables (rank 0, during save)
+        self._pending = None  # the saved optimizer arrays for a sharded optimizer (rank 0, during restore)
 
-    save = CheckpointerBase.save  # named here so that the API reference, made from own members, lists them
-    restore = CheckpointerBase.restore
+    def save(self, step: int, epoch: int, extra: Any = None) -> str:
+        """Write a checkpoint of ``step`` (rank 0 writes; every rank's RNG state is included).
+
+        ``epoch`` is the number of epochs completed. Returns the checkpoint path on every rank.
+        ``extra`` may hold None, bool, int, float, str, bytes, lists, tuples, dicts (scalar keys)
+        and tensors; anything else raises ConfigError on every rank naming its key path and type, and
+        nothing is written. A sharded optimizer (``shard_optimizer_state=True``) is saved as the
+        unsharded one, gathered to rank 0 first, so any world size restores it, sharded or not.
+        Collective: every rank calls it.
+        """
+        if self._sharded():
+            self._prepare()
+            self._consolidated = self.optimizer.consolidated_variables(to=0)
+        try:
+            return CheckpointerBase.save(self, step, epoch, extra)
+        finally:
+            self._consolidated = None
+
+    restore = CheckpointerBase.restore  # named here so that the API reference, made from own members, lists it
+
+    def _sharded(self):
+        return callable(getattr(self.optimizer, "consolidated_variables", None))
 
     def _prepare(self):
         self._opt_vars = self._optimizer_variables()  # builds the optimizer on every rank alike
@@ -116,6 +139,12 @@ class Checkpointer(CheckpointerBase):
 
     def _variables(self):
         return {"model": list(self.model.weights), "optimizer": self._opt_vars}
+
+    def _optimizer_specs(self):
+        """``(shape, dtype name)`` of the optimizer's variables as saved (a sharded optimizer's: unsharded)."""
+        if self._sharded():
+            return [(tuple(shape), dtype) for shape, dtype in self.optimizer.unsharded_specs()]
+        return [(tuple(v.shape), _dtype_name(v)) for v in self._opt_vars]
 
     def _accumulation(self):
         return int(getattr(self.optimizer, "gradient_accumulation_steps", None) or 1)
@@ -142,6 +171,10 @@ class Checkpointer(CheckpointerBase):
         return array if name in ("model", "optimizer") else tf.convert_to_tensor(array)
 
     def _state(self):
+        if self._sharded():
+            import tensorflow as tf
+
+            return {"model": list(self.model.weights), "optimizer": [tf.constant(a) for a in self._consolidated]}
         return self._variables()
 
     def _meta(self):
@@ -152,7 +185,7 @@ class Checkpointer(CheckpointerBase):
         """Rank 0: assign the saved arrays, one at a time, after checking that all fit."""
         variables = self._variables()
         for what, vs in variables.items():
-            shapes = [tuple(v.shape) for v in vs]
+            shapes = [s for s, _ in self._optimizer_specs()] if what == "optimizer" else [tuple(v.shape) for v in vs]
             held = [tuple(a.shape) for a in snapshot.state.get(what) or []]
             if shapes != held:
                 raise CheckpointError(
@@ -160,6 +193,9 @@ class Checkpointer(CheckpointerBase):
                     f"the {what} has {len(shapes)} variables {shapes[:3]}...; point the checkpoint directory at the "
                     "checkpoints of this model, or at an empty directory"
                 )
+        if self._sharded():  # every rank takes its slices in _share
+            self._pending = snapshot.state["optimizer"]
+            variables = {"model": variables["model"]}
         for what, vs in variables.items():
             for v, array in zip(vs, snapshot.state[what], strict=True):
                 v.assign(array)
@@ -167,6 +203,9 @@ class Checkpointer(CheckpointerBase):
     def _share(self):
         """Every rank: rank 0's variables, after checking that every rank's fit (CheckpointError if not)."""
         comm = self.comm
+        if self._sharded():
+            self._share_sharded()
+            return
         if comm.size == 1:
             return
         variables = self._variables()
@@ -179,6 +218,35 @@ class Checkpointer(CheckpointerBase):
                 "every rank must build the same model and optimizer"
             )
         broadcast_variables(variables["model"] + variables["optimizer"], root_rank=0)  # as at a fresh start
+
+    def _share_sharded(self):
+        """Every rank: rank 0's model, and its slices of the unsharded optimizer arrays rank 0 read."""
+        import tensorflow as tf
+
+        comm = self.comm
+        hvd = horovod_tf()
+        pending, self._pending = self._pending, None
+        specs = self._optimizer_specs()
+        if comm.size > 1:
+            mine = {"model": _specs({"model": self.model.weights})["model"], "optimizer": specs}
+            everyone = comm.allgather_object(mine, name="hvdkit.checkpoint.restore.fit")
+            bad = [(r, _mismatch(s, everyone[0])) for r, s in enumerate(everyone) if s != everyone[0]]
+            if bad:
+                raise CheckpointError(
+                    f"rank {bad[0][0]} cannot take rank 0's checkpoint: its variables {bad[0][1]}; "
+                    "every rank must build the same model and optimizer"
+                )
+            broadcast_variables(list(self.model.weights), root_rank=0)
+
+        def values():  # one whole variable at a time, from rank 0
+            for i, (shape, dtype) in enumerate(specs):
+                if comm.size == 1:
+                    yield pending[i]
+                    continue
+                held = pending[i] if comm.is_rank0 else np.zeros(shape, dtype=tf.dtypes.as_dtype(dtype).as_numpy_dtype)
+                yield hvd.broadcast(tf.constant(held), root_rank=0, name=f"hvdkit.checkpoint.zero.{i}").numpy()
+
+        self.optimizer.load_unsharded(values())
 
     def _after_restore(self, meta):
         """Rescale Keras's raw batch counter from the saved accumulation to this optimizer's (every rank)."""

@@ -1,0 +1,428 @@
+"""Optimizer-state sharding (ZeRO stage 1) for Keras 3 on Horovod's TensorFlow reduce-scatter and all-gather.
+
+The trainable variables of each dtype are seen as one flat vector; rank ``r`` owns the slice
+``partition(length, size)[r]`` of it (``hvdkit.core.zero``: balanced, contiguous, the way the
+engine's ``reducescatter`` cuts it). The optimizer is built over one 1-D "shard" variable per
+dtype holding this rank's slice, so its slot variables (momentums, velocities, ...) hold about
+``1/size`` of the unsharded state. ``apply`` reduce-scatters the gradients, lets the Keras
+optimizer update the shards and all-gathers them back into the model's variables. Only optimizers
+whose update is elementwise can be cut this way (``ELEMENTWISE_OPTIMIZERS``).
+
+``hvdkit.keras.DistributedOptimizer(..., shard_optimizer_state=True)`` makes such an optimizer;
+``hvdkit.tensorflow.Checkpointer`` saves its state consolidated (the unsharded optimizer's
+variables, the same at any world size) and restores it into a sharded or an unsharded optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ..core.errors import ConfigError
+from ..core.options import AUTO
+from ..core.zero import partition
+from ..tensorflow import autocompress
+from ..tensorflow._engine import horovod_tf
+
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "check_shardable", "is_sharded", "state_elements"]
+
+# Keras optimizers whose update of an element reads only that element's variable, gradient and slot
+# values (plus scalars: iterations, learning rate, Nadam's u_product), so a slice updated alone equals
+# the same slice of the whole. Not: Lamb (per-variable trust ratio), Adafactor (row/column factors),
+# Muon (matrix orthogonalisation), LossScaleOptimizer (wraps another), ScheduleFreeAdamW.
+ELEMENTWISE_OPTIMIZERS = (
+    keras.optimizers.SGD,
+    keras.optimizers.Adam,
+    keras.optimizers.AdamW,
+    keras.optimizers.Adamax,
+    keras.optimizers.Nadam,
+    keras.optimizers.RMSprop,
+    keras.optimizers.Adagrad,
+    keras.optimizers.Adadelta,
+    keras.optimizers.Lion,
+    keras.optimizers.Ftrl,
+)
+
+_FIX = "pass shard_optimizer_state=False to keep the whole state on every rank"
+
+
+def check_shardable(optimizer: keras.optimizers.Optimizer) -> None:
+    """Raise ConfigError unless ``optimizer`` (a plain Keras optimizer) can have its state sharded.
+
+    Its class must be one of ``ELEMENTWISE_OPTIMIZERS`` (exactly: a subclass may change the update),
+    and it must not use what acts per variable or on the whole variables: ``clipnorm`` (use
+    ``global_clipnorm``, computed from the shards as the unsharded one), ``use_ema`` or
+    ``gradient_accumulation_steps``. No collective: every rank raises alike.
+    """
+    if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
+        allowed = ", ".join(c.__name__ for c in ELEMENTWISE_OPTIMIZERS)
+        raise ConfigError(
+            f"shard_optimizer_state=True cannot shard {type(optimizer).__name__}: only optimizers whose update "
+            f"is elementwise can update a slice of the variables alone ({allowed}); {_FIX}"
+        )
+    _check_options(optimizer)
+
+
+def _check_options(optimizer):
+    if optimizer.clipnorm:
+        raise ConfigError(
+            f"shard_optimizer_state=True cannot clip each variable to its own norm (clipnorm={optimizer.clipnorm}): "
+            "a rank holds slices of variables; use global_clipnorm (the norm of all gradients, computed from "
+            f"the shards) or {_FIX}"
+        )
+    if optimizer.use_ema:
+        raise ConfigError(
+            f"shard_optimizer_state=True does not support use_ema=True (a moving average of whole variables); {_FIX}"
+        )
+    if optimizer.gradient_accumulation_steps:
+        raise ConfigError(
+            "shard_optimizer_state=True does not support gradient accumulation "
+            f"(gradient_accumulation_steps={optimizer.gradient_accumulation_steps}, or backward_passes_per_step > 1); "
+            f"make the batch larger instead, or {_FIX}"
+        )
+
+
+def _check_variables(optimizer, variables):
+    """Refuse what a flat slice cannot honour, before any collective (``build``)."""
+    if getattr(optimizer, "_exclude_from_weight_decay", None) or getattr(
+        optimizer, "_exclude_from_weight_decay_pattern", None
+    ):
+        raise ConfigError(
+            "shard_optimizer_state=True cannot exclude variables from weight decay (exclude_from_weight_decay): "
+            f"a rank's slice mixes variables; drop the exclusion or {_FIX}"
+        )
+    special = [v.path for v in variables if getattr(v, "overwrite_with_gradient", False)]
+    if special:
+        raise ConfigError(
+            f"shard_optimizer_state=True cannot shard variables set from their gradient ({special[:3]}); {_FIX}"
+        )
+    _check_options(optimizer)
+
+
+class _Group:
+    """The trainable variables of one dtype: their offsets in the flat vector, this rank's slice, its shard."""
+
+    def __init__(self, index, variables, dtype, rank, size):
+        self.variables = variables
+        self.dtype = dtype
+        self.sizes = [int(np.prod(v.shape)) for v in variables]
+        self.offsets = [0]
+        for n in self.sizes:
+            self.offsets.append(self.offsets[-1] + n)
+        self.bounds = partition(self.offsets[-1], size)
+        self.slice = self.bounds[rank]
+        self.shard = keras.Variable(
+            np.zeros(self.slice.stop - self.slice.start, dtype=dtype),
+            dtype=dtype,
+            trainable=False,
+            name=f"hvdkit_zero_shard_{index}",
+        )
+
+    def pieces(self):
+        """``(index, lo, hi)`` for each variable that overlaps this rank's slice: its elements ``[lo, hi)``."""
+        start, stop = self.slice
+        for i, n in enumerate(self.sizes):
+            lo, hi = max(start - self.offsets[i], 0), min(stop - self.offsets[i], n)
+            if lo < hi:
+                yield i, lo, hi
+
+    def flat(self, tensors):
+        """The variables' ``tensors`` (None: zeros) as one flat vector of the group's dtype."""
+        parts = [
+            tf.zeros([n], self.dtype) if t is None else tf.reshape(tf.cast(_dense(t), self.dtype), [-1])
+            for t, n in zip(tensors, self.sizes, strict=True)
+        ]
+        return tf.concat(parts, 0) if parts else tf.zeros([0], self.dtype)
+
+    def own(self, tensors):
+        """This rank's slice of the flat vector of ``tensors`` (one per variable)."""
+        parts = [tf.reshape(tensors[i], [-1])[lo:hi] for i, lo, hi in self.pieces()]
+        return tf.concat(parts, 0) if parts else tf.zeros([0], self.dtype)
+
+
+def _dense(t):
+    return tf.convert_to_tensor(t) if isinstance(t, tf.IndexedSlices) else t
+
+
+class _Shards:
+    """What a sharded optimizer keeps besides Keras's own state (a plain object: Keras does not track it)."""
+
+    def __init__(self, variables, rank, size):
+        self.rank, self.size = rank, size
+        self.variables = list(variables)
+        self.index = {id(v): i for i, v in enumerate(self.variables)}
+        dtypes = list(dict.fromkeys(str(v.dtype) for v in self.variables))
+        self.groups = []
+        self.where = {}  # id(variable) -> (group, index in the group)
+        for gi, dtype in enumerate(dtypes):
+            members = [v for v in self.variables if str(v.dtype) == dtype]
+            group = _Group(gi, members, dtype, rank, size)
+            for j, v in enumerate(members):
+                self.where[id(v)] = (group, j)
+            self.groups.append(group)
+        self.slots = {}  # id(slot variable) -> (group index, slot name)
+        self.recording = False
+        self.layout = None  # the unsharded optimizer's variables: ("own", k) or ("slot", variable index, name)
+
+
+def is_sharded(optimizer: object) -> bool:
+    """True when ``optimizer`` came from ``DistributedOptimizer(..., shard_optimizer_state=True)``."""
+    return isinstance(optimizer, ShardedMixin)
+
+
+def state_elements(optimizer: keras.optimizers.Optimizer) -> int:
+    """How many elements the optimizer's variables hold (for measuring the sharding); shards themselves excluded."""
+    return sum(int(np.prod(v.shape)) for v in optimizer.variables)
+
+
+class ShardedMixin:
+    """Mixed in before ``_AveragingMixin`` and the user's optimizer class by ``DistributedOptimizer``.
+
+    ``build(variables)`` builds the Keras optimizer over this rank's shards; ``apply`` reduce-scatters,
+    updates the shards (Keras's own clipping, weight decay, loss-scale unscaling) and all-gathers
+    them into the variables, whose constraints it then applies. A gradient that is None counts as 0.
+    """
+
+    _hvdkit_zero = None
+    _hvdkit_base = None  # the user's optimizer class (set on the class DistributedOptimizer makes)
+
+    # ------------------------------------------------------------ build
+    def build(self, variables):
+        if self.built:
+            return
+        variables = list(variables)
+        _check_variables(self, variables)
+        hvd = horovod_tf()
+        zero = _Shards(variables, hvd.rank(), hvd.size())
+        self._hvdkit_zero = zero
+        zero.recording = True
+        try:
+            super().build([g.shard for g in zero.groups])
+        finally:
+            zero.recording = False
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        variable = super().add_variable_from_reference(reference_variable, name=name, initializer=initializer)
+        zero = self._hvdkit_zero
+        if zero is not None and zero.recording:
+            gi = next(i for i, g in enumerate(zero.groups) if g.shard is reference_variable)
+            zero.slots[id(variable)] = (gi, name or "var")
+        return variable
+
+    # ------------------------------------------------------------ apply
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if not grads:
+            return None
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError("a sharded optimizer needs trainable_variables at its first apply (or build it first)")
+            self.build(list(trainable_variables))
+        zero = self._hvdkit_zero
+        variables = zero.variables if trainable_variables is None else list(trainable_variables)
+        if len(variables) != len(grads):
+            raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
+        ordered = [None] * len(zero.variables)
+        for g, v in zip(grads, variables, strict=True):
+            i = zero.index.get(id(v))
+            if i is None:
+                raise ValueError(
+                    f"variable {getattr(v, 'path', v.name)} is not one the sharded optimizer was built with; "
+                    "build it with all the variables it will update (model.trainable_variables)"
+                )
+            ordered[i] = g
+        if self._hvdkit_compression == AUTO:  # decided once, at the first apply (while tracing: eagerly)
+            self._hvdkit_compression = autocompress.resolve(AUTO, [g for g in ordered if g is not None])
+        clock = self._hvdkit_wait
+        shard_grads = self._hvdkit_scatter(ordered) if clock is None else clock.time(self._hvdkit_scatter, ordered)
+        for group in zero.groups:  # the variables may have been set since the last apply (a restore, a broadcast)
+            group.shard.assign(group.own([v.value for v in group.variables]))
+        self._hvdkit_base.apply(self, shard_grads, [g.shard for g in zero.groups])
+        self._hvdkit_gather()
+        for v in zero.variables:
+            if v.constraint is not None:
+                v.assign(v.constraint(v))
+        return None
+
+    @tf.autograph.experimental.do_not_convert
+    def _hvdkit_scatter(self, ordered):
+        """Each group's slice of the gradients averaged over the ranks."""
+        zero = self._hvdkit_zero
+        flats = []
+        for group in zero.groups:
+            flats.append(group.flat([ordered[zero.index[id(v)]] for v in group.variables]))
+        if zero.size == 1:
+            return flats
+        hvd = horovod_tf()
+        wire = [tf.cast(f, tf.float16) for f in flats] if self._hvdkit_compression == "fp16" else flats
+        outs = hvd.grouped_reducescatter(wire, op=hvd.Average)
+        return [tf.cast(o, g.dtype) for o, g in zip(outs, zero.groups, strict=True)]
+
+    @tf.autograph.experimental.do_not_convert
+    def _hvdkit_gather(self):
+        zero = self._hvdkit_zero
+        if zero.size == 1:
+            fulls = [g.shard.value for g in zero.groups]
+        else:
+            fulls = horovod_tf().grouped_allgather(
+                [g.shard.value for g in zero.groups], name=f"{self._hvdkit_name}.zero"
+            )
+        for group, full in zip(zero.groups, fulls, strict=True):
+            for v, part in zip(group.variables, tf.split(full, group.sizes), strict=True):
+                v.assign(tf.reshape(part, v.shape))
+
+    def _clip_gradients(self, grads):
+        # global_clipnorm: the norm of the whole gradient, from every rank's slices (one allreduce of the
+        # sum of squares), applied as Keras's clip_by_global_norm does; clipvalue is elementwise anyway.
+        if self.global_clipnorm and self.global_clipnorm > 0 and not self.clipnorm:
+            zero = self._hvdkit_zero
+            local = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads])
+            if zero.size > 1:
+                hvd = horovod_tf()
+                local = hvd.allreduce(local, op=hvd.Sum, name=f"{self._hvdkit_name}.zero.norm")
+            norm = tf.sqrt(local)
+            clip = tf.constant(self.global_clipnorm, tf.float32)
+            scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+            return [g * tf.cast(scale, g.dtype) for g in grads]
+        return super()._clip_gradients(grads)
+
+    # ------------------------------------------------------------ state, unsharded
+    def _hvdkit_layout(self):
+        """The unsharded optimizer's variables, in its order: ``("own", k)`` (k-th non-slot) or ``("slot", i, name)``.
+
+        Found by building a throwaway optimizer of the same class over one 1-element stand-in per variable.
+        """
+        zero = self._hvdkit_zero
+        if zero.layout is None:
+            base = self._hvdkit_base
+            made = {}
+
+            class _Probe(base):
+                def add_variable_from_reference(probe, reference_variable, name=None, initializer="zeros"):  # noqa: N805
+                    variable = super().add_variable_from_reference(
+                        reference_variable, name=name, initializer=initializer
+                    )
+                    made[id(variable)] = (stand_ins[id(reference_variable)], name or "var")
+                    return variable
+
+            stand_ins = {}
+            dummies = []
+            for i, v in enumerate(zero.variables):
+                d = keras.Variable(np.zeros(1, dtype=str(v.dtype)), trainable=False, name=f"hvdkit_zero_probe_{i}")
+                stand_ins[id(d)] = i
+                dummies.append(d)
+            probe = _Probe.from_config(self.get_config())
+            probe.build(dummies)
+            layout, k = [], 0
+            for v in probe.variables:
+                if id(v) in made:
+                    layout.append(("slot", *made[id(v)]))
+                else:
+                    layout.append(("own", k))
+                    k += 1
+            own = self._hvdkit_own_variables()
+            if k != len(own):
+                raise ConfigError(
+                    f"the unsharded {base.__name__} has {k} variables besides its slots, the sharded one {len(own)}"
+                )
+            zero.layout = layout
+        return zero.layout
+
+    def _hvdkit_own_variables(self):
+        """The optimizer's variables that are not slots (iteration, learning rate, ...): the same on every rank."""
+        zero = self._hvdkit_zero
+        return [v for v in self.variables if id(v) not in zero.slots]
+
+    def _hvdkit_slot(self, group_index, name):
+        zero = self._hvdkit_zero
+        for v in self.variables:
+            if zero.slots.get(id(v)) == (group_index, name):
+                return v
+        raise ConfigError(f"no slot {name!r} for shard {group_index}")
+
+    def broadcastable_variables(self) -> list[Any]:
+        """The optimizer's variables that are the same on every rank (not the slots): what a broadcast may send."""
+        return self._hvdkit_own_variables()
+
+    def unsharded_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        """``(shape, dtype)`` of each variable of the unsharded optimizer, in its order (no collective)."""
+        zero = self._hvdkit_zero
+        own = self._hvdkit_own_variables()
+        specs = []
+        for entry in self._hvdkit_layout():
+            v = own[entry[1]] if entry[0] == "own" else zero.variables[entry[1]]
+            specs.append((tuple(v.shape), str(v.dtype)))
+        return specs
+
+    def consolidated_variables(self, to: int | None = 0) -> list[np.ndarray] | None:
+        """The unsharded optimizer's variables as arrays on rank ``to`` (None: every rank); None on the others.
+
+        Each slot is all-gathered once (every rank holds one slot of one dtype whole while it goes by).
+        The result is what ``keras`` would hold unsharded, the same at any world size.
+        Collective: every rank calls it alike.
+        """
+        zero = self._hvdkit_zero
+        if to is not None and (isinstance(to, bool) or not isinstance(to, int) or not 0 <= to < zero.size):
+            raise ConfigError(f"to must be a rank in [0, {zero.size}) or None (got {to!r})")
+        keep = to is None or to == zero.rank
+        layout = self._hvdkit_layout()
+        own = self._hvdkit_own_variables()
+        wholes = {}
+        keys = list(dict.fromkeys((zero.where[id(zero.variables[e[1]])][0], e[2]) for e in layout if e[0] == "slot"))
+        for n, (group, name) in enumerate(keys):
+            slot = self._hvdkit_slot(zero.groups.index(group), name)
+            if zero.size == 1:
+                whole = slot.numpy()
+            else:
+                whole = horovod_tf().allgather(slot.value, name=f"{self._hvdkit_name}.zero.state.{n}").numpy()
+            if keep:
+                wholes[id(group), name] = whole
+            del whole
+        if not keep:
+            return None
+        out = []
+        for entry in layout:
+            if entry[0] == "own":
+                out.append(np.array(own[entry[1]].numpy()))
+                continue
+            v = zero.variables[entry[1]]
+            group, j = zero.where[id(v)]
+            flat = wholes[id(group), entry[2]]
+            out.append(flat[group.offsets[j] : group.offsets[j + 1]].reshape(tuple(v.shape)).copy())
+        return out
+
+    def load_unsharded(self, values: Iterable[Any]) -> None:
+        """Set the state from the unsharded optimizer's variables (``unsharded_specs`` order): this rank's slices.
+
+        ``values`` may be a generator: one whole variable is held at a time. No collective.
+        """
+        zero = self._hvdkit_zero
+        layout = self._hvdkit_layout()
+        own = self._hvdkit_own_variables()
+        buffers = {}
+        count = 0
+        for entry, value in zip(layout, values, strict=False):
+            count += 1
+            value = np.asarray(value)
+            if entry[0] == "own":
+                own[entry[1]].assign(value)
+                continue
+            v = zero.variables[entry[1]]
+            group, j = zero.where[id(v)]
+            key = (zero.groups.index(group), entry[2])
+            if key not in buffers:
+                buffers[key] = np.array(self._hvdkit_slot(*key).numpy())
+            buf = buffers[key]
+            lo = max(group.slice.start - group.offsets[j], 0)
+            hi = min(group.slice.stop - group.offsets[j], group.sizes[j])
+            if lo < hi:
+                at = group.offsets[j] + lo - group.slice.start
+                buf[at : at + hi - lo] = value.reshape(-1)[lo:hi]
+        if count != len(layout):
+            raise ConfigError(f"the unsharded state has {len(layout)} variables, got {count}")
+        for key, buf in buffers.items():
+            self._hvdkit_slot(*key).assign(buf)
