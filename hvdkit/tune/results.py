@@ -28,7 +28,8 @@ COLUMNS = ("number", "state", "value", "duration_s", "attempt", "key")
 
 
 def rows_of(trials: Sequence[Any], param_names: Sequence[str]) -> list[dict[str, Any]]:
-    """One dict per Optuna FrozenTrial: number, state, value, duration_s, attempt, key, the params, error."""
+    """One dict per Optuna FrozenTrial: number, state, value, duration_s, attempt, key, the params, error
+    (why a FAIL failed: a line, then its output's last lines)."""
     rows = []
     for t in sorted(trials, key=lambda t: t.number):
         start, end = t.datetime_start, t.datetime_complete
@@ -42,7 +43,7 @@ def rows_of(trials: Sequence[Any], param_names: Sequence[str]) -> list[dict[str,
         }
         for name in param_names:
             row[name] = t.params.get(name)
-        row["error"] = (t.user_attrs.get(ERROR_ATTR) or "").split("\n", 1)[0]
+        row["error"] = t.user_attrs.get(ERROR_ATTR) or ""
         rows.append(row)
     return rows
 

@@ -5,9 +5,9 @@ driver reads each trial's reports as they come and asks the pruner after every e
 gets the preemption stop (SIGTERM to ``hvdkit run``: every rank checkpoints and exits) and is
 recorded PRUNED. A failed attempt is recorded FAIL with the last lines of its output, and its
 parameters are enqueued again as a new trial (same trial folder, so it resumes from the failed
-attempt's checkpoint), up to ``retries`` times; a parameter set that fails every attempt ends the
-search. The study is counted in COMPLETE + PRUNED trials, so running the same command again resumes
-it until ``trials`` are done. Imports Optuna.
+attempt's checkpoint and starts with its reports), up to ``retries`` times; a parameter set that
+fails every attempt ends the search. The study is counted in COMPLETE + PRUNED trials, so running
+the same command again resumes it until ``trials`` are done. Imports Optuna.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class _Running:
     epochs: dict = field(default_factory=dict)  # epoch -> {metric: value}
     reported: set = field(default_factory=set)
     pruned_at: int | None = None
+    carried: list = field(default_factory=list)  # reports of earlier attempts of these parameters
 
 
 def substitute(command: tuple, trial_dir: str, key: int) -> list[str]:
@@ -221,7 +222,9 @@ class Driver:
             self.pool.give(cores)
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             raise
-        self.running[trial.number] = _Running(trial, params, key, attempt, cores, launch, job, time.monotonic())
+        r = _Running(trial, params, key, attempt, cores, launch, job, time.monotonic())
+        r.carried = _earlier_reports(trial_dir, trial.number)
+        self.running[trial.number] = r
         again = f", attempt {attempt}" if attempt > 1 else ""
         self._say(f"trial {trial.number} started on core(s) {','.join(map(str, cores))}{again}: {_params(params)}")
 
@@ -239,6 +242,7 @@ class Driver:
 
     def _read(self, r: _Running) -> None:
         records, r.offset = read_reports(r.launch.report_path, r.offset)
+        records, r.carried = r.carried + records, []
         for rec in records:
             epoch = rec["epoch"]
             r.epochs.setdefault(epoch, {}).update(rec["metrics"])
@@ -324,6 +328,16 @@ class Driver:
     def _say(self, line: str) -> None:
         self.stream.write(line + "\n")
         self.stream.flush()
+
+
+def _earlier_reports(trial_dir: str, number: int) -> list[dict[str, Any]]:
+    """The reports of the earlier attempts in ``trial_dir`` (a retry or a resumed trial starts from their
+    checkpoint, so their epochs are this attempt's too; a later report of an epoch overrides)."""
+    records = []
+    for name in sorted(os.listdir(trial_dir)):
+        if name.startswith("reports-") and name.endswith(".jsonl") and name != f"reports-{number:04d}.jsonl":
+            records += read_reports(os.path.join(trial_dir, name))[0]
+    return records
 
 
 def _params(params: dict) -> str:

@@ -54,7 +54,7 @@ def study():
     return s
 
 
-def test_rows_carry_state_value_params_attempt_and_the_error_s_first_line(study):
+def test_rows_carry_state_value_params_attempt_and_the_error(study):
     rows = rows_of(study.get_trials(), ["lr", "batch-size"])
     got = [
         (r["number"], r["state"], r["value"], r["lr"], r["batch-size"], r["attempt"], r["key"], r["error"])
@@ -62,7 +62,7 @@ def test_rows_carry_state_value_params_attempt_and_the_error_s_first_line(study)
     ]
     assert got == [
         (0, "COMPLETE", 0.4, 0.01, 16, 1, 0, ""),
-        (1, "FAIL", None, 0.2, 64, 1, 1, "exit code 3; last output:"),
+        (1, "FAIL", None, 0.2, 64, 1, 1, "exit code 3; last output:\ninjected failure"),
         (2, "COMPLETE", 0.3, 0.2, 64, 2, 1, ""),
         (3, "PRUNED", 2.3, 0.001, 16, 1, 3, ""),  # a pruned trial shows its last reported value
     ]
@@ -79,7 +79,7 @@ def test_csv_and_best_json_hold_the_study(tmp_path, study):
     with open(tmp_path / "trials.csv", newline="") as f:
         back = list(csv.DictReader(f))
     assert [r["state"] for r in back] == ["COMPLETE", "FAIL", "COMPLETE", "PRUNED"]
-    assert back[1]["value"] == "" and back[1]["error"] == "exit code 3; last output:"
+    assert back[1]["value"] == "" and back[1]["error"] == "exit code 3; last output:\ninjected failure"
     assert float(back[2]["value"]) == 0.3 and back[2]["attempt"] == "2" and back[2]["key"] == "1"
     best = write_best(str(tmp_path / "best.json"), study, "val_loss", "min")
     on_disk = json.loads((tmp_path / "best.json").read_text())

@@ -1,0 +1,138 @@
+"""hvdkit tune on the digits example, for real: trials are `hvdkit run` jobs, two at once on the two
+cores; a trial that fails is retried with the same parameters; a study interrupted by SIGINT resumes
+when the same command runs again, until N trials are done; a bad trial is pruned through the
+preemption path (its two ranks checkpoint and exit) and recorded PRUNED."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from helpers import HVDKIT, PYTHON, ROOT
+
+pytestmark = pytest.mark.dist
+optuna = pytest.importorskip("optuna")
+
+
+def _argv(out, space, *flags, command):
+    head = [HVDKIT, "tune", "--space", str(space), "--metric", "val_loss", "--mode", "min", "--out", str(out)]
+    return head + [*flags, "--", PYTHON, *command]
+
+
+def _trial_processes(out):
+    """Pids of processes still running with this study's report folder in their environment."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if str(out).encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _rows(out):
+    with open(out / "trials.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _interrupt_after_two_complete(argv):
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    lines, complete = [], 0
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            complete += line.startswith("trial ") and " COMPLETE " in line
+            if complete == 2:
+                proc.send_signal(signal.SIGINT)
+                break
+        lines += proc.stdout.readlines()
+        return proc.wait(timeout=120), "".join(lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_two_trials_at_once_a_failed_one_retried_and_an_interrupted_study_resumed(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("lr: {type: float, low: 0.03, high: 0.3, log: true}\n")
+    out = tmp_path / "study"
+    command = [
+        "tests/e2e/scripts/tune_fail_once.py",
+        str(tmp_path / "failed-once"),
+        "examples/torch_digits.py",
+        "--epochs",
+        "2",
+        "--compression",
+        "none",
+        "--checkpoint-dir",
+        "{trial_dir}/ckpt",
+    ]
+    flags = ("--trials", "3", "--parallel", "2", "-np", "1", "--retries", "1", "--pruner", "none", "--seed", "0")
+    argv = _argv(out, space, *flags, command=command)
+    t0 = time.monotonic()
+    code, first = _interrupt_after_two_complete(argv)
+    assert code == 130, first
+    assert "interrupted by SIGINT: run the same command again to resume" in first
+    assert _trial_processes(out) == []  # every trial's hvdkit run and ranks ended
+    done_first = sum(r["state"] == "COMPLETE" for r in _rows(out))
+    assert done_first == 2, first
+    second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
+    assert f"{done_first} of 3 trials done" in second.stdout.splitlines()[0]
+    rows = _rows(out)
+    complete = [r for r in rows if r["state"] == "COMPLETE"]
+    assert len(complete) == 3
+    # the injected failure: recorded with its output, retried (attempt 2) with the same lr in the same folder
+    (failed,) = [r for r in rows if "injected failure" in r["error"]]
+    assert failed["state"] == "FAIL" and failed["error"].startswith("exit code ")
+    (retry,) = [r for r in rows if r["key"] == failed["key"] and r["attempt"] == "2"]
+    assert retry["state"] == "COMPLETE" and retry["lr"] == failed["lr"]
+    # an interrupted trial is run again with its parameters (a new trial, same key and folder)
+    for r in rows:
+        if "interrupted by SIGINT" in r["error"]:
+            again = [x for x in complete if x["key"] == r["key"] and int(x["number"]) > int(r["number"])]
+            assert again and again[0]["lr"] == r["lr"]
+    best = json.loads((out / "best.json").read_text())
+    assert best["value"] == min(float(r["value"]) for r in complete)
+    assert best["params"]["lr"] == float(next(r["lr"] for r in complete if int(r["number"]) == best["number"]))
+    assert (out / "history.png").read_bytes()[:4] == b"\x89PNG"
+    assert "state  seconds" in second.stdout and second.stdout.count("COMPLETE") >= 3
+    assert took < 150, took
+
+
+def test_a_bad_trial_is_pruned_gracefully_on_both_of_its_ranks(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("lr: {type: categorical, choices: [0.1, 0.00001]}\n")
+    out = tmp_path / "pruned"
+    command = [
+        "examples/torch_digits.py",
+        "--epochs",
+        "12",
+        "--compression",
+        "none",
+        "--checkpoint-dir",
+        "{trial_dir}/ckpt",
+    ]
+    # seed 10: the sampler tries lr 0.1 first, then 1e-05 (asserted below)
+    flags = ("--trials", "2", "--parallel", "1", "-np", "2", "--pruner", "median", "--pruner-startup-trials", "1")
+    argv = _argv(out, space, *flags, "--seed", "10", command=command)
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    rows = _rows(out)
+    assert [(r["number"], r["lr"], r["state"]) for r in rows] == [("0", "0.1", "COMPLETE"), ("1", "1e-05", "PRUNED")]
+    assert "trial 1 PRUNED at epoch 0" in proc.stdout
+    log = (out / "trials" / "0001" / "attempt-0001.log").read_text()
+    assert "hvdkit run: stopped by SIGTERM: every rank exited cleanly" in log, log[-3000:]
+    assert log.count("checkpoint saved") == 1 and "stopped in epoch" in log  # rank 0 saved the step it stopped at
+    reports = (out / "trials" / "0001" / "reports-0001.jsonl").read_text().splitlines()
+    assert 1 <= len(reports) < 12  # stopped, not finished
+    assert _trial_processes(out) == []
