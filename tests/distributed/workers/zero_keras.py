@@ -1,17 +1,18 @@
 """Runs on every rank of a real Keras 3 job: ``shard_optimizer_state=True`` (ZeRO-1) against the unsharded optimizer.
 
 ``train`` (2 ranks): for each kind (SGD+momentum, Adam, AdamW with weight decay, SGD with
-global_clipnorm, Adam with fp16 on the wire) the same model is trained sharded and unsharded under
-``model.fit`` on the same batches; every other allowed optimizer in a custom loop, eagerly. Each rank
-records its weights' digest, the largest relative difference to the unsharded run, and the elements
-its optimizer's slot variables hold. A sharded AdamW run in a ``tf.function`` custom loop saves a
-checkpoint at step ``SAVE`` (directory ``a``) and goes on to ``STEPS``; a fresh sharded AdamW restores
-it and trains to ``STEPS`` again (2 -> 2 ranks). The consolidated state is compared with an unsharded
-optimizer's variables. ``resume`` (1 rank): an unsharded AdamW restores ``a``, trains on the whole
-global batch to ``REGROW``, saves (directory ``b``) and goes on to ``STEPS``; a sharded one at 1 rank
-restores ``a`` too. ``regrow`` (2 ranks): a sharded AdamW restores ``b`` and trains to ``STEPS``.
-``quick`` (2 ranks): ``train`` without the other allowed optimizers. Writes OUT/<mode>-rank<r>.json.
-Usage: python zero_keras.py OUT {train,quick,resume,regrow}
+global_clipnorm, Adam with fp16 on the wire) the same model is trained sharded and unsharded on the
+same batches, under ``model.fit`` (``FIT``) or in an eager custom loop; every other allowed optimizer
+eagerly. Each rank records its weights' digest, the largest relative difference to the unsharded
+run, and the elements its optimizer's slot variables hold; the consolidated state of the sharded
+AdamW is compared with the unsharded one's variables. A sharded AdamW run in a ``tf.function``
+custom loop saves a checkpoint at step ``SAVE`` (directory ``a``) and goes on to ``STEPS``; a fresh
+sharded AdamW restores it and trains to ``STEPS`` again (2 -> 2 ranks). ``resume`` (1 rank): an
+unsharded AdamW restores ``a``, trains on the whole global batch to ``REGROW``, saves (directory
+``b``) and goes on to ``STEPS``; a sharded one at 1 rank restores ``a`` too. ``regrow`` (2 ranks,
+run under the other launcher): a sharded AdamW restores ``b`` and trains to ``STEPS``, then the
+``QUICK`` kinds are trained as in ``train``. Writes OUT/<mode>-rank<r>.json.
+Usage: python zero_keras.py OUT {train,resume,regrow}
 """
 
 import hashlib
@@ -39,6 +40,7 @@ FIT_KINDS = {
     "adam_fp16": lambda: keras.optimizers.Adam(0.01),
 }
 FIT = ("sgd", "adamw", "sgd_clip")  # under model.fit; the other kinds in an eager custom loop
+QUICK = ("sgd_clip", "adam_fp16")  # what regrow trains as well (run under another launcher than train)
 OTHERS = {
     "Adamax": lambda: keras.optimizers.Adamax(0.01),
     "Nadam": lambda: keras.optimizers.Nadam(0.01),
@@ -112,7 +114,7 @@ def fit(kind, make, shard, rank, size):
     return model, opt
 
 
-def eager_loop(kind, make, shard, rank, size, steps=4):
+def eager_loop(kind, make, shard, rank, size, steps=3):
     model = make_model()
     compression = "fp16" if kind.endswith("fp16") else "none"
     opt = hk.DistributedOptimizer(make(), compression=compression, shard_optimizer_state=shard)
@@ -141,8 +143,8 @@ def compare(kind, sharded, plain):
     }
 
 
-def custom_loop(model, opt, start, stop, rank, size):
-    """Train steps ``[start, stop)`` in a ``tf.function``."""
+def train_step(model, opt):
+    """One step of a custom loop, in a ``tf.function``."""
 
     @tf.function
     def step(x, y):
@@ -150,6 +152,11 @@ def custom_loop(model, opt, start, stop, rank, size):
             loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
         opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
 
+    return step
+
+
+def loop(step, start, stop, rank, size):
+    """Train steps ``[start, stop)`` of the data."""
     for s in range(start, stop):
         step(*local_batch(s, rank, size))
 
@@ -167,19 +174,30 @@ def timed(result, name, call):
     result.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 2)
 
 
-def train(out, rank, size, quick=False):
-    result, runs = {}, {}
-    for kind, make in FIT_KINDS.items():
-        loop = fit if kind in FIT else eager_loop
-        runs[kind] = loop(kind, make, True, rank, size), loop(kind, make, False, rank, size)
-        timed(result, kind, lambda kind=kind: compare(kind, *runs[kind]))
+def kinds(result, rank, size, names):
+    """Train each kind of ``names`` sharded and unsharded (``FIT`` under model.fit, the rest eagerly); compare."""
+    runs = {}
+    for kind in names:
+        make, loop = FIT_KINDS[kind], fit if kind in FIT else eager_loop
+
+        def both(kind=kind, make=make, loop=loop):
+            runs[kind] = loop(kind, make, True, rank, size), loop(kind, make, False, rank, size)
+            return compare(kind, *runs[kind])
+
+        timed(result, kind, both)
+    return runs
+
+
+def train(out, rank, size):
+    result = {}
+    runs = kinds(result, rank, size, FIT_KINDS)
     # clipping by a norm of this rank's slices alone would end elsewhere: the clipping really acted
     clipped, unclipped = runs["sgd_clip"][0][0], runs["sgd"][1][0]
     result["sgd_clip"]["vs_unclipped"] = max(
         float(np.max(np.abs(a.numpy() - b.numpy())))
         for a, b in zip(clipped.trainable_weights, unclipped.trainable_weights, strict=True)
     )
-    for kind, make in {} if quick else OTHERS.items():
+    for kind, make in OTHERS.items():
         timed(
             result,
             kind,
@@ -187,29 +205,31 @@ def train(out, rank, size, quick=False):
                 kind, eager_loop(kind, make, True, rank, size), eager_loop(kind, make, False, rank, size)
             ),
         )
-
-    # checkpoints: the uninterrupted sharded run saves at SAVE
-    model, opt = adamw(True)
-    hk.broadcast_variables(model.weights, 0)
-    custom_loop(model, opt, 0, SAVE, rank, size)
-    htf.Checkpointer(os.path.join(out, "a"), model, opt).save(step=SAVE, epoch=1)
-    plain_model, plain_opt = adamw(False)  # the unsharded run to SAVE: its variables are what was saved
-    custom_loop(plain_model, plain_opt, 0, SAVE, rank, size)
+    # the consolidated state of the sharded AdamW that fit trained is the unsharded one's variables
+    (_, opt), (_, plain_opt) = runs["adamw"]
     consolidated = opt.consolidated_variables(to=None)
     result["consolidated_shapes_match"] = [list(a.shape) for a in consolidated] == [
         list(v.shape) for v in plain_opt.variables
     ]
     result["consolidated_rel_diff"] = rel_diff(consolidated[2:], [v.numpy() for v in plain_opt.variables[2:]])
     result["consolidated_iterations"] = int(consolidated[0])
-    custom_loop(model, opt, SAVE, STEPS, rank, size)
+
+    # checkpoints: the uninterrupted sharded run saves at SAVE
+    start = time.perf_counter()
+    model, opt = adamw(True)
+    step = train_step(model, opt)
+    loop(step, 0, SAVE, rank, size)
+    htf.Checkpointer(os.path.join(out, "a"), model, opt).save(step=SAVE, epoch=1)
+    loop(step, SAVE, STEPS, rank, size)
     result["uninterrupted"] = [w.numpy().tolist() for w in model.trainable_weights]
     result["uninterrupted_digest"] = digest([w.numpy() for w in model.trainable_weights])
     fresh, fresh_opt = adamw(True)
     resumed = htf.Checkpointer(os.path.join(out, "a"), fresh, fresh_opt).restore()
     result["resumed_step"] = resumed.step
     result["resumed_iterations"] = int(fresh_opt.iterations.numpy())
-    custom_loop(fresh, fresh_opt, SAVE, STEPS, rank, size)
+    loop(train_step(fresh, fresh_opt), SAVE, STEPS, rank, size)
     result["resumed_digest"] = digest([w.numpy() for w in fresh.trainable_weights])
+    result["seconds"]["checkpoints"] = round(time.perf_counter() - start, 2)
     return result
 
 
@@ -218,13 +238,14 @@ def resume(out, rank, size):
     model, opt = adamw(False)
     htf.Checkpointer(os.path.join(out, "a"), model, opt).restore()
     result["iterations"] = int(opt.iterations.numpy())
-    custom_loop(model, opt, SAVE, REGROW, rank, size)
+    step = train_step(model, opt)
+    loop(step, SAVE, REGROW, rank, size)
     htf.Checkpointer(os.path.join(out, "b"), model, opt).save(step=REGROW, epoch=2)
-    custom_loop(model, opt, REGROW, STEPS, rank, size)
+    loop(step, REGROW, STEPS, rank, size)
     result["unsharded"] = [w.numpy().tolist() for w in model.trainable_weights]
     model, opt = adamw(True)  # sharded at 1 rank: the whole slice
     htf.Checkpointer(os.path.join(out, "a"), model, opt).restore()
-    custom_loop(model, opt, SAVE, STEPS, rank, size)
+    loop(train_step(model, opt), SAVE, STEPS, rank, size)
     result["sharded"] = [w.numpy().tolist() for w in model.trainable_weights]
     return result
 
@@ -233,9 +254,9 @@ def regrow(out, rank, size):
     model, opt = adamw(True)
     resumed = htf.Checkpointer(os.path.join(out, "b"), model, opt).restore()
     iterations = int(opt.iterations.numpy())
-    custom_loop(model, opt, REGROW, STEPS, rank, size)
+    loop(train_step(model, opt), REGROW, STEPS, rank, size)
     weights = [w.numpy() for w in model.trainable_weights]
-    return {
+    result = {
         "step": resumed.step,
         "world_size": resumed.world_size,
         "iterations": iterations,
@@ -243,12 +264,15 @@ def regrow(out, rank, size):
         "digest": digest(weights),
         "slot_elements": slot_elements(opt),
     }
+    kinds(result, rank, size, QUICK)  # the same kinds' checks under this launcher too
+    return result
 
 
 def main(out, mode):
+    started = time.perf_counter()
     topo = hk.init()
-    modes = {"train": train, "quick": lambda *a: train(*a, quick=True), "resume": resume, "regrow": regrow}
-    result = modes[mode](out, topo.rank, topo.size)
+    result = {"train": train, "resume": resume, "regrow": regrow}[mode](out, topo.rank, topo.size)
+    result["worker_seconds"] = round(time.perf_counter() - started, 2)
     with open(os.path.join(out, f"{mode}-rank{topo.rank}.json"), "w") as f:
         json.dump(result, f)
 
