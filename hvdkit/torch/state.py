@@ -32,37 +32,37 @@ class _TensorSpec:
     device: str = "cpu"  # "cuda": a receiving rank makes its copy on its own current GPU
 
 
-def _split(obj, tensors):
+def split_tensors(obj, tensors):
     """``obj`` with every tensor moved to ``tensors`` and replaced by its ``_TensorSpec``."""
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
         return _TensorSpec(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
     if isinstance(obj, dict):
-        return type(obj)((k, _split(v, tensors)) for k, v in obj.items())
+        return type(obj)((k, split_tensors(v, tensors)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_split(v, tensors) for v in obj)
+        return type(obj)(split_tensors(v, tensors) for v in obj)
     return obj
 
 
-def _join(obj, tensors):
-    """The inverse of ``_split``: every ``_TensorSpec`` replaced by its tensor."""
+def join_tensors(obj, tensors):
+    """The inverse of ``split_tensors``: every ``_TensorSpec`` replaced by its tensor."""
     if isinstance(obj, _TensorSpec):
         return tensors[obj.index]
     if isinstance(obj, dict):
-        return type(obj)((k, _join(v, tensors)) for k, v in obj.items())
+        return type(obj)((k, join_tensors(v, tensors)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_join(v, tensors) for v in obj)
+        return type(obj)(join_tensors(v, tensors) for v in obj)
     return obj
 
 
-def _specs(obj):
-    """Every ``_TensorSpec`` in ``obj``, in ``_split`` order."""
+def tensor_specs(obj):
+    """Every ``_TensorSpec`` in ``obj``, in ``split_tensors`` order."""
     if isinstance(obj, _TensorSpec):
         return [obj]
     if isinstance(obj, dict):
         obj = list(obj.values())
     if isinstance(obj, (list, tuple)):
-        return [s for v in obj for s in _specs(v)]
+        return [s for v in obj for s in tensor_specs(v)]
     return []
 
 
@@ -76,9 +76,9 @@ def describe_state(
     """
     tensors = []
     header = {
-        "model": _split(model.state_dict(), tensors) if model is not None else None,
-        "optimizer": _split(optimizer.state_dict(), tensors) if optimizer is not None else None,
-        "rest": _split(rest, tensors),
+        "model": split_tensors(model.state_dict(), tensors) if model is not None else None,
+        "optimizer": split_tensors(optimizer.state_dict(), tensors) if optimizer is not None else None,
+        "rest": split_tensors(rest, tensors),
     }
     return header, tensors
 
@@ -124,7 +124,7 @@ def receive_state(
     Collective: every rank calls it after the header was broadcast; names are fixed here.
     """
     if comm.size == 1:
-        return _join(header["rest"], tensors)
+        return join_tensors(header["rest"], tensors)
     is_root = comm.rank == root
     problem = None if is_root else _fit_error(header, model, optimizer, root)
     problems = comm.allgather_object(problem, name="hvdkit.state.fit")
@@ -138,13 +138,13 @@ def receive_state(
         tensors = _targets(header, model)
     comm.broadcast_tensors(tensors, name="hvdkit.state.tensors", root=root)
     if not is_root and optimizer is not None:
-        optimizer.load_state_dict(_join(header["optimizer"], tensors))
-    return _join(header["rest"], tensors)
+        optimizer.load_state_dict(join_tensors(header["optimizer"], tensors))
+    return join_tensors(header["rest"], tensors)
 
 
 def _targets(header, model):
     """Where a non-root rank receives each tensor: its model's own tensors, new ones for the rest."""
-    specs = _specs([header["model"], header["optimizer"], header["rest"]])
+    specs = tensor_specs([header["model"], header["optimizer"], header["rest"]])
     tensors = [None] * len(specs)
     own = model.state_dict() if model is not None else {}
     for key, spec in (header["model"] or {}).items():
@@ -172,6 +172,9 @@ def share_state(
     root, or a rank whose model or optimizer does not fit the root's, raises ``error`` on every rank.
     Collective: every rank calls it; names are fixed here.
     """
+    sharded = optimizer if hasattr(optimizer, "share_state") else None  # ZeRO: each rank takes only its slice
+    if sharded is not None:
+        optimizer = None
     outcome, tensors = None, None
     if comm.rank == root:
         try:
@@ -182,7 +185,10 @@ def share_state(
     status, header = comm.broadcast_object(outcome, name="hvdkit.state.header", root=root)
     if status != "ok":
         raise error(header)
-    return receive_state(comm, header, tensors, model, optimizer, root, error)["extra"]
+    extra = receive_state(comm, header, tensors, model, optimizer, root, error)["extra"]
+    if sharded is not None:
+        sharded.share_state(comm, root, error)
+    return extra
 
 
 def broadcast_state(

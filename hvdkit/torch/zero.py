@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from ..core.errors import ConfigError
+from ..core.errors import CollectiveError, ConfigError
 from ..core.options import check_positive_int
 from ._engine import horovod_torch
+from .state import join_tensors, split_tensors, tensor_specs
+
+if TYPE_CHECKING:
+    from ..core.comm import Communicator
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -168,6 +172,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._consolidated_to = None  # the rank consolidate_state_dict() gathered it to, where not this one
         self.chunk_elements = CHUNK_ELEMENTS
         self.last_consolidation = None
+        self.last_scatter = None
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self._groups = [_Group(g["params"], self._rank, self._size) for g in self.param_groups]
         self._inner = type(optimizer)(
@@ -397,6 +402,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         No collective. ``state_dict()`` returns it until the next ``step()``.
         """
+        saved_groups, saved, entries, keys = self._layout(state_dict)
+        inner_state = {
+            gi: {k: (g.own([e[k] for e in entries[gi]]) if k in keys[gi] else v) for k, v in entries[gi][0].items()}
+            for gi, g in enumerate(self._groups)
+            if entries[gi] is not None
+        }
+        self._load_inner(saved_groups, saved, inner_state)
+        self._consolidated, self._consolidated_to = saved, None
+
+    def _layout(self, state_dict):
+        """``(groups, state, entries, keys)`` of an unsharded state dict, checked against this optimizer.
+
+        ``entries[gi]``: the state of group ``gi``'s trainable parameters in order (None: it has none);
+        ``keys[gi]``: which of their state keys are per element (sharded).
+        """
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
@@ -407,21 +427,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
         saved = {int(k): v for k, v in state_dict["state"].items()}
         index = self._indices()
         # the saved hyperparameters decide which state is per element (SGD keeps a momentum buffer only with momentum)
-        sharded_keys = [
-            self._probe_keys(type(self._inner), s, g) for s, g in zip(saved_groups, self._groups, strict=True)
-        ]
-        inner_state = {}
-        for gi, (g, keys) in enumerate(zip(self._groups, sharded_keys, strict=True)):
-            entries = [saved.get(index[id(p)]) for p in g.params]
-            if all(e is None for e in entries):
+        keys = [self._probe_keys(type(self._inner), s, g) for s, g in zip(saved_groups, self._groups, strict=True)]
+        entries = []
+        for gi, g in enumerate(self._groups):
+            group = [saved.get(index[id(p)]) for p in g.params]
+            if all(e is None for e in group):
+                entries.append(None)
                 continue
-            if any(e is None for e in entries):
+            if any(e is None for e in group):
                 raise ValueError(
                     f"param group {gi} has state for some of its trainable parameters only; a sharded optimizer "
                     "needs state for all of them or none"
                 )
-            first = entries[0]
-            inner_state[gi] = {k: (g.own([e[k] for e in entries]) if k in keys else v) for k, v in first.items()}
+            entries.append(group)
+        return saved_groups, saved, entries, keys
+
+    def _load_inner(self, saved_groups, saved, inner_state):
+        """Make ``inner_state`` (this rank's slices) the inner optimizer's; the frozen state and hyperparameters too."""
+        index = self._indices()
         inner_groups = [dict(self._hyper(s), params=[i]) for i, s in enumerate(saved_groups)]
         self._inner.load_state_dict({"state": inner_state, "param_groups": inner_groups})
         self.state = self._inner.state
@@ -429,7 +452,132 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._frozen_state = {p: saved[index[id(p)]] for p in frozen if index[id(p)] in saved}
         for group, s in zip(self.param_groups, saved_groups, strict=True):
             group.update(self._hyper(s))
-        self._consolidated, self._consolidated_to = saved, None
+
+    def share_state(self, comm: Communicator, root: int = 0, error: type[Exception] = CollectiveError) -> None:
+        """Give every rank its slice of ``root``'s whole state (after a restore on ``root``, or a fresh start).
+
+        ``root`` must hold the whole state (after ``load_state_dict`` or ``consolidate_state_dict``).
+        It sends a small header (hyperparameters, step counts, shapes) as an object, the per-element
+        state as tensors: each rank receives only its own slice, in rounds of at most
+        ``chunk_elements`` elements (one all-to-all each, in which only ``root`` sends), so no rank
+        other than ``root`` ever holds more than its slice and one round (``last_scatter`` says how
+        many rounds and elements each rank received). A failure on ``root``, or a rank whose optimizer
+        does not fit, raises ``error`` on every rank. Collective: every rank calls it.
+        """
+        chunk = self.chunk_elements
+        check_positive_int("chunk_elements", chunk)
+        outcome, tensors = None, []
+        if self._rank == root:
+            try:
+                outcome = ("ok", split_tensors(self.state_dict(), tensors))
+            except Exception as e:  # noqa: BLE001 - any failure must reach every rank
+                outcome = ("error", f"rank {root} could not describe its optimizer state ({type(e).__name__}: {e})")
+        status, header = comm.broadcast_object(outcome, name="hvdkit.zero.header", root=root)
+        if status != "ok":
+            raise error(header)
+        problem, layout = None, None
+        try:
+            layout = self._layout(header)
+            for gi, (g, group) in enumerate(zip(self._groups, layout[2], strict=True)):
+                for p, entry in zip(g.params, group, strict=True) if group is not None else ():
+                    for k in layout[3][gi]:
+                        if tuple(entry[k].shape) != tuple(p.shape):
+                            raise ValueError(
+                                f"state {k!r} of a parameter of group {gi} is {entry[k].shape}, not {p.shape}"
+                            )
+        except (ValueError, KeyError, AttributeError) as e:
+            problem = str(e)
+        problems = comm.allgather_object(problem, name="hvdkit.zero.fit")
+        bad = [(r, p) for r, p in enumerate(problems) if p]
+        if bad:
+            r, p = bad[0]
+            raise error(
+                f"rank {r} cannot take rank {root}'s optimizer state: {p}; every rank must build the same optimizer"
+            )
+        saved_groups, _, entries, keys = layout
+        sliced = {id(e[k]) for gi, group in enumerate(entries) for e in group or [] for k in keys[gi]}
+        small = [s for s in tensor_specs(header) if id(s) not in sliced]  # step counts, frozen parameters' state
+        if self._rank != root:
+            tensors = [None] * len(tensor_specs(header))
+            for s in small:
+                tensors[s.index] = torch.empty(s.shape, dtype=s.dtype, device=s.device)
+        comm.broadcast_tensors([tensors[s.index] for s in small], name="hvdkit.zero.small", root=root)
+        mine = self._scatter(entries, keys, tensors, root, chunk)
+        if self._rank == root:
+            return  # load_state_dict (or the consolidation) already gave it its slices
+        state = join_tensors(header, tensors)
+        saved = {int(k): v for k, v in state["state"].items()}
+        index = self._indices()
+        inner_state = {}
+        for gi, g in enumerate(self._groups):
+            if entries[gi] is None:
+                continue
+            first = saved[index[id(g.params[0])]]
+            inner_state[gi] = {k: (mine[gi, k] if k in keys[gi] else v) for k, v in first.items()}
+        self._load_inner(saved_groups, saved, inner_state)
+        if any(e is not None for e in entries):
+            self._consolidated, self._consolidated_to = None, root
+        else:  # nothing per element (a fresh optimizer): the whole state is what every rank now holds
+            self._consolidated, self._consolidated_to = saved, None
+
+    def _device(self):
+        return self._groups[0].shard.device if self._groups else torch.device("cpu")
+
+    def _scatter(self, entries, keys, tensors, root, chunk):
+        """Send each rank its slices of the per-element state, in rounds; ``{(group, key): this rank's slice}``."""
+        pieces = []  # (group, key, rank, lo, hi, dtype): elements [lo, hi) of the group's flat state
+        for gi, (g, group) in enumerate(zip(self._groups, entries, strict=True)):
+            if group is None:
+                continue
+            for k in keys[gi]:
+                dtype = group[0][k].dtype
+                for r, (a, b) in enumerate(partition(g.offsets[-1], self._size)):
+                    if r != root:  # the root keeps the slices it loaded
+                        pieces.extend((gi, k, r, lo, min(lo + chunk, b), dtype) for lo in range(a, b, chunk))
+        rounds = []  # each round: pieces of one dtype, <= chunk elements, sent in rank order
+        for piece in pieces:
+            n = piece[4] - piece[3]
+            if not rounds or rounds[-1][0] != piece[5] or rounds[-1][1] + n > chunk:
+                rounds.append([piece[5], 0, []])
+            rounds[-1][1] += n
+            rounds[-1][2].append(piece)
+        mine = {}
+        for gi, g in enumerate(self._groups):
+            for k in keys[gi] if entries[gi] is not None else []:
+                start, stop = g.slice
+                mine[gi, k] = torch.empty(stop - start, dtype=entries[gi][0][k].dtype, device=self._device())
+        received = 0
+        for i, (dtype, _, round_) in enumerate(rounds):
+            round_.sort(key=lambda piece: piece[2])  # stable: the same order on every rank
+            splits = torch.zeros(self._size, dtype=torch.int32)
+            if self._rank == root:
+                parts = []
+                for gi, k, r, lo, hi, _ in round_:
+                    parts.append(self._flat_range(gi, [tensors[e[k].index] for e in entries[gi]], lo, hi))
+                    splits[r] += hi - lo
+                send = torch.cat(parts).to(self._device())
+            else:
+                send = torch.empty(0, dtype=dtype, device=self._device())
+            out, _ = self._hvd.alltoall(send, splits=splits, name=f"hvdkit.zero.scatter.{i}")
+            received = max(received, out.numel())
+            at = 0
+            for gi, k, r, lo, hi, _ in round_:
+                if r == self._rank:
+                    start = self._groups[gi].slice.start
+                    mine[gi, k][lo - start : hi - start].copy_(out[at : at + hi - lo])
+                    at += hi - lo
+            del out
+        self.last_scatter = {"root": root, "rounds": len(rounds), "largest_round": received}
+        return mine
+
+    def _flat_range(self, gi, tensors, lo, hi):
+        """Elements ``[lo, hi)`` of the flat vector of group ``gi``'s ``tensors`` (one per trainable parameter)."""
+        g = self._groups[gi]
+        parts = []
+        for t, a, b in zip(tensors, g.offsets, g.offsets[1:], strict=False):
+            if a < hi and lo < b:
+                parts.append(t.reshape(-1)[max(lo - a, 0) : min(hi, b) - a])
+        return torch.cat(parts)
 
 
 def _is_slice(value):

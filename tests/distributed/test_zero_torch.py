@@ -158,6 +158,20 @@ def test_consolidating_to_rank_0_moves_bounded_rounds_and_other_ranks_keep_nothi
         assert r["everywhere"]["kept"] == whole
 
 
+def test_a_restore_scatters_each_rank_only_its_slice_in_bounded_rounds(runs):
+    r0, r1 = (r["bounded"] for r in runs[0])
+    whole, chunk = r0["state_per_element"], r0["chunk"]
+    for r in (r0, r1):
+        s = r["scatter"]
+        assert s["slices_equal"]  # bitwise the slices this rank's optimizer held before the save
+        assert s["params_equal"] and s["lr"] == 1e-3  # rank 0's parameters and hyperparameters
+        assert s["own_per_element"] == whole // 2
+        assert s["rounds"] == s["spied_calls"] >= (whole // 2) // chunk  # rank 1's half, in rounds
+    assert r0["scatter"]["spied_received"] == 0  # the root sends, keeps the slices it loaded
+    assert r1["scatter"]["spied_received"] == whole // 2  # rank 1 received exactly its slices, nothing more
+    assert 0 < r1["scatter"]["spied_largest"] <= chunk  # never more than one round at a time
+
+
 def test_checkpoint_save_gathers_to_rank_0_only_in_chunks(runs):
     c0, c1 = (r["checkpoint"]["consolidation"] for r in runs[0])
     assert c0["to"] == c1["to"] == 0

@@ -203,6 +203,11 @@ class _GatherSpy:
         self.received.append(sum(o.numel() for o in outs))
         return outs
 
+    def alltoall(self, tensor, **kwargs):
+        out, splits = self.hvd.alltoall(tensor, **kwargs)
+        self.received.append(out.numel())
+        return out, splits
+
 
 def bounded(rank, size):
     """Adam over 68,362 parameters, consolidated to rank 0 in rounds of ``CHUNK`` elements and to every rank."""
@@ -236,12 +241,40 @@ def bounded(rank, size):
             for k, v in entry.items()
         )
     )
+    # A restore: rank 0 loads the whole state into a fresh sharded Adam, broadcast_state scatters the slices.
+    model2 = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 10))
+    opt2 = hk.DistributedOptimizer(
+        torch.optim.Adam(model2.parameters(), lr=5e-4), model=model2, shard_optimizer_state=True
+    )
+    if rank == 0:
+        model2.load_state_dict(model.state_dict())
+        opt2.load_state_dict(gathered)
+    opt2.chunk_elements = CHUNK
+    spy = _GatherSpy(opt2._hvd)
+    opt2._hvd = spy
+    hk.broadcast_state(model2, opt2)
+    opt2._hvd = spy.hvd
+    slices_equal = len(opt2.state) == len(opt.state) == 1 and all(
+        torch.equal(opt2.state[g2.shard][key], v)
+        for g, g2 in zip(opt._groups, opt2._groups, strict=True)
+        for key, v in opt.state[g.shard].items()
+    )
     return {
         "to_rank0": to_rank0,
         "everywhere": everywhere,
         "state_per_element": per_element(ref["state"]),
         "same_as_everywhere": same,
         "chunk": CHUNK,
+        "scatter": dict(
+            opt2.last_scatter,
+            spied_received=sum(spy.received),
+            spied_largest=max(spy.received),
+            spied_calls=len(spy.received),
+            own_per_element=per_element(opt2.state),
+            slices_equal=slices_equal,
+            lr=opt2.param_groups[0]["lr"],
+            params_equal=all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters())),
+        ),
     }
 
 

@@ -3,7 +3,7 @@ was received into CPU tensors, and Horovod refused the mixed broadcast)."""
 
 import torch
 
-from hvdkit.torch.state import _split, _targets
+from hvdkit.torch.state import _targets, split_tensors
 
 
 def test_a_receiving_rank_makes_optimizer_state_on_the_device_type_the_root_holds_it():
@@ -12,9 +12,9 @@ def test_a_receiving_rank_makes_optimizer_state_on_the_device_type_the_root_hold
     root_optimizer_state = {"state": {0: {"momentum_buffer": torch.empty(2, 2, device="meta")}}, "param_groups": []}
     tensors = []
     header = {
-        "model": _split(model.state_dict(), tensors),
-        "optimizer": _split(root_optimizer_state, tensors),
-        "rest": _split({}, tensors),
+        "model": split_tensors(model.state_dict(), tensors),
+        "optimizer": split_tensors(root_optimizer_state, tensors),
+        "rest": split_tensors({}, tensors),
     }
     targets = _targets(header, model)
     assert [t.device.type for t in targets] == ["cpu", "cpu", "meta"]  # the model's own tensors, then the new one
