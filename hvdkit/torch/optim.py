@@ -59,7 +59,8 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       reduce-scattered and the updated slices all-gathered (the bytes of one allreduce). For torch's
       elementwise optimizers (SGD, Adam, AdamW, ...; others raise ConfigError). ``state_dict()``
       stays the unsharded one, so checkpoints (``hk.Checkpointer``) restore at any world size,
-      sharded or not. Gradients are reduced in ``step()``, not during ``backward()``.
+      sharded or not (the restore sends each rank only its slice). Gradients are reduced in
+      ``step()``, not during ``backward()``.
 
     Unsharded, the result is an instance of a subclass of Horovod's class that adds
     ``add_synchronize_listener(listener)``: ``listener(seconds)`` is called after every
