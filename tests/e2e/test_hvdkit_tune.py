@@ -113,15 +113,9 @@ def test_a_bad_trial_is_pruned_gracefully_on_both_of_its_ranks(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("lr: {type: categorical, choices: [0.1, 0.00001]}\n")
     out = tmp_path / "pruned"
-    command = [
-        "examples/torch_digits.py",
-        "--epochs",
-        "12",
-        "--compression",
-        "none",
-        "--checkpoint-dir",
-        "{trial_dir}/ckpt",
-    ]
+    # 20 short epochs (batch 64): the pruner decides at epoch 0, and the stop reaches the ranks well before the end
+    command = ["examples/torch_digits.py", "--epochs", "20", "--batch-size", "64", "--compression", "none"]
+    command += ["--checkpoint-dir", "{trial_dir}/ckpt"]
     # seed 10: the sampler tries lr 0.1 first, then 1e-05 (asserted below)
     flags = ("--trials", "2", "--parallel", "1", "-np", "2", "--pruner", "median", "--pruner-startup-trials", "1")
     argv = _argv(out, space, *flags, "--seed", "10", command=command)
@@ -134,5 +128,5 @@ def test_a_bad_trial_is_pruned_gracefully_on_both_of_its_ranks(tmp_path):
     assert "hvdkit run: stopped by SIGTERM: every rank exited cleanly" in log, log[-3000:]
     assert log.count("checkpoint saved") == 1 and "stopped in epoch" in log  # rank 0 saved the step it stopped at
     reports = (out / "trials" / "0001" / "reports-0001.jsonl").read_text().splitlines()
-    assert 1 <= len(reports) < 12  # stopped, not finished
+    assert 1 <= len(reports) < 20  # stopped, not finished
     assert _trial_processes(out) == []
