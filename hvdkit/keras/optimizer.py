@@ -113,8 +113,8 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       RMSprop, Adagrad, Adadelta, Lion, Ftrl); ``global_clipnorm`` and ``clipvalue`` act as
       unsharded (the global norm comes from the slices in one allreduce); ``clipnorm``, ``use_ema``,
       gradient accumulation (``backward_passes_per_step > 1``), ``exclude_from_weight_decay`` and
-      non-elementwise optimizers (Lamb, Adafactor, Muon, ...) raise ConfigError. A gradient that is None counts as
-      0. ``hk.CheckpointCallback`` (``hvdkit.tensorflow.Checkpointer``) saves the unsharded state,
+      non-elementwise optimizers (Lamb, Adafactor, Muon, ...) raise ConfigError. A gradient that
+      is None counts as 0. ``hk.CheckpointCallback`` (``hvdkit.tensorflow.Checkpointer``) saves the unsharded state,
       gathered to rank 0, which any world size restores, sharded or not; ``BroadcastInitialStateCallback``
       sends only the variables that are not per-slice. Build it (``fit``, ``apply`` or ``build``) with
       every variable it will update.

@@ -108,8 +108,9 @@ class Checkpointer(CheckpointerBase):
 
         ``epoch`` is the number of epochs completed. Returns the checkpoint path on every rank.
         ``extra`` may hold None, bool, int, float, str, bytes, lists, tuples, dicts (scalar keys)
-        and tensors; anything else raises ConfigError on every rank naming its key path and type, and
-        nothing is written. A sharded optimizer (``shard_optimizer_state=True``) is saved as the
+        and tensors; anything else (a NumPy scalar or array, a path, an object of your own class),
+        in ``extra`` or in a state dict, raises ConfigError on every rank naming its key path and
+        type, and nothing is written. A sharded optimizer (``shard_optimizer_state=True``) is saved as the
         unsharded one, gathered to rank 0 first, so any world size restores it, sharded or not.
         Collective: every rank calls it.
         """

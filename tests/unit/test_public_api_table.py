@@ -30,8 +30,8 @@ PAGE = ROOT / "docs" / "api" / "names.md"
 # Names shared by adapters whose arguments differ by framework; the arguments they share must still agree.
 FRAMEWORK_EXTRAS = {
     "DistributedOptimizer": (
-        "torch's takes model=, op=, max_grad_norm= (Keras clips inside its own optimizer) "
-        "and shard_optimizer_state= (ZeRO-1, torch only so far)"
+        "torch's takes model=, op=, max_grad_norm= (Keras clips inside its own optimizer); "
+        "both take shard_optimizer_state= (ZeRO-1)"
     ),
 }
 
