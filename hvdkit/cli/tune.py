@@ -44,6 +44,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="median pruner: finished trials before it prunes (default 5)",
     )
     t.add_argument(
+        "--pruner-warmup-epochs",
+        type=int,
+        default=0,
+        metavar="E",
+        help="median pruner: never prune before epoch E (0-based; default 0)",
+    )
+    t.add_argument(
         "--storage",
         metavar="URL|FILE",
         help="where the study lives: an RDB URL (sqlite:///s.db, postgresql://...) or a journal file on shared "
@@ -93,6 +100,7 @@ def main(args: argparse.Namespace) -> int:
         num_proc=args.num_proc,
         pruner=args.pruner,
         pruner_startup_trials=args.pruner_startup_trials,
+        pruner_warmup_epochs=args.pruner_warmup_epochs,
         storage=args.storage,
         study_name=args.study_name,
         out=args.out,

@@ -63,14 +63,14 @@ def open_storage(storage: str | None, out: str) -> Any:
     return optuna.storages.JournalStorage(JournalFileBackend(path))
 
 
-def make_pruner(name: str, startup_trials: int) -> Any:
+def make_pruner(name: str, startup_trials: int, warmup_epochs: int = 0) -> Any:
     """Optuna's pruner for ``--pruner``: ``median`` (MedianPruner: stop a trial whose value at an epoch
     is worse than the median of earlier trials' at that epoch, once ``startup_trials`` trials have
-    finished), ``asha`` (SuccessiveHalvingPruner: rungs at epochs 1, 3, 9, ...; keep the best third),
-    ``none``."""
+    finished, from epoch ``warmup_epochs`` on), ``asha`` (SuccessiveHalvingPruner: rungs at epochs
+    1, 3, 9, ...; keep the best third), ``none``."""
     optuna = import_optuna()
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=0)
+        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_epochs)
     if name == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
     if name == "none":

@@ -47,6 +47,7 @@ class TuneConfig:
     num_proc: int = 1
     pruner: str = "median"
     pruner_startup_trials: int = 5
+    pruner_warmup_epochs: int = 0
     storage: str | None = None
     study_name: str = "hvdkit-tune"
     out: str = "tune-out"
@@ -66,6 +67,7 @@ class TuneConfig:
             ("--trials", self.trials, 1),
             ("--retries", self.retries, 0),
             ("--pruner-startup-trials", self.pruner_startup_trials, 0),
+            ("--pruner-warmup-epochs", self.pruner_warmup_epochs, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(f"{flag} must be an integer >= {least} (got {value!r})")
@@ -127,7 +129,7 @@ class Driver:
             study_name=cfg.study_name,
             direction=direction,
             sampler=optuna.samplers.TPESampler(seed=cfg.seed),
-            pruner=make_pruner(cfg.pruner, cfg.pruner_startup_trials),
+            pruner=make_pruner(cfg.pruner, cfg.pruner_startup_trials, cfg.pruner_warmup_epochs),
             load_if_exists=True,
         )
         if study.direction.name.lower() != direction:
