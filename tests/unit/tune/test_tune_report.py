@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hvdkit.core.comm import LocalCommunicator
 from hvdkit.core.errors import ConfigError
+from hvdkit.core.monitoring.tracking import Tracker
 from hvdkit.core.tune_channel import read_reports, report_from
 from hvdkit.tune import report
 
@@ -85,3 +87,18 @@ def test_importing_hvdkit_tune_loads_no_framework_and_no_optuna():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "[]"
+
+
+class _Rank1(LocalCommunicator):
+    rank = 1
+    size = 2
+
+
+def test_a_tracker_reports_what_it_logs_to_the_trial_from_rank_0_only(tmp_path, monkeypatch):
+    path = tmp_path / "r.jsonl"
+    monkeypatch.setenv("HVDKIT_TUNE_REPORT", str(path))
+    with Tracker(LocalCommunicator(), tmp_path / "tb", backends=()) as t:
+        t.log_metrics({"val_loss": 0.75, "val_accuracy": 0.5}, step=2)
+    with Tracker(_Rank1(), tmp_path / "tb1", backends=()) as t:
+        t.log_metrics({"val_loss": 99.0}, step=2)
+    assert read_reports(str(path))[0] == [{"epoch": 2, "metrics": {"val_loss": 0.75, "val_accuracy": 0.5}}]
