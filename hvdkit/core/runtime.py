@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 
 from . import env as _env
 from . import log as _log
+from .autocompress import wanted_compression
 from .horovod_settings import engine_settings
 from .lr import check_rule
 from .lr import scaled_lr as _scaled_lr
 from .metrics import average_metrics as _average_metrics
+from .monitoring.straggler import straggler_threshold
+from .options import AUTO
 from .preemption import DEFAULT_SIGNALS, PreemptionGuard
 from .topology import Topology
 
@@ -26,7 +29,20 @@ if TYPE_CHECKING:
     from .comm import Communicator
     from .metrics import MetricTracker
 
-__all__ = ["Runtime", "RuntimePreemptionGuard"]
+__all__ = ["Runtime", "RuntimePreemptionGuard", "check_rank_env"]
+
+
+def check_rank_env(environ: Mapping[str, str] | None = None) -> None:
+    """Read every HVDKIT_* variable a rank reads only later, so that a bad value fails now.
+
+    HVDKIT_PROGRESS and HVDKIT_PROGRESS_INTERVAL (the first progress line), HVDKIT_STRAGGLER_THRESHOLD
+    (the first straggler check) and HVDKIT_COMPRESSION (``compression="auto"``) would otherwise raise
+    minutes or hours into a job. Raises ConfigError naming the variable, its text and the fix.
+    """
+    _env.flag(_env.PROGRESS, environ=environ)
+    _env.seconds(_env.PROGRESS_INTERVAL, None, environ=environ)
+    straggler_threshold(environ=environ)
+    wanted_compression(AUTO, environ=environ)
 
 
 class Runtime:
@@ -70,11 +86,15 @@ class Runtime:
         that stops taking part in collectives ends the job with an error naming it.
         Also sets hvdkit's Horovod cycle time (``hvdkit.core.horovod_settings``) unless it is set.
         Collective: every rank calls it.
+        A bad value of an HVDKIT_* variable the ranks read later raises ConfigError here, on every
+        rank (``check_rank_env``).
         Env: HVDKIT_STALL_TIMEOUT (seconds, default 600), unless HOROVOD_STALL_* are set;
         HOROVOD_CYCLE_TIME, HOROVOD_CACHE_CAPACITY, HOROVOD_FUSION_THRESHOLD (a value set wins).
         """
         hvd = self._engine()
         first = self._comm is None
+        if first:
+            check_rank_env()  # every rank, before Horovod starts: a bad value cannot leave a rank waiting
         if first and not (hasattr(hvd, "is_initialized") and hvd.is_initialized()):
             os.environ.update(_env.stall_settings())  # Horovod reads them when it starts
             os.environ.update(engine_settings())
