@@ -117,3 +117,12 @@ def test_a_1_rank_unsharded_checkpoint_resumes_sharded_at_2_ranks_under_gloo_and
     assert r0["step"] == 12 and r0["world_size"] == 1 and r0["iterations"] == 12
     assert [r0["slot_elements"], r1["slot_elements"]] == [56, 54]
     assert np.max(np.abs(_flat(r0["weights"]) - uninterrupted)) / np.max(np.abs(uninterrupted)) < 1e-5
+
+
+def test_checkpoint_callback_in_a_sharded_fit_saves_what_the_unsharded_optimizer_holds(runs):
+    resumed, plain = runs["resume"], runs["train"][0]["plain_adamw_state"]
+    assert resumed["fit_epoch"] == 1
+    assert len(resumed["fit_state"]) == len(plain) == 10  # iteration, learning rate, 2 moments x 4 variables
+    assert resumed["fit_state"][0] == plain[0] == 16
+    saved, want = _flat(resumed["fit_state"][2:]), _flat(plain[2:])
+    assert np.max(np.abs(saved - want)) / np.max(np.abs(want)) < TOL

@@ -94,7 +94,7 @@ def slot_elements(opt):
     return sum(int(np.prod(v.shape)) for v in opt.variables if len(v.shape) > 0)
 
 
-def fit(kind, make, shard, rank, size):
+def fit(kind, make, shard, rank, size, out=None):
     model = make_model()
     compression = "fp16" if kind.endswith("fp16") else "none"
     opt = hk.DistributedOptimizer(make(), compression=compression, shard_optimizer_state=shard)
@@ -109,7 +109,8 @@ def fit(kind, make, shard, rank, size):
         epochs=1,
         shuffle=False,
         verbose=0,
-        callbacks=[hk.BroadcastInitialStateCallback()],
+        callbacks=[hk.BroadcastInitialStateCallback()]
+        + ([hk.CheckpointCallback(os.path.join(out, "fit"), model)] if shard and kind == "adamw" else []),
     )
     return model, opt
 
@@ -174,14 +175,15 @@ def timed(result, name, call):
     result.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 2)
 
 
-def kinds(result, rank, size, names):
+def kinds(result, rank, size, names, out=None):
     """Train each kind of ``names`` sharded and unsharded (``FIT`` under model.fit, the rest eagerly); compare."""
     runs = {}
     for kind in names:
         make, loop = FIT_KINDS[kind], fit if kind in FIT else eager_loop
 
         def both(kind=kind, make=make, loop=loop):
-            runs[kind] = loop(kind, make, True, rank, size), loop(kind, make, False, rank, size)
+            sharded = loop(kind, make, True, rank, size, out) if loop is fit else loop(kind, make, True, rank, size)
+            runs[kind] = sharded, loop(kind, make, False, rank, size)
             return compare(kind, *runs[kind])
 
         timed(result, kind, both)
@@ -190,7 +192,7 @@ def kinds(result, rank, size, names):
 
 def train(out, rank, size):
     result = {}
-    runs = kinds(result, rank, size, FIT_KINDS)
+    runs = kinds(result, rank, size, FIT_KINDS, out)
     # clipping by a norm of this rank's slices alone would end elsewhere: the clipping really acted
     clipped, unclipped = runs["sgd_clip"][0][0], runs["sgd"][1][0]
     result["sgd_clip"]["vs_unclipped"] = max(
@@ -213,6 +215,7 @@ def train(out, rank, size):
     ]
     result["consolidated_rel_diff"] = rel_diff(consolidated[2:], [v.numpy() for v in plain_opt.variables[2:]])
     result["consolidated_iterations"] = int(consolidated[0])
+    result["plain_adamw_state"] = [v.numpy().tolist() for v in plain_opt.variables]
 
     # checkpoints: the uninterrupted sharded run saves at SAVE
     start = time.perf_counter()
@@ -247,6 +250,12 @@ def resume(out, rank, size):
     htf.Checkpointer(os.path.join(out, "a"), model, opt).restore()
     loop(train_step(model, opt), SAVE, STEPS, rank, size)
     result["sharded"] = [w.numpy().tolist() for w in model.trainable_weights]
+    # what CheckpointCallback saved at the end of the sharded fit: an unsharded optimizer's state
+    model = make_model()
+    model.compile(optimizer=hk.DistributedOptimizer(FIT_KINDS["adamw"]()), loss="mse")
+    ckpt = hk.CheckpointCallback(os.path.join(out, "fit"), model)
+    result["fit_epoch"] = ckpt.restore().epoch
+    result["fit_state"] = [v.numpy().tolist() for v in model.optimizer.variables]
     return result
 
 
