@@ -21,7 +21,17 @@ falls when the link gets faster (``tests/unit/benchmarks/test_scaling_model.py``
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["GBIT", "Link", "Step", "allreduce_seconds", "efficiency", "simulate", "fit_link"]
+__all__ = [
+    "GBIT",
+    "Link",
+    "Step",
+    "allreduce_seconds",
+    "efficiency",
+    "simulate",
+    "fit_link",
+    "zero_memory",
+    "zero_step",
+]
 
 GBIT = 1e9 / 8  # bytes/s in 1 Gbit/s
 
@@ -166,3 +176,44 @@ def fit_link(points, p):
     if b <= 0:
         raise ValueError(f"allreduce times do not grow with size (slope {b:g} s/B): nothing to fit a bandwidth to")
     return Link(2.0 * (p - 1) / p / b, max(0.0, a) / (2.0 * (p - 1)))
+
+
+def zero_memory(params, p, weight_bytes=4, grad_bytes=4, state_bytes=8, shard_copy_bytes=0, transient_bytes=0):
+    """Bytes per rank of data-parallel training with and without ZeRO-1, ``{"plain", "sharded", "ratio"}``.
+
+    Per parameter: weights, gradients and optimizer state (Adam in fp32: 4 + 4 + 8) on every rank
+    unsharded; ZeRO-1 keeps the state of ``1/p`` of them only. ``shard_copy_bytes`` per parameter
+    of the rank's slice are what an implementation keeps besides (hvdkit's ShardedOptimizer: a copy
+    of the slice and its gradient, 8), ``transient_bytes`` per parameter what it allocates during a
+    step (hvdkit's: the flat gradient and the gathered parameters, 8): the peak, when given.
+    """
+    if not (isinstance(p, int) and p >= 1):
+        raise ValueError(f"p must be an integer >= 1 (got {p!r})")
+    if not params >= 0:
+        raise ValueError(f"params must be >= 0 (got {params!r})")
+    base = params * (weight_bytes + grad_bytes)
+    plain = base + params * state_bytes
+    sharded = base + params * (state_bytes + shard_copy_bytes) / p + params * transient_bytes
+    return {"plain": plain, "sharded": sharded, "ratio": sharded / plain if plain else 1.0}
+
+
+def zero_step(step, optimizer_s, p, link):
+    """Seconds per step and efficiency, unsharded against ZeRO-1, ``{"plain": {...}, "sharded": {...}}``.
+
+    ``step`` is forward + backward (``compute_s``) and its gradients; ``optimizer_s`` is one
+    process's optimizer update of all parameters. Unsharded (Horovod's allreduce, overlapped with
+    backward as ``simulate`` does) every rank updates everything after the last allreduce.
+    ZeRO-1 as hvdkit runs it: the reduce-scatter starts after backward (no overlap), each rank
+    updates ``1/p`` of the parameters, then the all-gather; the two move the bytes of one allreduce
+    in a ring, so their cost is ``simulate``'s without overlap. Efficiency is against one process
+    with the unsharded optimizer (``share`` applied as in ``simulate``).
+    """
+    if not optimizer_s >= 0:
+        raise ValueError(f"optimizer_s must be >= 0 (got {optimizer_s!r})")
+    single = step.compute_s + optimizer_s
+    plain = simulate(step, p, link)["step_s"] + optimizer_s
+    sharded = simulate(step.with_(overlap=False), p, link)["step_s"] + optimizer_s / p
+    return {
+        name: {"step_s": t, "efficiency": step.share * single / t}
+        for name, t in (("plain", plain), ("sharded", sharded))
+    }

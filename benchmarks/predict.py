@@ -16,9 +16,14 @@ Three parts, written to OUT/prediction.json, OUT/prediction.png and (with ``--do
    link fitted at each shaped rate.
 3. **Prediction.** Efficiency at 2-512 ranks on 1/10/25/100 Gbit/s links for the benchmark model and
    for ResNet-50-sized gradients.
+4. **ZeRO-1** (``zero_prediction``, when a ZeRO section was recorded: the suite's ``zero`` or
+   ``--zero``): memory per rank and step time / efficiency at 8-512 ranks, sharded against not, for
+   the section's model from its measured compute and Adam times; memory for a 1.5 B-parameter model
+   too. Also drawn to OUT/zero-prediction.png.
 """
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -28,6 +33,7 @@ from hvdkit.core.errors import ConfigError
 
 from . import docs
 from .model import Link, Step, fit_link, simulate
+from .zero_predict import zero_plot, zero_prediction, zero_table
 
 __all__ = [
     "PUBLISHED",
@@ -264,6 +270,8 @@ def table(report):
             row = w["fp16_rates"].get(g)
             if row:
                 lines.append(f"    {g + ' fp16':>7} " + "".join(f"{row[p]:7.2f}" for p in ranks))
+    if report.get("zero"):
+        lines += zero_table(report["zero"])
     return "\n".join(lines)
 
 
@@ -289,7 +297,8 @@ def plot(report, path):
     return save_figure(fig, path)
 
 
-def build_report(results, network=None):
+def build_report(results, network=None, zero=None):
+    """Every part of the report; ``zero``: a recorded ZeRO-1 section (default: the suite's own, if any)."""
     links = network_links(network)
     alpha = DEFAULT_ALPHA_S
     report = {
@@ -299,6 +308,8 @@ def build_report(results, network=None):
         "network": network_check(network, links),
     }
     report["prediction"] = prediction(results, alpha)
+    zero = zero or results.get("zero")
+    report["zero"] = zero_prediction(zero, alpha) if zero else None
     return report
 
 
@@ -335,6 +346,11 @@ def main(argv=None):
         help="the network section's JSON, if any "
         "(default: OUT/network/results.json if it exists, else docs/bench/network/results.json)",
     )
+    p.add_argument(
+        "--zero",
+        default=None,
+        help="a recorded ZeRO-1 section's JSON (default: the suite's own, else the newest docs/bench/zero-*/zero.json)",
+    )
     p.add_argument("--docs", default=None, metavar="PAGE", help="also rewrite the bench:model section of this page")
     args = p.parse_args(argv)
     results_path = args.results or _first_file(os.path.join(args.out, "results.json"), "docs/bench/results.json")
@@ -346,13 +362,21 @@ def main(argv=None):
         raise ConfigError(f"no suite results at {results_path}; run `hvdkit bench --out {args.out}` first")
     if args.docs:
         docs.check_page(args.docs, docs.MODEL)
-    report = build_report(results, _load(network_path))
+    recorded = sorted(glob.glob("docs/bench/zero-*/zero.json"))
+    zero_path = args.zero or (recorded[-1] if recorded and "zero" not in results else None)
+    if args.zero and not os.path.isfile(args.zero):
+        raise ConfigError(
+            f"--zero {args.zero!r} is not a file; pass a ZeRO-1 section's JSON (docs/bench/zero-*/zero.json)"
+        )
+    report = build_report(results, _load(network_path), _load(zero_path))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "prediction.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
     text = table(report)
     print(text)
     png = plot(report, os.path.join(args.out, "prediction.png"))
+    if report["zero"]:
+        zero_plot(report["zero"], os.path.join(args.out, "zero-prediction.png"))
     if args.docs:
         rel = os.path.relpath(png, os.path.dirname(args.docs) or ".")
         docs.replace_section(args.docs, f"![prediction]({rel})\n\n```\n{text}\n```\n", docs.MODEL)

@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from ..diagnostics.doctor import local_versions
 from ..launcher.plan import find_tool
 from .stats import Samples, check_close, interleaved
 
-__all__ = ["Suite", "TUNING", "busy_warning", "machine", "publish", "run_job", "say"]
+__all__ = ["NETNS", "Suite", "TUNING", "busy_warning", "machine", "netns_wrapper", "publish", "run_job", "say"]
 
 # Horovod settings compared by the tuning section: (label, extra environment for the job).
 TUNING = (
@@ -31,6 +32,27 @@ TUNING = (
     ("cycle 2 ms", {"HOROVOD_CYCLE_TIME": "2"}),
     ("cycle 5 ms", {"HOROVOD_CYCLE_TIME": "5"}),
 )
+
+
+# Runs "$@" in a new network namespace whose loopback is up: its /proc/net/dev counts that job alone.
+NETNS = ("unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "netns")
+
+
+def netns_wrapper() -> tuple[tuple[str, ...] | None, str]:
+    """(the argv prefix that runs a job in a private network namespace, or None; why not, if None).
+
+    Needs root (or CAP_SYS_ADMIN), ``unshare`` and ``ip``; tried once with ``true``.
+    """
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        return None, f"{' and '.join(missing)} not found (util-linux, iproute2)"
+    try:
+        probe = subprocess.run([*NETNS, "true"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"unshare -n failed: {e}"
+    if probe.returncode != 0:
+        return None, f"unshare -n failed (exit {probe.returncode}): {probe.stderr.strip()[-300:]}"
+    return NETNS, ""
 
 
 def say(msg: str) -> None:
@@ -136,13 +158,29 @@ class Suite:
         env: Mapping[str, str] | None = None,
         ranks: bool = True,
         timeout: float = 600,
+        wrap: Sequence[str] = (),
     ) -> Any:
-        """Run one worker (under ``hvdkit run`` unless ``ranks`` is False); its JSON result."""
+        """Run one worker (under ``hvdkit run`` unless ``ranks`` is False; the whole command after
+        ``wrap``, e.g. ``NETNS``); its JSON result."""
         path = os.path.join(self.out, "jobs", f"{name}.json")  # each job's own result; results.json has them all
         cmd = [self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
         if ranks:
             cmd = [self.hvdkit, "run", "-np", str(self.np), *(["--gloo"] if gloo else []), "--", *cmd]
-        return run_job(name, cmd, path, env, timeout)
+        return run_job(name, [*wrap, *cmd], path, env, timeout)
+
+    def zero(self) -> dict[str, Any]:
+        """(h) ZeRO-1: ``zero_bench`` timed (both variants interleaved, MPI), then each variant alone
+        in a job of its own for its memory, over Gloo in a private network namespace for its bytes
+        on the wire (without one: memory only, and the reason)."""
+        out: dict[str, Any] = {"time": self.job("zero_time", "zero_bench")}
+        wrap, why = netns_wrapper()
+        out["netns"] = wrap is not None
+        if wrap is None:
+            out["netns_note"] = f"bytes on the wire not measured: {why}"
+            say(f"zero: {out['netns_note']}")
+        for v in ("plain", "sharded"):
+            out[v] = self.job(f"zero_{v}", "zero_bench", "--part", v, gloo=True, wrap=wrap or ())
+        return out
 
     def startup(self, reps: int) -> dict[str, Any]:
         """(g) ``hvdkit run`` against the raw ``mpirun`` command, each starting N ranks that print their rank."""

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["PLOTS", "goals", "table", "plots", "markdown", "compression_advice"]
+__all__ = ["PLOTS", "goals", "table", "plots", "markdown", "compression_advice", "zero_summary"]
 
-PLOTS = ("bandwidth.png", "scaling.png")  # what plots() draws into the results folder
+PLOTS = ("bandwidth.png", "scaling.png", "zero.png")  # what plots() draws into the results folder
 MB = 1 << 20
 
 
@@ -85,7 +85,122 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             results["startup"]["extra_s"] <= 0.3,
         ),
     ]
+    if "zero" in results:
+        z = zero_summary(results["zero"])
+        target = 1 / results["ranks"] + 0.01
+        rows += [
+            (
+                "ZeRO-1 Adam state per rank / unsharded",
+                z["state_ratio"],
+                f"<= {target:.2f}",
+                z["state_ratio"] <= target,
+            ),
+            ("ZeRO-1 peak resident memory per rank / unsharded", z["peak_ratio"], "report", None),
+            ("ZeRO-1 / unsharded training throughput", z["throughput_ratio"], "report", None),
+        ]
     return [{"name": n, "value": v, "target": tg, "met": m} for n, v, tg, m in rows]
+
+
+def zero_summary(zero: dict[str, Any]) -> dict[str, Any]:
+    """Section (h) in figures: per variant the state, resident and peak bytes (the largest rank's),
+    step time, wire bytes (measured; None without a private network namespace) and the ring
+    formula's; and the sharded / plain ratios."""
+    t = zero["time"]
+    rows = {}
+    for v in ("plain", "sharded"):
+        part = zero[v]
+        wire = part.get("wire")
+        rows[v] = {
+            "state_bytes": max(r["state_bytes"] for r in part["ranks"]),
+            "rss_model_bytes": max(r["rss_model_bytes"] for r in part["ranks"]),
+            "rss_end_bytes": max(r["rss_end_bytes"] for r in part["ranks"]),
+            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in part["ranks"]),
+            "peak_growth_bytes": max(part["peak_growth_bytes"]),
+            "step_s": t["variants"][v]["median_s"],
+            "spread": t["variants"][v]["spread"],
+            "gloo_step_s": part["step_s"],
+            "wire_bytes": wire["raw_bytes_per_rank_per_step"] if wire else None,
+            "wire_bytes_idle_corrected": wire["bytes_per_rank_per_step"] if wire else None,
+            "formula_bytes": t["ring_bytes_sent_per_step"][v],
+        }
+    p, s = rows["plain"], rows["sharded"]
+
+    def over(key):
+        return s[key] / p[key] if p[key] else None
+
+    return {
+        "parameters": t["model"]["parameters"],
+        "variants": rows,
+        "state_ratio": over("state_bytes"),
+        "rss_end_ratio": over("rss_end_bytes"),
+        "peak_ratio": over("peak_rss_bytes"),
+        "throughput_ratio": p["step_s"] / s["step_s"],
+        "wire_ratio": over("wire_bytes") if p["wire_bytes"] and s["wire_bytes"] else None,
+        "comm_ratio": (
+            t["comm_only"]["reducescatter_allgather"]["median_s"] / t["comm_only"]["allreduce"]["median_s"]
+            if "comm_only" in t
+            else None
+        ),
+        "checks": t["checks"],
+    }
+
+
+def _zero_table(zero, ranks):
+    z = zero_summary(zero)
+    lines = [
+        f"\n(h) ZeRO-1 optimizer state sharding, Adam, {z['parameters'] / 1e6:.1f} M parameters, "
+        f"{ranks} ranks: per rank, MB",
+        f"  {'':>8} {'state':>8} {'RSS end':>8} {'peak RSS':>9} {'ms/step':>9} {'(gloo)':>8} "
+        f"{'wire/step':>10} {'formula':>8}",
+    ]
+    for v, r in z["variants"].items():
+        wire = f"{r['wire_bytes'] / MB:10.2f}" if r["wire_bytes"] is not None else f"{'-':>10}"
+        lines.append(
+            f"  {v:>8} {r['state_bytes'] / MB:8.1f} {r['rss_end_bytes'] / MB:8.1f} {r['peak_rss_bytes'] / MB:9.1f} "
+            f"{r['step_s'] * 1e3:6.0f}±{r['spread']:.0%} {r['gloo_step_s'] * 1e3:8.0f} {wire} "
+            f"{r['formula_bytes'] / MB:8.2f}"
+        )
+    wire = f"{z['wire_ratio']:.3f}" if z["wire_ratio"] is not None else "not measured"
+    lines.append(
+        f"  sharded / plain: state {z['state_ratio']:.3f}, RSS end {z['rss_end_ratio']:.3f}, "
+        f"peak RSS {z['peak_ratio']:.3f}, throughput {z['throughput_ratio']:.3f}, wire bytes {wire}"
+    )
+    if z["comm_ratio"] is not None:
+        lines.append(f"  the flat gradient alone: reduce-scatter + all-gather / allreduce {z['comm_ratio']:.2f} (time)")
+    if not zero.get("netns", True):
+        lines.append(f"  {zero.get('netns_note', '')}")
+    return lines
+
+
+def _zero_plot(zero, path):
+    import matplotlib.pyplot as plt
+
+    z = zero_summary(zero)
+    rows = z["variants"]
+    fig, (mem, step) = plt.subplots(1, 2, figsize=(12, 4.5))
+    kinds = (("state_bytes", "optimizer state"), ("rss_end_bytes", "resident after steps"), ("peak_rss_bytes", "peak"))
+    width = 0.38
+    for i, (v, color) in enumerate((("plain", "#888"), ("sharded", "#3b7"))):
+        xs = [k + (i - 0.5) * width for k in range(len(kinds))]
+        bars = mem.bar(xs, [rows[v][key] / MB for key, _ in kinds], width, label=v, color=color)
+        mem.bar_label(bars, fmt="%.0f", fontsize=8)
+    mem.set_xticks(range(len(kinds)), [label for _, label in kinds])
+    mem.set_ylabel("MB per rank (largest rank)")
+    mem.set_title(f"memory, Adam, {z['parameters'] / 1e6:.1f} M parameters")
+    mem.legend(fontsize=8)
+    labels = ["plain\n(MPI)", "sharded\n(MPI)", "plain\n(Gloo)", "sharded\n(Gloo)"]
+    values = [
+        rows["plain"]["step_s"],
+        rows["sharded"]["step_s"],
+        rows["plain"]["gloo_step_s"],
+        rows["sharded"]["gloo_step_s"],
+    ]
+    bars = step.bar(range(4), [x * 1e3 for x in values], color=["#888", "#3b7", "#888", "#3b7"])
+    step.bar_label(bars, fmt="%.0f", fontsize=8)
+    step.set_xticks(range(4), labels, fontsize=8)
+    step.set_ylabel("ms per step (median)")
+    step.set_title("step time: sharded vs plain")
+    return save_figure(fig, path)
 
 
 def _fmt_bytes(n):
@@ -153,6 +268,8 @@ def table(results: dict[str, Any]) -> str:
     )
     st = results["startup"]
     add("(g) start-up of 2 ranks: " + ", ".join(f"{v} {d['median_s']:.2f} s" for v, d in st["variants"].items()))
+    if "zero" in results:
+        lines += _zero_table(results["zero"], results["ranks"])
     if "tuning" in results:
         add("\nHorovod settings (hvdkit step ms, 4 KB allreduce ms):")
         for label, d in results["tuning"].items():
@@ -207,6 +324,8 @@ def plots(results: dict[str, Any], out: str) -> list[str]:
     ax.set_ylabel(f"scaling efficiency, 1 -> {results['ranks']} ranks")
     ax.set_title("training throughput per rank vs one process (grey: no communication at all)")
     paths.append(save_figure(fig, os.path.join(out, PLOTS[1])))
+    if "zero" in results:
+        paths.append(_zero_plot(results["zero"], os.path.join(out, PLOTS[2])))
     return paths
 
 

@@ -18,6 +18,7 @@ T = TypeVar("T")
 __all__ = [
     "Samples",
     "bus_bandwidth",
+    "ring_bytes_sent",
     "interleaved",
     "iterations_for",
     "ratio",
@@ -68,6 +69,27 @@ def bus_bandwidth(nbytes: float, seconds: float, size: int) -> float:
     if seconds <= 0:
         return math.nan
     return nbytes / seconds * (2 * (size - 1) / size)
+
+
+RING_COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+
+
+def ring_bytes_sent(collective: str, nbytes: float, size: int) -> float:
+    """Bytes one rank sends in a ring ``collective`` over a buffer of ``nbytes`` (the whole vector) on ``size`` ranks.
+
+    A ring reduce-scatter and a ring all-gather each pass ``size - 1`` chunks of ``nbytes / size``
+    through every rank's link: ``(N-1)/N * nbytes``; an allreduce is the two in sequence,
+    ``2 (N-1)/N * nbytes``. So ZeRO-1 (reduce-scatter of the gradients, all-gather of the
+    parameters) sends what one allreduce of the gradients does.
+    """
+    if collective not in RING_COLLECTIVES:
+        raise ValueError(f"collective must be one of {RING_COLLECTIVES} (got {collective!r})")
+    if not (isinstance(size, int) and size >= 1):
+        raise ValueError(f"size must be an integer >= 1 (got {size!r})")
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes must be >= 0 (got {nbytes!r})")
+    passes = 2 if collective == "allreduce" else 1
+    return passes * (size - 1) / size * nbytes
 
 
 def iterations_for(nbytes: int, budget_bytes: int = 32 << 20, lo: int = 2, hi: int = 100) -> int:
