@@ -265,14 +265,14 @@ class Driver:
             self.study.tell(r.trial, state=TrialState.PRUNED)
             self._say(f"trial {r.trial.number} PRUNED at epoch {r.pruned_at} ({self._metric(value)}) in {took:.1f} s")
             return
+        if code == 0 and value is not None and math.isfinite(value):  # a stopped `hvdkit run` exits 143, not 0
+            self.study.tell(r.trial, value)
+            self._say(f"trial {r.trial.number} COMPLETE {self._metric(value)} in {took:.1f} s: {_params(r.params)}")
+            return
         if self.interrupted is not None:
             why = f"interrupted by {signal.Signals(self.interrupted).name} sent to hvdkit tune"
             self._fail(r, why, took)
             self.study.enqueue_trial(r.params, user_attrs={KEY_ATTR: r.key, ATTEMPT_ATTR: r.attempt})
-            return
-        if code == 0 and value is not None and math.isfinite(value):
-            self.study.tell(r.trial, value)
-            self._say(f"trial {r.trial.number} COMPLETE {self._metric(value)} in {took:.1f} s: {_params(r.params)}")
             return
         if code == 0 and value is not None:  # NaN/inf: an outcome of these parameters, not a fault to retry
             self._fail(r, f"{self.cfg.metric} was {value} (diverged)", took)
