@@ -1,4 +1,4 @@
-"""``python -m benchmarks suite|network|predict [...]``: the lab's commands, one module each.
+"""``python -m benchmarks suite|network|predict|zero [...]``: the lab's commands, one module each.
 
 Run from the repository root (``benchmarks`` is not installed); ``python -m benchmarks COMMAND -h``
 lists a command's flags.
@@ -13,6 +13,7 @@ COMMANDS = {
     "suite": "hvdkit bench's suite, then the results section of docs/benchmarks.md (make bench)",
     "network": "two emulated hosts over shaped links; root, about 20 minutes (make bench-network)",
     "predict": "the scaling model on the recorded results, no jobs (make bench-predict)",
+    "zero": "section (h) alone: ZeRO-1 memory, step time, bytes on the wire (docs/bench/zero-*)",
 }
 
 

@@ -185,7 +185,7 @@ def zero_memory(params, p, weight_bytes=4, grad_bytes=4, state_bytes=8, shard_co
     unsharded; ZeRO-1 keeps the state of ``1/p`` of them only. ``shard_copy_bytes`` per parameter
     of the rank's slice are what an implementation keeps besides (hvdkit's ShardedOptimizer: a copy
     of the slice and its gradient, 8), ``transient_bytes`` per parameter what it allocates during a
-    step (hvdkit's: the flat gradient and the gathered parameters, 8): the peak, when given.
+    step (hvdkit's: the flat gradient, later the gathered parameters, 4): the peak, when given.
     """
     if not (isinstance(p, int) and p >= 1):
         raise ValueError(f"p must be an integer >= 1 (got {p!r})")

@@ -16,8 +16,9 @@ ZERO_RANKS = (8, 16, 32, 64, 128, 256, 512)
 ZERO_RATES_GBIT = (10, 25, 100)
 ZERO_LARGE_PARAMS = 1.5e9  # a GPT-2-XL-sized model: what ZeRO-1 is for
 # hvdkit's ShardedOptimizer besides the state slice (per parameter of the slice): a copy of the slice
-# and its gradient; during a step: the flat gradient and the gathered parameters (per parameter).
-HVDKIT_SHARD_COPY_BYTES, HVDKIT_TRANSIENT_BYTES = 8, 8
+# and its gradient; during a step (per parameter): the flat gradient for the reduce-scatter, then the
+# gathered parameters of the all-gather, one at a time (Horovod's own buffers not counted).
+HVDKIT_SHARD_COPY_BYTES, HVDKIT_TRANSIENT_BYTES = 8, 4
 
 
 def zero_prediction(zero, alpha_s=DEFAULT_ALPHA_S, rates=ZERO_RATES_GBIT, ranks=ZERO_RANKS):

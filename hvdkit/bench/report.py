@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["PLOTS", "goals", "table", "plots", "markdown", "compression_advice", "zero_summary"]
+__all__ = [
+    "PLOTS",
+    "goals",
+    "table",
+    "plots",
+    "markdown",
+    "compression_advice",
+    "zero_summary",
+    "zero_table",
+    "zero_plot",
+]
 
 PLOTS = ("bandwidth.png", "scaling.png", "zero.png")  # what plots() draws into the results folder
 MB = 1 << 20
@@ -145,7 +155,8 @@ def zero_summary(zero: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _zero_table(zero, ranks):
+def zero_table(zero: dict[str, Any], ranks: int) -> list[str]:
+    """Section (h) as lines of the table."""
     z = zero_summary(zero)
     lines = [
         f"\n(h) ZeRO-1 optimizer state sharding, Adam, {z['parameters'] / 1e6:.1f} M parameters, "
@@ -172,7 +183,8 @@ def _zero_table(zero, ranks):
     return lines
 
 
-def _zero_plot(zero, path):
+def zero_plot(zero: dict[str, Any], path: str) -> str:
+    """Section (h) drawn to ``path``: memory per rank and step time, sharded vs plain; ``path``."""
     import matplotlib.pyplot as plt
 
     z = zero_summary(zero)
@@ -269,7 +281,7 @@ def table(results: dict[str, Any]) -> str:
     st = results["startup"]
     add("(g) start-up of 2 ranks: " + ", ".join(f"{v} {d['median_s']:.2f} s" for v, d in st["variants"].items()))
     if "zero" in results:
-        lines += _zero_table(results["zero"], results["ranks"])
+        lines += zero_table(results["zero"], results["ranks"])
     if "tuning" in results:
         add("\nHorovod settings (hvdkit step ms, 4 KB allreduce ms):")
         for label, d in results["tuning"].items():
@@ -325,7 +337,7 @@ def plots(results: dict[str, Any], out: str) -> list[str]:
     ax.set_title("training throughput per rank vs one process (grey: no communication at all)")
     paths.append(save_figure(fig, os.path.join(out, PLOTS[1])))
     if "zero" in results:
-        paths.append(_zero_plot(results["zero"], os.path.join(out, PLOTS[2])))
+        paths.append(zero_plot(results["zero"], os.path.join(out, PLOTS[2])))
     return paths
 
 

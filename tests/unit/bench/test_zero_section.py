@@ -85,15 +85,15 @@ def test_hvdkits_slice_copy_eats_the_saving_at_two_ranks_and_its_transients_exce
     # A copy of the slice and its gradient (8 B per parameter of the slice) cancels 8/2 B of state saved.
     steady = zero_memory(1e6, 2, shard_copy_bytes=8)
     assert steady["sharded"] == steady["plain"]
-    peak = zero_memory(1e6, 2, shard_copy_bytes=8, transient_bytes=8)
-    assert peak["ratio"] == 1.5
+    peak = zero_memory(1e6, 2, shard_copy_bytes=8, transient_bytes=4)
+    assert peak["ratio"] == 1.25
 
 
 @given(
     params=st.integers(0, 10**12),
     p=st.integers(1, 4096),
     copy=st.sampled_from([0, 4, 8]),
-    transient=st.sampled_from([0, 8]),
+    transient=st.sampled_from([0, 4]),
 )
 def test_sharded_memory_never_grows_with_more_ranks_and_never_falls_below_weights_and_grads(params, p, copy, transient):
     a = zero_memory(params, p, shard_copy_bytes=copy, transient_bytes=transient)
@@ -171,7 +171,7 @@ def test_prediction_at_8_to_512_ranks_halves_the_memory_and_lists_every_rate():
     assert list(z["memory_bytes"]) == ["8", "16", "32", "64", "128", "256", "512"]
     row = z["memory_bytes"]["512"]
     assert row["plain"] == 16 * 25e6 and row["sharded"] == pytest.approx((8 + 8 / 512) * 25e6)
-    assert row["hvdkit_peak"] == pytest.approx((16 + 16 / 512) * 25e6)
+    assert row["hvdkit_peak"] == pytest.approx((12 + 16 / 512) * 25e6)
     assert set(z["rates"]) == {"10", "25", "100"}
     text = "\n".join(zero_table(z))
     assert "eff. 25 Gbit/s sharded" in text and "1.5 B GB plain" in text

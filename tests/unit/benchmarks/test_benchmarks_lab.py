@@ -52,7 +52,7 @@ def _lab(*argv, cwd=ROOT, env=None):
 def test_the_lab_lists_its_commands_and_each_has_its_help():
     listing = _lab("benchmarks", "--help")
     assert listing.returncode == 0 and all(c in listing.stdout for c in ("suite", "network", "predict"))
-    for command, flag in (("suite", "--docs"), ("network", "--link"), ("predict", "--results")):
+    for command, flag in (("suite", "--docs"), ("network", "--link"), ("predict", "--zero"), ("zero", "--out")):
         helped = _lab("benchmarks", command, "--help")
         assert helped.returncode == 0 and flag in helped.stdout, helped.stderr
     unknown = _lab("benchmarks", "bogus")
