@@ -1,8 +1,9 @@
 """Optimizer-state sharding (ZeRO stage 1) on Horovod's reduce-scatter and all-gather.
 
 Each param group's trainable parameters are seen as one flat vector; rank ``r`` owns the slice
-``partition(length, size)[r]`` of it, cut the way Horovod's ``reducescatter`` cuts a first
-dimension (balanced; the first ``length % size`` ranks hold one element more). ``step()``
+``partition(length, size)[r]`` of it (``hvdkit.core.zero``, shared with ``hvdkit.keras.zero``), cut
+the way Horovod's ``reducescatter`` cuts a first dimension (balanced; the first ``length % size``
+ranks hold one element more). ``step()``
 reduce-scatters the gradients, lets an inner optimizer of the user's class update only this rank's
 slice (so its ``state`` holds about ``1/size`` of the unsharded state) and all-gathers the updated
 slices back into the parameters. Only optimizers whose update is elementwise can be cut this way.
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.errors import CollectiveError, ConfigError
 from ..core.options import check_positive_int
+from ..core.zero import Slice, partition
 from ._engine import horovod_torch
 from .state import join_tensors, split_tensors, tensor_specs
 
@@ -52,28 +54,6 @@ ELEMENTWISE_OPTIMIZERS = (
 
 # Elements of optimizer state one round of consolidate_state_dict() moves (16 MiB of fp32).
 CHUNK_ELEMENTS = 1 << 22
-
-
-class Slice(NamedTuple):
-    """The elements ``[start, stop)`` of a flat vector that one rank owns."""
-
-    start: int
-    stop: int
-
-
-def partition(length: int, size: int) -> list[Slice]:
-    """Cut ``length`` elements into ``size`` contiguous slices, one per rank, as Horovod's ``reducescatter`` does.
-
-    Balanced (sizes differ by at most one; the first ``length % size`` ranks hold the larger ones),
-    in rank order, covering ``range(length)`` exactly once; the same on every rank.
-    """
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise ConfigError(f"length must be an int >= 0 (got {length!r})")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"size must be an int >= 1 (got {size!r})")
-    base, extra = divmod(length, size)
-    starts = [r * base + min(r, extra) for r in range(size + 1)]
-    return [Slice(starts[r], starts[r + 1]) for r in range(size)]
 
 
 def check_shardable(optimizer: torch.optim.Optimizer) -> None:
