@@ -26,7 +26,9 @@ assert tensorboard.compat.tf.__version__
 
 
 def run_job(framework, launcher, out):
-    proc = run_ranks(launcher, 2, [str(WORKER), framework, str(out)], timeout=120)
+    # as inside a trial of `hvdkit tune`: every rank's tracker also reports to this file (rank 0 only writes)
+    env = {"HVDKIT_TUNE_REPORT": str(out / "tune-reports.jsonl")}
+    proc = run_ranks(launcher, 2, [str(WORKER), framework, str(out)], timeout=120, env=env)
     assert proc.returncode == 0, f"{launcher} job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     acc = EventAccumulator(str(out / "runs"))
@@ -151,3 +153,27 @@ def test_keras_mlflow_run_holds_world_size_fit_params_and_metrics(keras_job):
     p, history = check_mlflow_run(keras_job, fit_params, expected)
     assert p["tensorflow_version"].startswith("2.") and p["keras_version"].startswith("3.")
     assert [s for s, _ in history["learning_rate"]] == list(range(EPOCHS))
+
+
+# --- inside a trial of `hvdkit tune`: the tracker reports what it logs, from rank 0 only ---------------
+
+
+def tune_reports(job):
+    from hvdkit.core.tune_channel import read_reports
+
+    return read_reports(str(job["out"] / "tune-reports.jsonl"))[0]
+
+
+def test_torch_tracker_reports_each_epoch_to_the_tune_trial_once(torch_job):
+    records = tune_reports(torch_job)  # one line per epoch: rank 1 wrote none, the NaN was refused
+    assert [(r["epoch"], r["metrics"]["loss"]) for r in records] == [
+        (e, expected_torch(e)["loss"]) for e in range(EPOCHS)
+    ]
+
+
+def test_keras_track_metrics_callback_reports_fits_metrics_to_the_tune_trial_once(keras_job):
+    records = tune_reports(keras_job)
+    assert [r["epoch"] for r in records] == list(range(EPOCHS))
+    assert [(r["epoch"], r["metrics"]["val_loss"]) for r in records] == [
+        (step, pytest.approx(value, rel=1e-6)) for step, value in scalars(keras_job, "val_loss")
+    ]
