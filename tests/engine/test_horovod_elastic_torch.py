@@ -1,0 +1,86 @@
+"""Horovod elastic (``@hvd.elastic.run``, ``TorchState``, ``ElasticSampler``) runs unchanged on
+hvdkit's engine under ``horovodrun --gloo`` with a host discovery script (issue 27, item 1).
+
+Upstream symptoms these tests were written against (each failed before its engine fix):
+- one host (``localhost:2``) never started: the driver waited silently, for the whole elastic
+  timeout, for a second host to detect network interfaces (02-elastic-one-host-starts-waits-say-why);
+- a wait for slots printed nothing, and its timeout said ``waiting for {activity}`` (same fix);
+- after a host was removed the ``ElasticSampler`` kept the old partition: samples were processed
+  twice in that epoch (78-torch-elastic-sampler-repartitions-after-reset).
+Script: scripts/hvd_torch_elastic.py (Horovod's public API only). Both hosts of the event test are
+this machine (``localhost`` and ``127.0.0.1``), so no ssh is needed.
+"""
+
+import json
+import os
+
+import pytest
+from helpers import BIN, PYTHON, ROOT, run_bounded
+
+pytestmark = pytest.mark.dist
+SCRIPT = ROOT / "tests" / "engine" / "scripts" / "hvd_torch_elastic.py"
+EXPECTED_TOTAL = 3 * sum(range(24))  # every sample once per epoch, 3 epochs
+
+
+def _elastic(tmp_path, hosts, np_, min_np, max_np, extra=(), timeout=240, elastic_timeout=60):
+    (tmp_path / "hosts").write_text(hosts)
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
+    discover.chmod(0o755)
+    argv = [
+        str(BIN / "horovodrun"),
+        "-np",
+        str(np_),
+        "--min-np",
+        str(min_np),
+        "--max-np",
+        str(max_np),
+        "--elastic-timeout",
+        str(elastic_timeout),
+        "--host-discovery-script",
+        str(discover),
+        "--gloo",
+        PYTHON,
+        str(SCRIPT),
+        str(tmp_path),
+        *extra,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    return run_bounded(argv, timeout, env=env, cwd=tmp_path)
+
+
+def test_an_elastic_job_on_one_host_starts_at_once_and_ends_with_every_sample_once(tmp_path):
+    # Before the fix: no output after start-up, until the elastic timeout (here 60 s) ended it.
+    proc = _elastic(tmp_path, "localhost:2\n", 2, 1, 2, timeout=150, elastic_timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result == {"total": EXPECTED_TOTAL, "epochs": 3, "steps": 18, "size": 2}
+    assert "waiting" not in proc.stderr  # nothing to wait for
+    assert not (tmp_path / "resets").exists()
+
+
+def test_waiting_for_slots_says_what_it_waits_for_and_the_timeout_names_it(tmp_path):
+    proc = _elastic(tmp_path, "localhost:2\n", 3, 3, 3, timeout=120, elastic_timeout=5)
+    assert proc.returncode != 0
+    assert (
+        "waiting up to 5 s for 3 slot(s) on at least 1 host(s); host discovery lists 2 slot(s) on 1 host(s) (localhost)"
+        in proc.stderr
+    )
+    assert "Timed out waiting for minimum number of slots to become available" in proc.stderr
+    assert "{activity}" not in proc.stderr
+    assert not (tmp_path / "result.json").exists()
+
+
+def test_a_host_removed_added_and_a_killed_worker_resume_from_the_last_commit_with_every_sample_once(tmp_path):
+    proc = _elastic(tmp_path, "localhost:1\n127.0.0.1:1\n", 2, 1, 2, extra=["events"])
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    for marker in ("removed", "added", "killed"):  # every event happened
+        assert (tmp_path / marker).exists(), text[-4000:]
+    # reset callbacks on the remaining rank(s): 1 after the removal, 2 after the addition, 1 after the kill
+    assert (tmp_path / "resets").read_text().split() == ["1", "2", "1"]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["total"] == EXPECTED_TOTAL  # no sample lost or processed twice across the changes
+    assert (result["epochs"], result["size"]) == (3, 1)
+    assert "DONE 0 1" in proc.stdout
