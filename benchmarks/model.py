@@ -197,7 +197,7 @@ def zero_memory(params, p, weight_bytes=4, grad_bytes=4, state_bytes=8, shard_co
     return {"plain": plain, "sharded": sharded, "ratio": sharded / plain if plain else 1.0}
 
 
-def zero_step(step, optimizer_s, p, link):
+def zero_step(step, optimizer_s, p, link, comm_factor=1.0):
     """Seconds per step and efficiency, unsharded against ZeRO-1, ``{"plain": {...}, "sharded": {...}}``.
 
     ``step`` is forward + backward (``compute_s``) and its gradients; ``optimizer_s`` is one
@@ -205,14 +205,19 @@ def zero_step(step, optimizer_s, p, link):
     backward as ``simulate`` does) every rank updates everything after the last allreduce.
     ZeRO-1 as hvdkit runs it: the reduce-scatter starts after backward (no overlap), each rank
     updates ``1/p`` of the parameters, then the all-gather; the two move the bytes of one allreduce
-    in a ring, so their cost is ``simulate``'s without overlap. Efficiency is against one process
-    with the unsharded optimizer (``share`` applied as in ``simulate``).
+    in a ring, so their cost is ``simulate``'s without overlap, times ``comm_factor`` (1 in the ring
+    model; a measured time of reduce-scatter + all-gather over one allreduce of the same bytes
+    otherwise). Efficiency is against one process with the unsharded optimizer (``share`` applied
+    as in ``simulate``); ZeRO-1 can exceed 1 where the update is a large part of the step.
     """
     if not optimizer_s >= 0:
         raise ValueError(f"optimizer_s must be >= 0 (got {optimizer_s!r})")
+    if not comm_factor > 0:
+        raise ValueError(f"comm_factor must be > 0 (got {comm_factor!r})")
     single = step.compute_s + optimizer_s
     plain = simulate(step, p, link)["step_s"] + optimizer_s
-    sharded = simulate(step.with_(overlap=False), p, link)["step_s"] + optimizer_s / p
+    unlapped = simulate(step.with_(overlap=False), p, link)
+    sharded = unlapped["step_s"] + (comm_factor - 1.0) * unlapped["comm_s"] + optimizer_s / p
     return {
         name: {"step_s": t, "efficiency": step.share * single / t}
         for name, t in (("plain", plain), ("sharded", sharded))

@@ -22,7 +22,7 @@ HVDKIT_SHARD_COPY_BYTES, HVDKIT_TRANSIENT_BYTES = 8, 4
 
 
 def zero_prediction(zero, alpha_s=DEFAULT_ALPHA_S, rates=ZERO_RATES_GBIT, ranks=ZERO_RANKS):
-    """The ZeRO-1 section's model at ``ranks``: memory per rank (MB) and efficiency per link rate.
+    """The ZeRO-1 section's model at ``ranks``: memory per rank and step time / efficiency per link rate.
 
     ``zero`` is a recorded ``(h)`` section (``hvdkit bench``'s ``zero``): its parameter count and
     one process's forward+backward and Adam times (measured with every rank of the job busy).
@@ -32,6 +32,10 @@ def zero_prediction(zero, alpha_s=DEFAULT_ALPHA_S, rates=ZERO_RATES_GBIT, ranks=
     params = t["model"]["parameters"]
     co = t["compute_only"]
     step = Step(params * 4, co["forward_backward_s"])
+    comm = t.get("comm_only")
+    factor = (
+        comm["reducescatter_allgather"]["median_s"] / comm["allreduce"]["median_s"] if comm else 1.0
+    )  # this engine's reduce-scatter + all-gather against its allreduce of the same bytes
 
     def memory(n):
         rows = {}
@@ -46,11 +50,18 @@ def zero_prediction(zero, alpha_s=DEFAULT_ALPHA_S, rates=ZERO_RATES_GBIT, ranks=
         "forward_backward_s": co["forward_backward_s"],
         "adam_step_s": co["adam_step_s"],
         "alpha_s": alpha_s,
+        "comm_factor": factor,
         "memory_bytes": memory(params),
         "memory_bytes_large": memory(ZERO_LARGE_PARAMS),
         "large_parameters": ZERO_LARGE_PARAMS,
         "rates": {
             str(g): {str(p): zero_step(step, co["adam_step_s"], p, Link.gbit(g, alpha_s)) for p in ranks} for g in rates
+        },
+        "rates_measured_factor": {
+            str(g): {
+                str(p): zero_step(step, co["adam_step_s"], p, Link.gbit(g, alpha_s), factor)["sharded"] for p in ranks
+            }
+            for g in rates
         },
     }
 
@@ -59,23 +70,30 @@ def zero_table(z):
     """The ZeRO-1 prediction as text lines."""
     ranks = list(z["memory_bytes"])
     lines = [
-        f"ZeRO-1 (Adam, fp32), section's model {z['parameters'] / 1e6:.1f} M parameters, forward+backward "
+        "ZeRO-1 (Adam, fp32) per rank: memory (MB, GB: 2**20, 2**30 bytes) and step time (ms), plain vs sharded;",
+        f"  'x{z['comm_factor']:.2f}': reduce-scatter + all-gather cost that many allreduces of the same bytes "
+        "(measured), not the ring's 1.",
+        f"  Section's model {z['parameters'] / 1e6:.1f} M parameters, forward+backward "
         f"{z['forward_backward_s'] * 1e3:.0f} ms, Adam update {z['adam_step_s'] * 1e3:.0f} ms, alpha "
         f"{z['alpha_s'] * 1e6:.0f} us:",
-        f"    {'ranks':>22} " + "".join(f"{p:>8}" for p in ranks),
+        f"    {'ranks':>26} " + "".join(f"{p:>8}" for p in ranks),
     ]
     for key, label in (("memory_bytes", "model"), ("memory_bytes_large", f"{z['large_parameters'] / 1e9:.1f} B")):
         rows = z[key]
         unit, scale = ("MB", 2**20) if key == "memory_bytes" else ("GB", 2**30)
         for kind in ("plain", "sharded", "hvdkit_peak"):
             lines.append(
-                f"    {label + ' ' + unit + ' ' + kind:>22} " + "".join(f"{rows[p][kind] / scale:8.1f}" for p in ranks)
+                f"    {label + ' ' + unit + ' ' + kind:>26} " + "".join(f"{rows[p][kind] / scale:8.1f}" for p in ranks)
             )
     for g, row in z["rates"].items():
-        for kind in ("plain", "sharded"):
-            lines.append(
-                f"    {f'eff. {g} Gbit/s {kind}':>22} " + "".join(f"{row[p][kind]['efficiency']:8.2f}" for p in ranks)
-            )
+        measured = z["rates_measured_factor"][g]
+        cells = (
+            ("plain", [row[p]["plain"]["step_s"] for p in ranks]),
+            ("sharded", [row[p]["sharded"]["step_s"] for p in ranks]),
+            (f"sharded x{z['comm_factor']:.2f}", [measured[p]["step_s"] for p in ranks]),
+        )
+        for kind, values in cells:
+            lines.append(f"    {f'{g} Gbit/s ms {kind}':>26} " + "".join(f"{v * 1e3:8.0f}" for v in values))
     return lines
 
 
@@ -93,17 +111,20 @@ def zero_plot(z, path):
     mem.set_title(f"memory per rank, Adam fp32, {z['large_parameters'] / 1e9:.1f} B parameters", fontsize=9)
     mem.set_ylabel("GB per rank")
     for g, row in z["rates"].items():
-        line = eff.plot(ranks, [row[str(p)]["plain"]["efficiency"] for p in ranks], "-o", label=f"plain {g} Gbit/s")
+        line = eff.plot(ranks, [row[str(p)]["plain"]["step_s"] for p in ranks], "-o", label=f"plain {g} Gbit/s")
+        color = line[0].get_color()
+        eff.plot(ranks, [row[str(p)]["sharded"]["step_s"] for p in ranks], "--s", color=color, label=f"sharded {g}")
+        measured = z["rates_measured_factor"][g]
         eff.plot(
             ranks,
-            [row[str(p)]["sharded"]["efficiency"] for p in ranks],
-            "--s",
-            color=line[0].get_color(),
-            label=f"sharded {g} Gbit/s",
+            [measured[str(p)]["step_s"] for p in ranks],
+            ":^",
+            color=color,
+            label=f"sharded {g}, x{z['comm_factor']:.2f} comm",
         )
-    eff.set_title(f"predicted efficiency, section's model ({z['parameters'] / 1e6:.1f} M parameters)", fontsize=9)
-    eff.set_ylabel("scaling efficiency")
-    eff.set_ylim(0, 1.05)
+    eff.set_title(f"predicted step time, section's model ({z['parameters'] / 1e6:.1f} M parameters)", fontsize=9)
+    eff.set_ylabel("seconds per step")
+    eff.set_ylim(bottom=0)
     for ax in (mem, eff):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("ranks (one per host)")

@@ -174,4 +174,20 @@ def test_prediction_at_8_to_512_ranks_halves_the_memory_and_lists_every_rate():
     assert row["hvdkit_peak"] == pytest.approx((12 + 16 / 512) * 25e6)
     assert set(z["rates"]) == {"10", "25", "100"}
     text = "\n".join(zero_table(z))
-    assert "eff. 25 Gbit/s sharded" in text and "1.5 B GB plain" in text
+    assert "25 Gbit/s ms sharded" in text and "1.5 B GB plain" in text and z["comm_factor"] == 1.0
+    ring = z["rates"]["10"]["512"]["sharded"]["step_s"]
+    assert z["rates_measured_factor"]["10"]["512"]["step_s"] == ring  # no comm_only: the ring's factor 1
+
+
+def test_a_measured_comm_factor_scales_the_sharded_communication_only():
+    section = _section(params=25_000_000)
+    section["time"]["comm_only"] = {"allreduce": {"median_s": 0.5}, "reducescatter_allgather": {"median_s": 1.0}}
+    z = zero_prediction(section)
+    assert z["comm_factor"] == 2.0
+    step, link = Step(25_000_000 * 4, 0.02), Link.gbit(10, 10e-6)
+    comm = simulate(step.with_(overlap=False), 64, link)["comm_s"]
+    ring = z["rates"]["10"]["64"]["sharded"]["step_s"]
+    assert z["rates_measured_factor"]["10"]["64"]["step_s"] == pytest.approx(ring + comm)
+    assert z["rates_measured_factor"]["10"]["64"]["step_s"] > ring
+    with pytest.raises(ValueError, match="comm_factor must be > 0 \\(got 0\\)"):
+        zero_step(step, 0.03, 2, link, comm_factor=0)
