@@ -5,7 +5,7 @@
 Each section is a separate job started the way users start theirs (``hvdkit run``), so the
 figures include everything a user pays for. Within a job the variants of one comparison run
 interleaved and every variant's result is checked before it is timed (see the workers:
-``comm_bench``, ``train_bench``, ``keras_bench``, ``ckpt_bench``). ``--quick`` runs every variant
+``comm_bench``, ``train_bench``, ``keras_bench``, ``ckpt_bench``, ``zero_bench``). ``--quick`` runs every variant
 on tiny sizes once: a correctness check of the suite (``make test`` runs it), not a measurement.
 """
 
@@ -33,10 +33,12 @@ checked before it is timed):
   (a) allreduce bus bandwidth over MPI and Gloo, beside mpi4py, torch.distributed
       and a memory-copy ceiling  (b) fp16 compression  (c) tensor fusion
   (d) PyTorch and Keras training steps against one process, raw Horovod and DDP
-  (f) checkpoint save  (g) start-up  Horovod's cycle time (unless --no-tune)
+  (f) checkpoint save  (g) start-up  (h) ZeRO-1 optimizer state sharding: memory
+      per rank, step time, bytes on the wire (in a private network namespace)
+  Horovod's cycle time (unless --no-tune)
 
 The table goes to stdout, progress to stderr; OUT gets results.json, results.md,
-bandwidth.png and scaling.png. Run it on a quiet machine: stray ranks of an
+bandwidth.png, scaling.png and zero.png. Run it on a quiet machine: stray ranks of an
 earlier job spoil every figure.
 """
 
@@ -58,6 +60,7 @@ def run_suite(out: str, np_: int = 2, quick: bool = False, tune: bool = True) ->
     results["train_torch"] = suite.job("train_torch", "train_bench")
     results["train_keras"] = suite.job("train_keras", "keras_bench")
     results["checkpoint"] = suite.job("checkpoint", "ckpt_bench", ranks=False)
+    results["zero"] = suite.zero()
     results["startup"] = suite.startup(reps * 2)
     say("startup: done")
     if tune and not quick:

@@ -9,13 +9,16 @@ import json
 import pytest
 from helpers import HVDKIT, run_bounded
 
+from hvdkit.bench.jobs import netns_wrapper
+
 pytestmark = pytest.mark.dist
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    proc = run_bounded([HVDKIT, "bench", "--quick", "--out", str(out)], timeout=400)
+    # About 2 minutes of the budget are section (h)'s three jobs (one per ZeRO-1 variant for its memory).
+    proc = run_bounded([HVDKIT, "bench", "--quick", "--out", str(out)], timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "results.json", encoding="utf-8") as f:
         return out, json.load(f), proc.stdout
@@ -72,12 +75,47 @@ def test_checkpoints_read_back_equal_and_startup_reaches_every_rank(quick):
     assert set(r["startup"]["variants"]) == {"mpirun", "hvdkit_run"}
 
 
+def test_zero1_section_halves_the_adam_state_and_counts_the_bytes_of_one_allreduce_on_the_wire(quick):
+    _, r, stdout = quick
+    z = r["zero"]
+    t = z["time"]
+    assert t["checks"] == {"plain_across_ranks": 0.0, "sharded_across_ranks": 0.0, "sharded_vs_plain_rel": 0.0}
+    params = t["model"]["parameters"]
+    # Adam: exp_avg + exp_avg_sq (4 bytes each) per parameter and a 4-byte step count per tensor: 5
+    # unsharded (embedding, two Linear weights and biases), 1 sharded (one flat slice).
+    assert t["state_bytes_per_rank"]["plain"] == [8 * params + 4 * 5] * 2
+    halves = [(params + 1) // 2, params // 2]  # Horovod's cut: the first rank holds the odd element
+    assert t["state_bytes_per_rank"]["sharded"] == [8 * n + 4 for n in halves]
+    assert t["ring_bytes_sent_per_step"] == {"plain": 4 * params, "sharded": 4 * params}
+    assert t["collective_bytes_per_step"]["sharded"]["reducescatter"] == [4 * params, 4 * halves[0]]
+    assert {k: v["median_s"] > 0 for k, v in t["comm_only"].items()} == {
+        "allreduce": True,
+        "reducescatter_allgather": True,
+    }
+    # Where a private network namespace can be made (root here), the Gloo jobs ran in one and counted
+    # their bytes on lo; elsewhere the section says why and records memory only.
+    netns = netns_wrapper()[0] is not None
+    assert z["netns"] is netns
+    for v in ("plain", "sharded"):
+        part = z[v]
+        assert part["private_netns"] is netns and all(rk["peak_reset"] for rk in part["ranks"])
+        assert [rk["state_bytes"] for rk in part["ranks"]] == t["state_bytes_per_rank"][v]
+        assert all(rk["peak_rss_bytes"] >= rk["rss_end_bytes"] > 0 for rk in part["ranks"])
+        if netns:  # at least the payload went through lo (headers and Horovod's control traffic on top)
+            assert part["wire"]["raw_bytes_per_rank_per_step"] >= 4 * params
+        else:
+            assert part["wire"] is None and "bytes on the wire not measured" in z["netns_note"]
+    assert "(h) ZeRO-1 optimizer state sharding" in stdout and "sharded / plain: state 0.50" in stdout
+
+
 def test_the_suite_writes_goals_a_table_and_plots(quick):
     out, r, stdout = quick
     names = [g["name"] for g in r["goals"]]
-    assert "hvdkit / raw Horovod training throughput" in names and len(names) == 8
+    assert "hvdkit / raw Horovod training throughput" in names and len(names) == 11
+    state = next(g for g in r["goals"] if g["name"] == "ZeRO-1 Adam state per rank / unsharded")
+    assert state["met"] is True and abs(state["value"] - 0.5) < 0.01  # 5 step counts unsharded, 1 sharded
     assert "Goals (ratios from this run):" in stdout and "(a) allreduce bus bandwidth" in stdout
-    for png in ("bandwidth.png", "scaling.png"):
+    for png in ("bandwidth.png", "scaling.png", "zero.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     md = (out / "results.md").read_text()
