@@ -104,6 +104,17 @@ def substitute(command: tuple, trial_dir: str, key: int) -> list[str]:
     return [w.replace("{trial_dir}", trial_dir).replace("{trial}", str(key)) for w in command]
 
 
+def placeholder_note(command: tuple) -> str | None:
+    """A warning when no word of ``command`` names ``{trial_dir}``: every trial would then share the
+    script's checkpoint folder, and resume from another trial's checkpoint. None when one does."""
+    if any("{trial_dir}" in w for w in command):
+        return None
+    return (
+        "note: the command has no {trial_dir}: if the script checkpoints, give each trial its own folder "
+        "(e.g. --checkpoint-dir {trial_dir}/ckpt), or a trial resumes from another trial's checkpoint"
+    )
+
+
 class Driver:
     """Runs one ``hvdkit tune`` invocation on a study (see the module docstring)."""
 
@@ -160,6 +171,9 @@ class Driver:
             f"study {cfg.study_name!r}: {done} of {cfg.trials} trials done; up to {cfg.parallel} at once, "
             f"{cfg.num_proc} rank(s) each; {cfg.mode}imize {cfg.metric}"
         )
+        note = placeholder_note(cfg.command)
+        if note:
+            self._say(note)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             while True:

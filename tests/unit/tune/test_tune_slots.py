@@ -69,3 +69,15 @@ def test_a_pinned_program_sees_only_its_group_as_this_machine_s_cores():
         check=True,
     ).stdout
     assert out.strip() == f"[{core}]"
+
+
+def test_a_command_without_trial_dir_gets_a_note_about_shared_checkpoints():
+    from hvdkit.tune.study import placeholder_note, substitute
+
+    assert "give each trial its own folder" in placeholder_note(("python", "train.py", "--epochs", "3"))
+    assert placeholder_note(("python", "train.py", "--checkpoint-dir", "{trial_dir}/ckpt")) is None
+    assert substitute(("a{trial_dir}/c", "{trial}", "{other}"), "/o/trials/0003", 3) == [
+        "a/o/trials/0003/c",
+        "3",
+        "{other}",
+    ]
