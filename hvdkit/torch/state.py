@@ -127,19 +127,27 @@ def receive_state(
         return join_tensors(header["rest"], tensors)
     is_root = comm.rank == root
     problem = None if is_root else _fit_error(header, model, optimizer, root)
-    problems = comm.allgather_object(problem, name="hvdkit.state.fit")
-    bad = [(r, p) for r, p in enumerate(problems) if p]
-    if bad:
-        r, p = bad[0]
-        raise error(
-            f"rank {r} cannot take rank {root}'s state: {p}; every rank must build the same model and optimizer"
-        )
+    raise_unless_all_fit(comm, problem, "hvdkit.state.fit", error, f"rank {root}'s state", "model and optimizer")
     if not is_root:
         tensors = _targets(header, model)
     comm.broadcast_tensors(tensors, name="hvdkit.state.tensors", root=root)
     if not is_root and optimizer is not None:
         optimizer.load_state_dict(join_tensors(header["optimizer"], tensors))
     return join_tensors(header["rest"], tensors)
+
+
+def raise_unless_all_fit(
+    comm: Communicator, problem: str | None, name: str, error: type[Exception], what: str, same: str
+) -> None:
+    """Gather every rank's ``problem`` (None: it fits); raise ``error`` on every rank naming the first that does not.
+
+    Collective: every rank calls it with the same ``name``.
+    """
+    problems = comm.allgather_object(problem, name=name)
+    bad = [(r, p) for r, p in enumerate(problems) if p]
+    if bad:
+        r, p = bad[0]
+        raise error(f"rank {r} cannot take {what}: {p}; every rank must build the same {same}")
 
 
 def _targets(header, model):

@@ -21,7 +21,7 @@ from ..core.errors import CollectiveError, ConfigError
 from ..core.options import check_positive_int
 from ..core.zero import Slice, partition
 from ._engine import horovod_torch
-from .state import join_tensors, split_tensors, tensor_specs
+from .state import join_tensors, raise_unless_all_fit, split_tensors, tensor_specs
 
 if TYPE_CHECKING:
     from ..core.comm import Communicator
@@ -467,13 +467,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                             )
         except (ValueError, KeyError, AttributeError) as e:
             problem = str(e)
-        problems = comm.allgather_object(problem, name="hvdkit.zero.fit")
-        bad = [(r, p) for r, p in enumerate(problems) if p]
-        if bad:
-            r, p = bad[0]
-            raise error(
-                f"rank {r} cannot take rank {root}'s optimizer state: {p}; every rank must build the same optimizer"
-            )
+        raise_unless_all_fit(comm, problem, "hvdkit.zero.fit", error, f"rank {root}'s optimizer state", "optimizer")
         saved_groups, _, entries, keys = layout
         sliced = {id(e[k]) for gi, group in enumerate(entries) for e in group or [] for k in keys[gi]}
         small = [s for s in tensor_specs(header) if id(s) not in sliced]  # step counts, frozen parameters' state

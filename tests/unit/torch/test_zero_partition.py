@@ -1,4 +1,4 @@
-"""ZeRO-1's partition arithmetic and slicing (``hvdkit.torch.zero``), without ranks.
+"""ZeRO-1's slicing of torch param groups and its refusals (``hvdkit.torch.zero``), without ranks.
 
 The slices must be the ones Horovod's ``reducescatter`` hands each rank (balanced, the first
 ``length % size`` ranks one element more; checked on 3 real ranks when this was written), contiguous,
@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hvdkit.core import zero as core_zero
 from hvdkit.core.errors import ConfigError
 from hvdkit.torch.zero import ELEMENTWISE_OPTIMIZERS, Slice, _Group, check_shardable, partition
 
@@ -20,32 +21,9 @@ FAST = settings(max_examples=200, deadline=None)
 torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1).step()
 
 
-@FAST
-@given(st.integers(0, 10_000), st.integers(1, 512))
-def test_partition_is_contiguous_balanced_and_covers_every_element_once(length, size):
-    slices = partition(length, size)
-    assert len(slices) == size
-    assert slices[0].start == 0 and slices[-1].stop == length
-    for a, b in zip(slices, slices[1:]):
-        assert a.stop == b.start  # contiguous, in rank order
-    sizes = [s.stop - s.start for s in slices]
-    assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
-    assert sizes == sorted(sizes, reverse=True)  # the larger slices first, as Horovod's reducescatter
-    assert sum(sizes) == length
-
-
-def test_partition_matches_horovods_reducescatter_cut_seen_on_three_ranks():
-    # mpirun -np 3, hvd.reducescatter of lengths 5, 7, 1, 2 gave first-dimension sizes:
-    assert partition(5, 3) == [Slice(0, 2), Slice(2, 4), Slice(4, 5)]
-    assert partition(7, 3) == [Slice(0, 3), Slice(3, 5), Slice(5, 7)]
-    assert partition(1, 3) == [Slice(0, 1), Slice(1, 1), Slice(1, 1)]
-    assert partition(2, 3) == [Slice(0, 1), Slice(1, 2), Slice(2, 2)]
-
-
-@pytest.mark.parametrize("bad", [(-1, 2), (3, 0), (True, 2), (2.0, 2)])
-def test_partition_refuses_bad_lengths_and_sizes(bad):
-    with pytest.raises(ConfigError):
-        partition(*bad)
+def test_the_torch_side_cuts_with_the_core_partition():
+    # its properties and Horovod's cut: tests/unit/core/test_zero_partition_core.py
+    assert partition is core_zero.partition and Slice is core_zero.Slice
 
 
 shapes = st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=3), min_size=1, max_size=6)
