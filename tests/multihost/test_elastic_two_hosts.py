@@ -79,6 +79,24 @@ def kill_host(hosts, i):
     return killed
 
 
+def _host_state(hosts, i):
+    """What host i looks like from outside and from host a: its sshd, link, a's neighbour entry, its sockets."""
+
+    def run(*argv):
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        return (p.stdout + p.stderr).strip()
+
+    alive = {pid: Path(f"/proc/{pid}").exists() for pid in hosts._sshd_pids}
+    return "\n".join(
+        [
+            f"host {hosts.names[i]}: sshd daemons alive {alive}",
+            "link: " + run("ip", "-n", hosts.ns[i], "-br", "link", "show", NIC),
+            "a's neighbours: " + run("ip", "-n", hosts.ns[0], "neigh", "show", "dev", NIC),
+            "tcp sockets on b:\n" + run("ip", "netns", "exec", hosts.ns[i], "ss", "-tanp"),
+        ]
+    )
+
+
 def set_link(hosts, i, up):
     """Take host i's link down (nothing reaches it any more) or bring it up again."""
     subprocess.run(
@@ -290,7 +308,10 @@ def shrink_and_grow(hosts, work, train, script_path):
         job.wait_for(lambda: any(r["size"] == 1 for r in _lines(work / "s.rank0")), "training on a alone", poll=0.01)
         shrunk_at = time.monotonic()
         with Paused(hosts, 0, script_path):  # a alone must not finish before the launcher asks it to stop
-            job.wait_for(lambda: GROW_ASKED in job.text(), "the request to grow", timeout=120)
+            try:
+                job.wait_for(lambda: GROW_ASKED in job.text(), "the request to grow", timeout=120)
+            except AssertionError as e:  # seen once in a full suite (b did not answer ssh): say what b looked like
+                raise AssertionError(f"{e}\n{_host_state(hosts, 1)}") from None
         code = job.finish()
     finally:
         set_link(hosts, 1, True)
