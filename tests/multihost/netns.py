@@ -63,6 +63,23 @@ class TwoHosts(_Hosts):
             str(config),
         ]
 
+    def close(self):
+        """As the base class, and without a private /tmp also the session folders Open MPI's daemons
+        made in /tmp under these hosts' names (``ompi.<host>.<uid>``): a daemon killed with its host
+        cannot remove its own, and each run's host names are new, so they would pile up."""
+        super().close()
+        if not self.private_tmp:
+            for name in self.names:
+                for path in Path("/tmp").glob(f"ompi.{name}.*"):
+                    shutil.rmtree(path, ignore_errors=True)
+
+    def leftovers(self):
+        found = super().leftovers()
+        if not self.private_tmp:
+            for name in self.names:
+                found += [str(p) for p in Path("/tmp").glob(f"ompi.{name}.*")]
+        return found
+
     def argv_on(self, i, argv):
         """``argv`` run on host i (0 = a, 1 = b) with the test's ssh settings."""
         tmp = ["--private-tmp", str(ROOT)] if self.private_tmp else []
