@@ -16,6 +16,7 @@ EXAMPLE = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hvdkit tune`` to the sub-command parsers ``sub``."""
+    from ..tune.ray_backend import add_backend_arguments
     from ..tune.storage import PRUNERS
 
     t = sub.add_parser(
@@ -74,6 +75,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t.add_argument(
         "--status-interval", type=float, default=30.0, metavar="SECONDS", help="status line period (default 30)"
     )
+    add_backend_arguments(t)
     t.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
 
 
@@ -109,4 +111,7 @@ def main(args: argparse.Namespace) -> int:
         run_flags=("--gloo",) if args.gloo else (),
         status_interval=args.status_interval,
     )
-    return run_study(cfg)
+    from ..tune.ray_backend import run_backend
+
+    code = run_backend(args, cfg)
+    return run_study(cfg) if code is None else code
