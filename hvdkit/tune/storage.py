@@ -6,6 +6,8 @@ Imports Optuna: only ``hvdkit tune`` loads this module.
 from __future__ import annotations
 
 import os
+import re
+import time
 from typing import Any
 
 from ..core.errors import ConfigError, MissingDependencyError
@@ -46,14 +48,7 @@ def open_storage(storage: str | None, out: str) -> Any:
     shared file system; an RDB URL needs its database server (PostgreSQL, MySQL) or a SQLite file."""
     optuna = import_optuna()
     if storage is not None and is_rdb_url(storage):
-        try:
-            return optuna.storages.RDBStorage(storage)
-        except ImportError as e:
-            raise MissingDependencyError(
-                f"--storage {storage.split('://')[0]}://...: {e}; install its driver"
-            ) from None
-        except Exception as e:  # SQLAlchemy's errors: a bad URL, a server that is not there
-            raise ConfigError(f"--storage {storage!r} cannot be opened: {type(e).__name__}: {e}") from None
+        return _open_rdb(optuna, storage)
     path = os.path.join(out, DEFAULT_JOURNAL) if storage is None else storage
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
@@ -61,6 +56,47 @@ def open_storage(storage: str | None, out: str) -> Any:
     from optuna.storages.journal import JournalFileBackend
 
     return optuna.storages.JournalStorage(JournalFileBackend(path))
+
+
+DRIVERS = {  # a dialect's usual driver: URL prefix and package
+    "postgresql": "postgresql+psycopg2:// with pip install psycopg2-binary",
+    "mysql": "mysql+pymysql:// with pip install PyMySQL",
+}
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may be printed: its password replaced by ``***``."""
+    return re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", url)  # greedy: SQLAlchemy splits at the last @
+
+
+def _open_rdb(optuna: Any, url: str, tries: int = 5) -> Any:
+    shown = shown_url(url)
+    try:
+        for attempt in range(1, tries + 1):
+            try:
+                return optuna.storages.RDBStorage(url)
+            except Exception as e:
+                # workers that open a new database at once race to create Optuna's tables: the loser's
+                # CREATE TABLE fails with "already exists"; the tables are there now, so open again
+                if attempt == tries or "already exists" not in str(e):
+                    raise
+                time.sleep(0.2 * attempt)
+    except ImportError as e:
+        cause = e.__cause__ or e.__context__
+        module = getattr(cause, "name", None) or "its driver"
+        dialect = url.split("://", 1)[0].split("+")[0]
+        usual = DRIVERS.get(dialect, "a driver SQLAlchemy lists for this dialect")
+        raise MissingDependencyError(
+            f"--storage {shown!r}: the database driver {module!r} is not installed; install it, or use "
+            f"{usual}, or give a journal file path on shared storage instead"
+        ) from None
+    except Exception as e:  # SQLAlchemy's errors: a bad URL, a server that is not there
+        first = str(e).replace(url, shown).splitlines()[0] if str(e) else ""
+        raise ConfigError(
+            f"--storage {shown!r} cannot be opened: {type(e).__name__}: {first}; check the URL "
+            "(dialect+driver://user:password@host:port/database) and that its database server runs and the "
+            "database exists"
+        ) from None
 
 
 def make_pruner(name: str, startup_trials: int, warmup_epochs: int = 0) -> Any:

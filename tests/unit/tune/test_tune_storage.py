@@ -50,3 +50,37 @@ def test_the_median_pruner_waits_for_its_startup_trials_and_warmup_epochs():
     assert not t.should_prune()
     with pytest.raises(ConfigError, match="--pruner must be one of median, asha, none"):
         make_pruner("hyperband", 0)
+
+
+def test_an_rdb_url_whose_driver_is_missing_names_the_driver_and_the_usual_one():
+    from hvdkit.core.errors import MissingDependencyError
+
+    with pytest.raises(MissingDependencyError) as e:
+        open_storage("postgresql+pg8000://u:secret@127.0.0.1:1/db", "/nonexistent")
+    msg = str(e.value)
+    assert "'pg8000' is not installed" in msg and "postgresql+psycopg2:// with pip install psycopg2-binary" in msg
+    assert "secret" not in msg and "u:***@127.0.0.1" in msg
+
+
+@pytest.mark.parametrize(
+    "url, cause",
+    [
+        ("nosuchdb://x", "NoSuchModuleError"),
+        ("postgresql+psycopg2://h:notaport/db", "ValueError"),
+        ("sqlite:////nonexistent-dir/s.db", "OperationalError"),
+    ],
+)
+def test_a_bad_rdb_url_is_a_config_error_naming_it_and_what_to_check(url, cause):
+    with pytest.raises(ConfigError) as e:
+        open_storage(url, "/nonexistent")
+    msg = str(e.value)
+    assert msg.startswith(f"--storage {url!r} cannot be opened: {cause}")
+    assert "dialect+driver://user:password@host:port/database" in msg
+
+
+def test_a_password_in_a_storage_url_is_never_shown():
+    from hvdkit.tune.storage import shown_url
+
+    assert shown_url("postgresql+psycopg2://me:p@ss:w0rd@db:5432/s") == "postgresql+psycopg2://me:***@db:5432/s"
+    assert shown_url("postgresql://me@db/s") == "postgresql://me@db/s"
+    assert shown_url("sqlite:///a:b@c.db") == "sqlite:///a:b@c.db"
