@@ -70,6 +70,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="R",
         help="rerun a failed trial's parameters up to R times (default 1)",
     )
+    t.add_argument(
+        "--max-failures",
+        type=int,
+        default=10,
+        metavar="F",
+        help="end the search (exit 1) after F failed trials in this run, retries included (default 10)",
+    )
     t.add_argument("--seed", type=int, default=None, help="the sampler's seed (TPE), for a repeatable search")
     t.add_argument("--gloo", action="store_true", help="trials run under horovodrun --gloo instead of mpirun")
     t.add_argument(
@@ -80,8 +87,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``hvdkit tune`` from parsed arguments; the exit code (0 done, 1 a parameter set kept failing,
-    130 interrupted)."""
+    """Run ``hvdkit tune`` from parsed arguments; the exit code (0 done, 1 a parameter set kept failing or
+    --max-failures trials failed, 130 interrupted)."""
     from ..launcher.spec import check_command
     from ..tune.space import load_space
     from ..tune.study import TuneConfig, run_study
@@ -107,6 +114,7 @@ def main(args: argparse.Namespace) -> int:
         study_name=args.study_name,
         out=args.out,
         retries=args.retries,
+        max_failures=args.max_failures,
         seed=args.seed,
         run_flags=("--gloo",) if args.gloo else (),
         status_interval=args.status_interval,

@@ -6,8 +6,12 @@ gets the preemption stop (SIGTERM to ``hvdkit run``: every rank checkpoints and 
 recorded PRUNED. A failed attempt is recorded FAIL with the last lines of its output, and its
 parameters are enqueued again as a new trial (same trial folder, so it resumes from the failed
 attempt's checkpoint and starts with its reports), up to ``retries`` times; a parameter set that
-fails every attempt ends the search. The study is counted in COMPLETE + PRUNED trials, so running
-the same command again resumes it until ``trials`` are done. Imports Optuna.
+fails every attempt ends the search, and so do ``max_failures`` failed attempts of any parameters.
+The study is counted in COMPLETE + PRUNED trials, so running the same command again resumes it until
+``trials`` are done. Several drivers (hosts, SLURM array tasks) may share one study through its
+storage: each starts a trial only while the study's COMPLETE + PRUNED + RUNNING trials are fewer
+than ``trials``, and gives a trial back unrun when trials asked before it already fill the study,
+so together they finish exactly ``trials``. Imports Optuna.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class TuneConfig:
     study_name: str = "hvdkit-tune"
     out: str = "tune-out"
     retries: int = 1
+    max_failures: int = 10  # failed attempts (any parameters) in this run before the search ends
     seed: int | None = None
     run_flags: tuple = ()
     poll_interval: float = 0.2
@@ -66,6 +71,7 @@ class TuneConfig:
         for flag, value, least in (
             ("--trials", self.trials, 1),
             ("--retries", self.retries, 0),
+            ("--max-failures", self.max_failures, 1),
             ("--pruner-startup-trials", self.pruner_startup_trials, 0),
             ("--pruner-warmup-epochs", self.pruner_warmup_epochs, 0),
         ):
@@ -129,6 +135,7 @@ class Driver:
         self.study = self._study()
         self.running: dict[int, _Running] = {}
         self.abort: str | None = None
+        self.failures = 0  # failed attempts in this run (not interrupted ones)
         self.interrupted: int | None = None
         self._last_status = time.monotonic()
 
@@ -162,6 +169,12 @@ class Driver:
         c = self.counts()
         return c.get("COMPLETE", 0) + c.get("PRUNED", 0)
 
+    def taken(self) -> int:
+        """COMPLETE + PRUNED + RUNNING trials of the whole study: RUNNING ones run here or in another
+        worker on the same storage (or in one that was killed while they ran)."""
+        c = self.counts()
+        return c.get("COMPLETE", 0) + c.get("PRUNED", 0) + c.get("RUNNING", 0)
+
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> int:
         """Run trials until the study has ``trials`` COMPLETE + PRUNED ones; the exit code."""
@@ -190,6 +203,12 @@ class Driver:
                 r.job.kill()
             for s, h in previous.items():
                 signal.signal(s, h)
+        elsewhere = self.counts().get("RUNNING", 0)
+        if self.abort is None and self.interrupted is None and elsewhere:
+            self._say(
+                f"{self.done()} of {cfg.trials} trials done here and elsewhere; {elsewhere} still RUNNING in other "
+                "hvdkit tune workers on this study (results below are what is finished now)"
+            )
         if self.interrupted is not None:
             self._say(f"interrupted by {signal.Signals(self.interrupted).name}: run the same command again to resume")
             return EXIT_INTERRUPTED
@@ -210,11 +229,27 @@ class Driver:
     def _may_start(self) -> bool:
         if self.abort or self.interrupted is not None or not self.pool.free():
             return False
-        return self.done() + len(self.running) < self.cfg.trials
+        return self.taken() < self.cfg.trials
+
+    def _too_late(self, trial: Any) -> bool:
+        """True when trials asked before ``trial`` (finished or running, in any worker) already fill the
+        study: another worker took its last trial between our count and our ask. ``trial`` is then
+        recorded FAIL with that reason, unrun."""
+        ahead = 0
+        for t in self.study.get_trials(deepcopy=False):
+            name = t.state.name
+            ahead += name in ("COMPLETE", "PRUNED") or (name == "RUNNING" and t.number < trial.number)
+        if ahead < self.cfg.trials:
+            return False
+        trial.set_user_attr(ERROR_ATTR, f"not run: {ahead} trials asked before it already fill the study")
+        self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+        return True
 
     def _start(self) -> None:
         cfg = self.cfg
         trial = self.study.ask()
+        if self._too_late(trial):
+            return
         params = cfg.space.suggest(trial)
         key = int(trial.user_attrs.get(KEY_ATTR, trial.number))
         attempt = int(trial.user_attrs.get(ATTEMPT_ATTR, 1))
@@ -300,7 +335,15 @@ class Driver:
         else:
             why = f"exit code {code}; last output:\n{tail(r.launch.log_path)}"
         self._fail(r, why, took)
-        if r.attempt <= self.cfg.retries:
+        self.failures += 1
+        if self.failures >= self.cfg.max_failures:
+            if self.abort is None:
+                self.abort = (
+                    f"{self.failures} trials failed (--max-failures {self.cfg.max_failures}; last: trial "
+                    f"{r.trial.number}, see {r.launch.log_path}); fix the script or its environment, or raise "
+                    "--max-failures, and run the same command to resume"
+                )
+        elif r.attempt <= self.cfg.retries:
             self.study.enqueue_trial(r.params, user_attrs={KEY_ATTR: r.key, ATTEMPT_ATTR: r.attempt + 1})
             self._say(f"  retrying its parameters (attempt {r.attempt + 1} of {self.cfg.retries + 1})")
         elif self.abort is None:
