@@ -58,7 +58,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "hostfile": "Open MPI hostfile of the hosts",
     }
     for target in TARGETS:
-        targets.add_parser(target, parents=[job], help=helps[target])
+        t = targets.add_parser(target, parents=[job], help=helps[target])
+        if target == "slurm":
+            t.add_argument(
+                "--tune",
+                type=int,
+                metavar="W",
+                help="a job array of W 'hvdkit tune' workers on one study instead of one job: the command after "
+                "'--' is 'hvdkit tune ... --storage SHARED ... -- python train.py' (each task: one node, "
+                "--parallel x -np CPUs, results in OUT/task-N)",
+            )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -67,6 +76,8 @@ def main(args: argparse.Namespace) -> int:
     from ..launcher.render import files as render
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if getattr(args, "tune", None) is not None:
+        return _tune_array(args, command)
     if args.hosts:  # only the hosts given count: a render describes another machine, not this one
         found = hosts.parse_host_list(args.hosts)
     else:
@@ -91,6 +102,38 @@ def main(args: argparse.Namespace) -> int:
             "hvdkit run"
         )
     text = render.render(args.target, spec)
+    if args.output:
+        render.save(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# what a --tune worker's size comes from instead (its --parallel x -np): these job flags do not apply
+_NOT_WITH_TUNE = (
+    "num_proc",
+    "nodes",
+    "slots_per_node",
+    "gpus_per_node",
+    "hosts",
+    "hostfile",
+    "min_np",
+    "max_np",
+    "cpu",
+)
+
+
+def _tune_array(args: argparse.Namespace, command: list[str]) -> int:
+    from ..launcher.render import files as render
+    from ..tune.array import plan_tune_array, render_tune_array
+
+    given = [name for name in _NOT_WITH_TUNE if getattr(args, name) is not None]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(
+            f"--tune sizes each worker from the hvdkit tune command (one node, --parallel x -np CPUs): drop {flags}"
+        )
+    text = render_tune_array(plan_tune_array(command, args.tune, args.name, args.memory))
     if args.output:
         render.save(args.output, text)
     else:
