@@ -115,9 +115,11 @@ class HvdkitTrial(tune.Trainable):
             code = self.job.poll()  # before reading: every report written before the exit is then read
             self._read()
             if self.pending:
-                epoch = self.pending.pop(0)
-                return self._result(epoch)
-            if code is not None:
+                result = self._result(self.pending.pop(0))
+                if code == 0 and not self.pending:  # the job's last epoch: the trial ends with it
+                    result.update({EXIT_KEY: 0, "done": True})
+                return result
+            if code is not None:  # after the last epoch was relayed, or a failure
                 return self._end(code)
             time.sleep(self.plan.get("poll", 0.2))
 
@@ -147,8 +149,8 @@ class HvdkitTrial(tune.Trainable):
                 f"{', '.join(seen) or 'nothing'}); call hvdkit.tune.report(epoch, {self.metric}=...) "
                 "or use hvdkit's Trainer"
             )
-        last = max(self.relayed)
-        return {**self._result(last), EXIT_KEY: 0, "done": True}
+        # the job exited after its last epoch was relayed: that epoch again, now saying the job ended
+        return {**self._result(max(self.relayed)), EXIT_KEY: 0, "done": True}
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         # the job's own checkpoint (in the trial folder) is the state; Ray keeps which epochs were relayed
