@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 metavar="W",
                 help="a job array of W 'hvdkit tune' workers on one study instead of one job: the command after "
                 "'--' is 'hvdkit tune ... --storage SHARED ... -- python train.py' (each task: one node, "
-                "--parallel x -np CPUs, results in OUT/task-N)",
+                "--parallel x -np slots, results in OUT/task-N)",
             )
 
 
@@ -131,7 +131,7 @@ def _tune_array(args: argparse.Namespace, command: list[str]) -> int:
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ConfigError(
-            f"--tune sizes each worker from the hvdkit tune command (one node, --parallel x -np CPUs): drop {flags}"
+            f"--tune sizes each worker from the hvdkit tune command (one node, --parallel x -np slots): drop {flags}"
         )
     text = render_tune_array(plan_tune_array(command, args.tune, args.name, args.memory))
     if args.output:

@@ -1,6 +1,6 @@
 """``hvdkit render slurm --tune W``: a SLURM job array of W ``hvdkit tune`` workers on one shared study.
 
-Each array task is one worker on a one-node allocation of ``--parallel x -np`` CPUs; the workers
+Each array task is one worker on a one-node allocation of ``--parallel x -np`` slots (one CPU each); the workers
 meet in the study that ``--storage`` names (a journal file on a shared file system, or a database),
 so together they finish the study's ``--trials``. Pure: parses and renders, starts nothing, imports
 no Optuna.
@@ -25,7 +25,7 @@ STORAGE_EXAMPLE = "--storage /shared/tune/study.journal (or postgresql+psycopg2:
 @dataclass(frozen=True)
 class TuneArray:
     """W workers of one ``hvdkit tune`` command: its options (``--out`` taken out, ``--study`` fixed),
-    its training command (``-- ...``), the results folder each task gets its ``task-N`` in, the CPUs
+    its training command (``-- ...``), the results folder each task gets its ``task-N`` in, the slots
     a worker needs, and the job's name and memory."""
 
     workers: int
@@ -109,15 +109,15 @@ def render_tune_array(array: TuneArray) -> str:
     lines = [
         "#!/bin/bash",
         "# SLURM job array: `sbatch tune.sbatch` in the folder the command's paths start.",
-        f"# {array.workers} hvdkit tune worker(s), one per array task, each on one node with {array.cpus} CPU(s)",
+        f"# {array.workers} hvdkit tune worker(s), one per array task, each on one node with {array.cpus} slot(s)",
         "# (--parallel x -np), all on the study that --storage names; together they finish its --trials.",
         "# Rendered by hvdkit from one job description; change the description and render again:",
         f"#   {_line(again)}",
         f"#SBATCH --job-name={array.name}",
         f"#SBATCH --array=0-{array.workers - 1}",
         "#SBATCH --nodes=1",
-        "#SBATCH --ntasks=1",
-        f"#SBATCH --cpus-per-task={array.cpus}",
+        f"#SBATCH --ntasks={array.cpus}",  # slots: each trial's hvdkit run takes its -np of them
+        "#SBATCH --cpus-per-task=1",
         f"#SBATCH --mem={memory.group(1)}{memory.group(2)[0]}",
         "set -euo pipefail",
         "",

@@ -1,6 +1,6 @@
 """`hvdkit render slurm --tune W`: a SLURM job array of W `hvdkit tune` workers on one shared study.
 
-Examples: the #SBATCH lines (array 0..W-1, one node, --parallel x -np CPUs), the study name fixed in
+Examples: the #SBATCH lines (array 0..W-1, one node, --parallel x -np slots), the study name fixed in
 the script, each task's own results folder, and the refusals (no --storage, a storage inside --out,
 job flags that do not apply, a command that is not hvdkit tune). Hypothesis: for commands, storage
 paths and folders holding quotes, `$`, backticks, newlines and any other text, bash running the
@@ -40,8 +40,8 @@ def test_the_array_has_one_task_per_worker_each_one_node_of_parallel_times_np_cp
         "#SBATCH --job-name=dig",
         "#SBATCH --array=0-2",
         "#SBATCH --nodes=1",
-        "#SBATCH --ntasks=1",
-        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --ntasks=4",
+        "#SBATCH --cpus-per-task=1",
         "#SBATCH --mem=3G",
     ]
     last = text.splitlines()[-1]
