@@ -7,6 +7,9 @@ ranks hold one element more). ``step()``
 reduce-scatters the gradients, lets an inner optimizer of the user's class update only this rank's
 slice (so its ``state`` holds about ``1/size`` of the unsharded state) and all-gathers the updated
 slices back into the parameters. Only optimizers whose update is elementwise can be cut this way.
+The parameters and gradients live in one flat buffer each per group (``hvdkit.torch.zero_flat``):
+no step makes a whole-size copy of either; the collectives move them in rounds of at most
+``round_elements`` elements.
 """
 
 from __future__ import annotations
@@ -19,15 +22,17 @@ import torch
 
 from ..core.errors import CollectiveError, ConfigError
 from ..core.options import check_positive_int
-from ..core.zero import Slice, partition
+from ..core.zero import Slice, partition, plan_rounds
 from ._engine import horovod_torch
 from .state import join_tensors, raise_unless_all_fit, split_tensors, tensor_specs
+from .zero_flat import FlatGroup
 
 if TYPE_CHECKING:
     from ..core.comm import Communicator
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "ROUND_ELEMENTS",
     "ELEMENTWISE_OPTIMIZERS",
     "ShardedOptimizer",
     "Slice",
@@ -54,6 +59,9 @@ ELEMENTWISE_OPTIMIZERS = (
 
 # Elements of optimizer state one round of consolidate_state_dict() moves (16 MiB of fp32).
 CHUNK_ELEMENTS = 1 << 22
+# Elements (all ranks' parts together) one round of step()'s reduce-scatter or all-gather moves: the
+# bound on its temporaries (16 MiB of fp32).
+ROUND_ELEMENTS = 1 << 22
 
 
 def check_shardable(optimizer: torch.optim.Optimizer) -> None:
@@ -77,43 +85,6 @@ def check_shardable(optimizer: torch.optim.Optimizer) -> None:
             )
 
 
-class _Group:
-    """One param group as the shard sees it: its trainable parameters, their offsets, this rank's slice."""
-
-    def __init__(self, params, rank, size):
-        self.params = [p for p in params if p.requires_grad]
-        self.offsets = [0]
-        for p in self.params:
-            self.offsets.append(self.offsets[-1] + p.numel())
-        self.slice = partition(self.offsets[-1], size)[rank]
-        like = self.params[0] if self.params else torch.zeros(0)
-        self.shard = torch.zeros(self.slice.stop - self.slice.start, dtype=like.dtype, device=like.device)
-
-    def pieces(self):
-        """``(index, lo, hi)`` for each parameter that overlaps this rank's slice: its elements ``[lo, hi)``."""
-        start, stop = self.slice
-        for i, p in enumerate(self.params):
-            lo, hi = max(start - self.offsets[i], 0), min(stop - self.offsets[i], p.numel())
-            if lo < hi:
-                yield i, lo, hi
-
-    def flat(self, tensors):
-        """The trainable parameters' ``tensors`` (None: zeros) as one flat vector."""
-        parts = [
-            (t if t is not None else torch.zeros_like(p)).reshape(-1) for p, t in zip(self.params, tensors, strict=True)
-        ]
-        return torch.cat(parts) if parts else self.shard.new_zeros(0)
-
-    def own(self, tensors):
-        """This rank's slice of the flat vector of ``tensors`` (one per trainable parameter), copied."""
-        parts = [tensors[i].reshape(-1)[lo:hi] for i, lo, hi in self.pieces()]
-        return torch.cat(parts) if parts else self.shard.new_zeros(0)
-
-    def unflatten(self, flat):
-        """``flat`` (the whole group's vector) cut back into tensors of the parameters' shapes (views)."""
-        return [flat[a:b].view_as(p) for p, a, b in zip(self.params, self.offsets, self.offsets[1:], strict=False)]
-
-
 class ShardedOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose state is sharded over the ranks (ZeRO stage 1); ``hk.DistributedOptimizer`` makes it.
 
@@ -124,6 +95,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
     squares; left in ``last_grad_norm``), updates this rank's slices and all-gathers them into the
     parameters, so every rank ends with bitwise the same parameters. Gradients of several
     ``backward()`` calls accumulate in ``.grad`` and are reduced once, in ``step()``.
+
+    Memory: each group's trainable parameters become views of one flat buffer (the same
+    ``Parameter`` objects; ``channels_last`` ones turn contiguous) and their gradients views of
+    another, kept across ``zero_grad()``; ``zero_grad(set_to_none=True)`` still leaves ``p.grad``
+    None until the next backward fills the buffer again. After ``step()`` this rank's slice of the
+    gradients holds the averaged gradient, the rest its local one. The reduce-scatter and
+    all-gather work on the buffers in rounds of at most ``round_elements`` elements over all ranks
+    (``last_rounds`` says how many and the largest); build this optimizer after ``model.to(...)``.
 
     ``state_dict()`` is the unsharded optimizer's, the same at any world size: call
     ``consolidate_state_dict()`` on every rank first (``hk.Checkpointer.save`` does); it gathers the
@@ -154,7 +133,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.last_consolidation = None
         self.last_scatter = None
         super().__init__(optimizer.param_groups, optimizer.defaults)
-        self._groups = [_Group(g["params"], self._rank, self._size) for g in self.param_groups]
+        self.round_elements = ROUND_ELEMENTS
+        self.last_rounds = None
+        self._groups = [FlatGroup(g["params"], self._rank, self._size, i) for i, g in enumerate(self.param_groups)]
         self._inner = type(optimizer)(
             [dict(self._hyper(g), params=[s.shard]) for g, s in zip(self.param_groups, self._groups, strict=True)]
         )
@@ -233,8 +214,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _reduce(self):
         self._consolidated, self._consolidated_to = None, None
-        for g in self._groups:  # the parameters may have been set since the last step (a restore, a broadcast)
-            g.shard.copy_(g.own([p.detach() for p in g.params]))
+        for g in self._groups:  # the parameters may have been set since the last step (p.data = ..., a restore)
+            g.prepare()
         self._reduce_scatter()
 
     def _sync_hyper(self):
@@ -250,16 +231,40 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """The groups with trainable parameters (a group of frozen ones takes no part in collectives)."""
         return [g for g in self._groups if g.params]
 
-    def _reduce_scatter(self):
-        """Each shard's ``.grad``: its slice of the gradients reduced over the ranks (a missing gradient counts 0)."""
-        start = time.perf_counter()
+    def _rounds(self):
+        """The active groups and the plan of rounds over them (``hvdkit.core.zero.plan_rounds``)."""
+        check_positive_int("round_elements", self.round_elements)
         groups = self._active()
-        flats = [g.flat([p.grad for p in g.params]) for g in groups]
-        if self.compression == "fp16":
-            flats = [f.to(torch.float16) for f in flats]
-        outs = self._hvd.grouped_reducescatter(flats, name="hvdkit.zero.grads", op=self._op) if groups else []
-        for g, out in zip(groups, outs, strict=True):
-            g.shard.grad = out.to(g.shard.dtype)
+        return groups, plan_rounds([g.offsets[-1] for g in groups], self._size, self.round_elements)
+
+    @staticmethod
+    def _parts(g, piece):
+        """Each rank's elements of ``piece`` in group ``g``'s flat vector, ``(start, stop)`` in rank order."""
+        return [(a + min(piece.lo, b - a), a + min(piece.hi, b - a)) for a, b in g.bounds]
+
+    def _reduce_scatter(self):
+        """Reduce this rank's slice of the gradient buffers over the ranks, in place (a missing gradient counts 0).
+
+        In rounds: each packs every rank's part of its pieces into one temporary, which the engine
+        reduce-scatters; this rank's reduced part is written back into its slice of the buffer.
+        """
+        start = time.perf_counter()
+        groups, rounds = self._rounds()
+        largest = 0
+        for n, round_ in enumerate(rounds):
+            packs = []
+            for piece in round_:
+                g = groups[piece.group]
+                pack = torch.cat([g.grads[a:b] for a, b in self._parts(g, piece)])
+                packs.append(pack.to(torch.float16) if self.compression == "fp16" else pack)
+            largest = max(largest, sum(t.numel() for t in packs))
+            outs = self._hvd.grouped_reducescatter(packs, name=f"hvdkit.zero.grads.{n}", op=self._op)
+            del packs
+            for piece, out in zip(round_, outs, strict=True):
+                g = groups[piece.group]
+                a, b = self._parts(g, piece)[self._rank]
+                g.grads[a:b].copy_(out)
+        self.last_rounds = {"rounds": len(rounds), "largest_round": largest}
         seconds = time.perf_counter() - start
         for listener in self._listeners:
             listener(seconds)
@@ -276,13 +281,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return norm
 
     def _all_gather(self):
-        groups = self._active()
-        fulls = self._hvd.grouped_allgather([g.shard for g in groups], name="hvdkit.zero.params") if groups else []
-        for g, full in zip(groups, fulls, strict=True):
-            for p, value in zip(g.params, g.unflatten(full), strict=True):
-                p.copy_(value)
+        """Every rank's updated slice into every rank's parameter buffers, in rounds (as ``_reduce_scatter``)."""
+        groups, rounds = self._rounds()
+        for n, round_ in enumerate(rounds):
+            sends = []
+            for piece in round_:
+                g = groups[piece.group]
+                a, b = self._parts(g, piece)[self._rank]
+                sends.append(g.flat[a:b])
+            outs = self._hvd.grouped_allgather(sends, name=f"hvdkit.zero.params.{n}")
+            for piece, out in zip(round_, outs, strict=True):
+                g = groups[piece.group]
+                at = 0
+                for r, (a, b) in enumerate(self._parts(g, piece)):
+                    if r != self._rank:  # this rank's part is already in place
+                        g.flat[a:b].copy_(out[at : at + b - a])
+                    at += b - a
 
-    # ------------------------------------------------------------ state
     def _indices(self):
         """Each parameter's index in a torch state dict (numbered through every group, frozen ones too)."""
         return {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
