@@ -7,15 +7,16 @@ Upstream symptoms these tests were written against (each failed before its engin
 - a wait for slots printed nothing, and its timeout said ``waiting for {activity}`` (same fix);
 - after a host was removed the ``ElasticSampler`` kept the old partition: samples were processed
   twice in that epoch (78-torch-elastic-sampler-repartitions-after-reset).
-Script: scripts/hvd_torch_elastic.py (Horovod's public API only). Both hosts of the event test are
+Script: scripts/hvd_torch_elastic.py (Horovod's public API only); harness shared with the Keras test
+(support/elastic_jobs.py, scripts/elastic_hosts.py). Both hosts of the event test are
 this machine (``localhost`` and ``127.0.0.1``), so no ssh is needed.
 """
 
 import json
-import os
 
 import pytest
-from helpers import BIN, PYTHON, ROOT, run_bounded
+from elastic_jobs import run_elastic
+from helpers import ROOT
 
 pytestmark = pytest.mark.dist
 SCRIPT = ROOT / "tests" / "engine" / "scripts" / "hvd_torch_elastic.py"
@@ -23,30 +24,7 @@ EXPECTED_TOTAL = 3 * sum(range(24))  # every sample once per epoch, 3 epochs
 
 
 def _elastic(tmp_path, hosts, np_, min_np, max_np, extra=(), timeout=240, elastic_timeout=60):
-    (tmp_path / "hosts").write_text(hosts)
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
-    discover.chmod(0o755)
-    argv = [
-        str(BIN / "horovodrun"),
-        "-np",
-        str(np_),
-        "--min-np",
-        str(min_np),
-        "--max-np",
-        str(max_np),
-        "--elastic-timeout",
-        str(elastic_timeout),
-        "--host-discovery-script",
-        str(discover),
-        "--gloo",
-        PYTHON,
-        str(SCRIPT),
-        str(tmp_path),
-        *extra,
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    return run_bounded(argv, timeout, env=env, cwd=tmp_path)
+    return run_elastic(SCRIPT, tmp_path, hosts, np_, min_np, max_np, extra, timeout, elastic_timeout)
 
 
 def test_an_elastic_job_on_one_host_starts_at_once_and_ends_with_every_sample_once(tmp_path):

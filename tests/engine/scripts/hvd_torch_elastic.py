@@ -2,7 +2,7 @@
 
     horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script DISCOVER --gloo python hvd_torch_elastic.py OUT [events]
 
-``OUT/hosts`` is what the discovery script prints; with ``events`` the script changes it itself at
+``OUT/hosts`` is what the discovery script prints (elastic_hosts.py); with ``events`` the script changes it itself at
 fixed points so that the job goes through every elastic event in one run, in this order:
   1. at 2 ranks, after step ``REMOVE_AT``, rank 0 removes the host ``127.0.0.1`` (its worker ends);
   2. at 1 rank, after 2 more steps, it adds that host back (a new worker joins);
@@ -21,23 +21,12 @@ import time
 
 import horovod.torch as hvd
 import torch
+from elastic_hosts import path, set_hosts
 
 SAMPLES, EPOCHS, BATCH = 24, 3, 2
 REMOVE_AT = 3  # global commits at 2 ranks before the host is removed
-OUT = sys.argv[1]
 EVENTS = sys.argv[2:] == ["events"]  # otherwise the hosts stay as they are
 HOST = os.environ.get("HOROVOD_HOSTNAME", "?")
-
-
-def path(name):
-    return os.path.join(OUT, name)
-
-
-def set_hosts(text, marker):
-    with open(path("hosts.tmp"), "w") as f:
-        f.write(text)
-    os.replace(path("hosts.tmp"), path("hosts"))
-    open(path(marker), "w").close()
 
 
 hvd.init()

@@ -1,0 +1,41 @@
+"""Start a Horovod elastic job the way users do: ``horovodrun --gloo`` with a host discovery script.
+
+The discovery script prints ``OUT/hosts``; the job's scripts (tests/engine/scripts/elastic_hosts.py)
+change that file to remove and add hosts while the job runs.
+"""
+
+import os
+
+from helpers import BIN, PYTHON, run_bounded
+
+
+def discovery(out, hosts):
+    """Write ``out/hosts`` = ``hosts`` and an executable ``out/discover.sh`` printing it; its path."""
+    (out / "hosts").write_text(hosts)
+    script = out / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
+    script.chmod(0o755)
+    return script
+
+
+def clean_env(extra=None):
+    """This environment without HOROVOD_* variables (a job in a job must not inherit its place), plus ``extra``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    return dict(clean, **(extra or {}))
+
+
+def run_elastic(script, out, hosts, np_, min_np, max_np, extra=(), timeout=240, elastic_timeout=60, env=None):
+    """Run ``horovodrun -np np_ --min-np min_np --max-np max_np --gloo python script out *extra`` with
+    ``out/hosts`` = ``hosts`` printed by the discovery script; return the finished process
+    (``run_bounded``: the whole group is killed after ``timeout`` s)."""
+    argv = [
+        str(BIN / "horovodrun"),
+        *("-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np)),
+        *("--elastic-timeout", str(elastic_timeout), "--host-discovery-script", str(discovery(out, hosts))),
+        "--gloo",
+        PYTHON,
+        str(script),
+        str(out),
+        *extra,
+    ]
+    return run_bounded(argv, timeout, env=clean_env(env), cwd=out)
