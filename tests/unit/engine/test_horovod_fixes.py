@@ -22,7 +22,7 @@ PATCHES = sorted(FIXES.glob("*.patch"))
 HOROVOD_VERSION = "0.28.1"
 # Number range -> the folders its patches may touch (one owner per range, see the fixes README).
 RANGES = [
-    (range(1, 10), ("horovod/runner/",)),
+    (range(1, 10), ("horovod/runner/", "horovod/ray/")),  # the launch side: horovodrun and Ray
     (range(10, 40), ("horovod/tensorflow/", "horovod/common/")),
     (range(40, 70), ("horovod/_keras/", "horovod/tensorflow/keras/", "horovod/keras/")),
     (range(70, 90), ("horovod/torch/",)),
