@@ -140,7 +140,8 @@ def _elastic_options(r: argparse.ArgumentParser) -> None:
         "elastic training by restart",
         "With --min-np/--max-np the job relaunches on the hosts that are there (fewer after a failure, more when "
         "discovery lists more), between MIN and MAX ranks; the ranks resume from their newest checkpoint. Every "
-        "launch is a plain fixed-size mpirun/horovodrun job: Horovod's elastic driver is never started.",
+        "launch is a plain fixed-size mpirun/horovodrun job: Horovod's elastic driver is not started (unless "
+        "--horovod-elastic, for hvd.elastic.run scripts).",
     )
     g.add_argument(
         "--min-np", dest="min_np", type=int, metavar="MIN", help="fewest ranks to keep training with (default: -np)"
@@ -180,6 +181,14 @@ def _elastic_options(r: argparse.ArgumentParser) -> None:
         "SECONDS",
         DEFAULT_ELASTIC_TIMEOUT,
         "with fewer than MIN slots, wait this long for hosts, then fail naming what is missing",
+    )
+    g.add_argument(
+        "--horovod-elastic",
+        dest="horovod_elastic",
+        action="store_true",
+        help="for scripts written with Horovod's hvd.elastic.run (state.commit()): run them under Horovod's own "
+        "elastic driver instead (one horovodrun --gloo job with these --min-np/--max-np/--host-discovery-script/"
+        "--elastic-timeout; the surviving workers go on in-process from the last commit, no restarts)",
     )
 
 
@@ -225,6 +234,11 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
     restarts_given = env.given(args.max_restarts)
     env.resolve(args)  # flag > HVDKIT_* variable > default
     elastic_settings = _elastic_settings(args, num_proc, found, origin)
+    if args.horovod_elastic and elastic_settings is None:
+        raise ConfigError(
+            "--horovod-elastic runs Horovod's elastic driver, which needs the elastic bounds: add --min-np and "
+            "--max-np (e.g. --min-np 1 --max-np 2), and --host-discovery-script when hosts come and go"
+        )
     restarts = args.max_restarts
     if elastic_settings and not restarts_given:  # an elastic job is meant to survive failures
         from ..launcher.elastic.rules import DEFAULT_ELASTIC_MAX_RESTARTS
@@ -248,6 +262,7 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
         discovery_script=script,
         default_slots=env.discovered_host_slots(args.slots_per_host),
         dry_run=args.dry_run,
+        horovod_elastic=args.horovod_elastic,
     )
     return spec, options
 

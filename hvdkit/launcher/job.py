@@ -45,7 +45,9 @@ class RunOptions:
     ends naming it (HVDKIT_STALL_TIMEOUT for the ranks; None: their default); ``elastic``:
     ElasticSettings for --min-np/--max-np (None: fixed size); ``discovery_script``: the host
     discovery script of an elastic job (None: ``spec.hosts`` are fixed), a host it lists without
-    ``:slots`` having ``default_slots``; ``dry_run``: print the plan and start nothing.
+    ``:slots`` having ``default_slots``; ``dry_run``: print the plan and start nothing;
+    ``horovod_elastic``: run ``elastic`` under Horovod's own elastic driver (one horovodrun job that
+    keeps its surviving processes; for ``hvd.elastic.run`` scripts) instead of by restarts.
     """
 
     max_restarts: int = env.DEFAULT_MAX_RESTARTS
@@ -55,6 +57,7 @@ class RunOptions:
     discovery_script: str | None = None
     default_slots: int = 1
     dry_run: bool = False
+    horovod_elastic: bool = False
 
 
 def run_job(
@@ -73,6 +76,8 @@ def run_job(
     """
     err = err or sys.stderr
     environ = os.environ if environ is None else environ
+    if options.horovod_elastic:
+        return _run_horovod_elastic(spec, options, err)
     attempts = _Attempts(spec, options, err)
     if options.dry_run:
         return attempts.dry_run()
@@ -106,6 +111,21 @@ def run_job(
     if spec.timeline and os.path.exists(spec.timeline) and os.path.getmtime(spec.timeline) >= started - 1:
         say(f"timeline written; summarise it: hvdkit timeline {shlex.quote(spec.timeline)}")
     return exit_code(final)
+
+
+def _run_horovod_elastic(spec: JobSpec, options: RunOptions, err: TextIO) -> int:
+    """``hvdkit run --horovod-elastic``: one horovodrun job in Horovod's elastic mode; its exit code."""
+    built = plan.build_horovod_elastic(spec, options.elastic, options.discovery_script)
+    if options.dry_run:
+        print(" ".join(shlex.quote(a) for a in built.argv))
+        return 0
+    err.write(
+        f"hvdkit run: Horovod's elastic driver runs this job ({options.elastic.min_np}..{options.elastic.max_np} "
+        "ranks): a worker or host that goes is dropped and the others go on from the last state.commit(), in "
+        "the same processes; hvdkit's restarts and checkpoints are not used\n"
+    )
+    err.flush()
+    return exit_code(execute.Execution(built, grace=options.grace, forward_usr1=False).run())
 
 
 def exit_code(result: JobResult) -> int:
