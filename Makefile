@@ -98,8 +98,9 @@ docker-test-hosts:
 
 # Opt-in, a few minutes (root; Debian's slurm-wlm and munge, which setup installs): a real SLURM,
 # slurmctld and two slurmd nodes on network-namespace hosts, runs the rendered batch script, srun
-# --mpi=pmix, scancel and requeue, each ending where a one-host run ends. See docs/slurm.md.
+# --mpi=pmix, scancel and requeue, each ending where a one-host run ends, and a rendered hvdkit tune
+# job array (two workers on one journal study). See docs/slurm.md.
 slurm-test: setup
-	HVDKIT_TEST_SLURM=1 timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/multihost/test_slurm.py
+	HVDKIT_TEST_SLURM=1 timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests/multihost/test_slurm.py tests/multihost/test_tune_slurm_array.py
 
 .PHONY: engine-gpu docker-lint lint docker-test docker-test-gpu docker-test-hosts slurm-test
