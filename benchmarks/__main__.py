@@ -1,4 +1,4 @@
-"""``python -m benchmarks suite|network|predict|zero [...]``: the lab's commands, one module each.
+"""``python -m benchmarks suite|network|predict|zero|tune [...]``: the lab's commands, one module each.
 
 Run from the repository root (``benchmarks`` is not installed); ``python -m benchmarks COMMAND -h``
 lists a command's flags.
@@ -14,6 +14,7 @@ COMMANDS = {
     "network": "two emulated hosts over shaped links; root, about 20 minutes (make bench-network)",
     "predict": "the scaling model on the recorded results, no jobs (make bench-predict)",
     "zero": "section (h) alone: ZeRO-1 memory, step time, bytes on the wire (docs/bench/zero-*)",
+    "tune": "hvdkit tune: trials per hour at --parallel 1 vs 2, search vs grid (docs/bench/tune-*)",
 }
 
 
