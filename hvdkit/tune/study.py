@@ -31,6 +31,7 @@ from .runner import LocalRunner, TrialJob, TrialLaunch, TrialRunner, tail
 from .slots import SlotPool, local_cores, plan_slots
 from .space import SearchSpace
 from .storage import import_optuna, make_pruner, open_storage
+from .workers import JOB_ATTR, WORKER_ATTR, requeue_dead_local, this_worker
 
 __all__ = ["TuneConfig", "run_study", "KEY_ATTR", "ATTEMPT_ATTR", "ERROR_ATTR", "PLACEHOLDERS"]
 
@@ -179,6 +180,8 @@ class Driver:
     def run(self) -> int:
         """Run trials until the study has ``trials`` COMPLETE + PRUNED ones; the exit code."""
         cfg = self.cfg
+        for line in requeue_dead_local(self.study, self.optuna.trial.TrialState.FAIL):
+            self._say(line)
         done = self.done()
         self._say(
             f"study {cfg.study_name!r}: {done} of {cfg.trials} trials done; up to {cfg.parallel} at once, "
@@ -255,6 +258,7 @@ class Driver:
         attempt = int(trial.user_attrs.get(ATTEMPT_ATTR, 1))
         trial.set_user_attr(KEY_ATTR, key)
         trial.set_user_attr(ATTEMPT_ATTR, attempt)
+        trial.set_user_attr(WORKER_ATTR, this_worker())
         trial_dir = os.path.abspath(os.path.join(cfg.out, "trials", f"{key:04d}"))
         os.makedirs(trial_dir, exist_ok=True)
         cores = self.pool.take()
@@ -273,6 +277,8 @@ class Driver:
             self.pool.give(cores)
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             raise
+        if isinstance(getattr(job, "pid", None), int):
+            trial.set_user_attr(JOB_ATTR, job.pid)  # LocalProcess: the leader of its own process group
         r = _Running(trial, params, key, attempt, cores, launch, job, time.monotonic())
         r.carried = _earlier_reports(trial_dir, trial.number)
         self.running[trial.number] = r
