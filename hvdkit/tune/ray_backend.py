@@ -18,7 +18,6 @@ import datetime
 import os
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -122,20 +121,18 @@ class RayStudy:
         """Start (or join) Ray, run the trials, shut a local Ray down; ``(exit code, results study)``."""
         ray = self.ray
         started = False
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # Ray's own, raised inside ray.init
-            if self.address is None:
-                ray.init(
-                    address="local",
-                    num_cpus=len(self.cores),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    logging_level="WARNING",
-                    configure_logging=True,
-                )
-                started = True
-            else:
-                ray.init(address=self.address, log_to_driver=False, logging_level="WARNING")
+        if self.address is None:
+            ray.init(
+                address="local",
+                num_cpus=len(self.cores),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="WARNING",
+                configure_logging=True,
+            )
+            started = True
+        else:
+            ray.init(address=self.address, log_to_driver=False, logging_level="WARNING")
         try:
             where = f"a local Ray ({len(self.cores)} CPUs)" if started else f"the Ray cluster at {self.address}"
             self._say(
@@ -235,7 +232,7 @@ class RayStudy:
             value = rec.epochs[max(rec.epochs)] if rec.epochs else None
             attrs = {KEY_ATTR: rec.key, ATTEMPT_ATTR: rec.attempts}
             if rec.state != "COMPLETE" and rec.state != "PRUNED":
-                attrs[ERROR_ATTR] = errors.get(rec.trial_id, "") or f"ended {rec.state} (Ray trial {rec.trial_id})"
+                attrs[ERROR_ATTR] = errors.get(rec.trial_id, "") or f"did not finish (Ray trial {rec.trial_id})"
             start = datetime.datetime.fromtimestamp(rec.started or time.time())
             end = datetime.datetime.fromtimestamp(rec.ended or time.time())
             study.add_trial(
@@ -290,6 +287,11 @@ def run_backend(args: Any, cfg: TuneConfig) -> int | None:
         if args.ray_address is not None:
             raise ConfigError(f"--ray-address {args.ray_address!r} needs --backend ray")
         return None
+    if cfg.storage is not None:
+        raise ConfigError(
+            f"--storage {cfg.storage!r} is for the local backend (several hvdkit tune processes on one study); "
+            "with --backend ray, Ray runs every trial of the study: leave --storage out"
+        )
     return run_ray_study(cfg, address=args.ray_address)
 
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from helpers import HVDKIT, PYTHON, ROOT
+from helpers import PYTHON, ROOT
 
 pytestmark = pytest.mark.dist
 pytest.importorskip("optuna")
@@ -52,7 +52,23 @@ def test_ray_backend_runs_two_trials_at_once_and_stops_the_worse_one_gracefully(
     out = tmp_path / "study"
     # the tiny trial reports loss = x every 0.15 * x s: x=1 finishes 20 epochs in 3 s, x=8 would take 24 s,
     # so Ray's median rule sees the better trial ahead and stops the worse one (seed 0 samples both values)
-    argv = [HVDKIT, "tune", "--backend", "ray", "--space", str(space), "--metric", "loss", "--mode", "min"]
+    # DeprecationWarnings are errors in hvdkit tune's process (its calls of Ray, Optuna and itself)
+    argv = [
+        PYTHON,
+        "-W",
+        "error::DeprecationWarning",
+        "-m",
+        "hvdkit",
+        "tune",
+        "--backend",
+        "ray",
+        "--space",
+        str(space),
+        "--metric",
+        "loss",
+        "--mode",
+        "min",
+    ]
     argv += ["--trials", "2", "--parallel", "2", "-np", "1", "--pruner", "median", "--pruner-startup-trials", "1"]
     argv += ["--seed", "0", "--out", str(out), "--", PYTHON, "tests/e2e/scripts/tune_tiny_trial.py"]
     argv += ["--epochs", str(EPOCHS), "--trial-dir", "{trial_dir}"]

@@ -60,11 +60,13 @@ def test_a_trial_is_one_bundle_of_k_cpus_and_k_gpus_only_where_the_cluster_has_g
     assert trial_resources(4, {"CPU": 64.0, "GPU": 8.0}) == [{"CPU": 4.0, "GPU": 4.0}]
 
 
-def test_ray_address_without_the_ray_backend_is_an_error(tmp_path):
+def test_ray_address_without_the_ray_backend_and_storage_with_it_are_errors(tmp_path):
     args = argparse.Namespace(backend="local", ray_address="10.0.0.1:6379")
     with pytest.raises(ConfigError, match="--ray-address '10.0.0.1:6379' needs --backend ray"):
         run_backend(args, _cfg(tmp_path))
     assert run_backend(argparse.Namespace(backend="local", ray_address=None), _cfg(tmp_path)) is None
+    with pytest.raises(ConfigError, match="--storage 'x.journal' is for the local backend"):
+        run_backend(argparse.Namespace(backend="ray", ray_address=None), _cfg(tmp_path, storage="x.journal"))
 
 
 @settings(max_examples=30, deadline=None)
