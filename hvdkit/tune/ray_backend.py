@@ -61,16 +61,19 @@ def import_ray() -> Any:
 
 
 def scheduler_for(cfg: TuneConfig) -> Any:
-    """Ray's trial scheduler for ``--pruner``: median -> MedianStoppingRule (a trial is stopped when its
+    """Ray's trial scheduler for ``--pruner``: median -> MedianStoppingRule (``ray_trial.MedianStop``: never
+    pauses a trial; a trial is stopped when its
     best value by epoch t is worse than the median of the other trials' running means up to t, once
     ``--pruner-startup-trials`` others (at least 1) got there, not before epoch ``--pruner-warmup-epochs``);
     asha -> ASHAScheduler (rungs at 1, 3, 9, ... epochs, keep the best third: Optuna's
     SuccessiveHalvingPruner's settings); none -> FIFO. Time is Ray's ``training_iteration``: one per
     reported epoch."""
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from .ray_trial import MedianStop
 
     if cfg.pruner == "median":
-        return MedianStoppingRule(
+        return MedianStop(
             time_attr="training_iteration",
             grace_period=cfg.pruner_warmup_epochs + 1,
             min_samples_required=max(1, cfg.pruner_startup_trials),

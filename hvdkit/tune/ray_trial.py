@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ray import tune
+from ray.tune.schedulers import MedianStoppingRule, TrialScheduler
 
 from ..core import env as _env
 from ..core.tune_channel import read_reports
 from .runner import LocalProcess, TrialLaunch, tail
 from .slots import local_cores
 
-__all__ = ["HvdkitTrial", "Progress", "TrialRecord", "EXIT_KEY", "KEY_OF"]
+__all__ = ["HvdkitTrial", "MedianStop", "Progress", "TrialRecord", "EXIT_KEY", "KEY_OF"]
 
 EXIT_KEY = "hvdkit_exit"  # in a trial's last result: the exit code of its hvdkit run (0: COMPLETE)
 KEY_OF = "hvdkit_key"  # in every result: the trial's folder number (OUT/trials/NNNN)
@@ -170,6 +171,20 @@ class HvdkitTrial(tune.Trainable):
             time.sleep(0.1)
         if job.poll() is None:
             job.kill()
+
+
+class MedianStop(MedianStoppingRule):
+    """Ray's ``MedianStoppingRule``, continuing a trial where Ray's would pause it.
+
+    Ray's rule pauses a trial ("yields time to other trials") when too few others have reached its
+    epoch while some trial waits to start. Pausing an hvdkit trial stops its whole distributed job
+    and restarts it later from its checkpoint; with ``max_concurrent_trials`` the waiting trial gets
+    a slot when a trial ends anyway. So this rule continues instead, as Optuna's MedianPruner does.
+    """
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        decision = super().on_trial_result(tune_controller, trial, result)
+        return TrialScheduler.CONTINUE if decision == TrialScheduler.PAUSE else decision
 
 
 @dataclass
