@@ -14,6 +14,9 @@ no step makes a whole-size copy of either; the collectives move them in rounds o
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -39,6 +42,7 @@ __all__ = [
     "check_shardable",
     "elements",
     "partition",
+    "release_freed_memory",
 ]
 
 # torch optimizers whose update of an element reads only that element's parameter, gradient and state
@@ -62,6 +66,30 @@ CHUNK_ELEMENTS = 1 << 22
 # Elements (all ranks' parts together) one round of step()'s reduce-scatter or all-gather moves: the
 # bound on its temporaries (16 MiB of fp32).
 ROUND_ELEMENTS = 1 << 22
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Hand the C heap's free memory back to the system (glibc ``malloc_trim(0)``); False where there is none.
+
+    The rounds of a sharded step allocate and free blocks below glibc's mmap threshold (which it
+    raises up to 32 MiB after a large free), from several threads' arenas: glibc keeps those freed
+    blocks resident unless told, and the resident set then grows by what the rounds freed.
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def check_shardable(optimizer: torch.optim.Optimizer) -> None:
@@ -102,7 +130,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     None until the next backward fills the buffer again. After ``step()`` this rank's slice of the
     gradients holds the averaged gradient, the rest its local one. The reduce-scatter and
     all-gather work on the buffers in rounds of at most ``round_elements`` elements over all ranks
-    (``last_rounds`` says how many and the largest); build this optimizer after ``model.to(...)``.
+    (``last_rounds`` says how many and the largest), after each of which the C heap's freed blocks
+    are handed back to the system (``release_freed_memory``; ``trim_memory = False`` skips it);
+    build this optimizer after ``model.to(...)``.
 
     ``state_dict()`` is the unsharded optimizer's, the same at any world size: call
     ``consolidate_state_dict()`` on every rank first (``hk.Checkpointer.save`` does); it gathers the
@@ -134,6 +164,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.last_scatter = None
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.round_elements = ROUND_ELEMENTS
+        self.trim_memory = True
         self.last_rounds = None
         self._groups = [FlatGroup(g["params"], self._rank, self._size, i) for i, g in enumerate(self.param_groups)]
         self._inner = type(optimizer)(
@@ -264,7 +295,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 g = groups[piece.group]
                 a, b = self._parts(g, piece)[self._rank]
                 g.grads[a:b].copy_(out)
+            del outs, out  # freed before the heap is trimmed
         self.last_rounds = {"rounds": len(rounds), "largest_round": largest}
+        if self.trim_memory:
+            release_freed_memory()
         seconds = time.perf_counter() - start
         for listener in self._listeners:
             listener(seconds)
@@ -297,6 +331,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     if r != self._rank:  # this rank's part is already in place
                         g.flat[a:b].copy_(out[at : at + b - a])
                     at += b - a
+            del outs, out
+        if self.trim_memory:
+            release_freed_memory()
 
     def _indices(self):
         """Each parameter's index in a torch state dict (numbered through every group, frozen ones too)."""
