@@ -47,8 +47,9 @@ def _by_rank(out):
     return results
 
 
-def test_a_torch_job_averages_gradients_and_raises_no_deprecation_warning(tmp_path):
-    out, output = _run("torch", tmp_path)
+@pytest.mark.parametrize("mode", ["torch", "torch_colocated"])
+def test_a_torch_job_averages_gradients_and_raises_no_deprecation_warning(mode, tmp_path):
+    out, output = _run(mode, tmp_path)
     for r in _by_rank(out):
         assert r["sum"] == 3.0  # 1 + 2
         # rank 0's [1, -2] broadcast; gradients (r + 1) * [1, 1] averaged: 1.5; lr 0.1
@@ -83,6 +84,7 @@ def test_an_elastic_job_on_one_ray_node_starts_at_once_and_recovers_from_the_las
     # Upstream waited for a second node until the elastic timeout (60 s here; 600 s by default), and
     # with fix 03 its rendezvous refused the workers' unsigned registrations (fix 07).
     out, _ = _run(mode, tmp_path)
+    assert (out["forged_put_status"], out["forged_pickle_ran"]) == (403, False)  # registrations are signed
     assert out["fault_injected"] is True
     results = sorted(out["results"], key=lambda r: r["rank"])
     assert [(r["rank"], r["size"], r["steps"], r["sum"]) for r in results] == [(0, 2, 3, 3.0), (1, 2, 3, 3.0)]

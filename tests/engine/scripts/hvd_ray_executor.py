@@ -1,9 +1,10 @@
-"""``horovod.ray.RayExecutor`` (static) as users call it, on a local Ray; prints one JSON line.
+"""``horovod.ray``'s executors as users call them, on a local Ray; prints one JSON line.
 
-    python hvd_ray_executor.py {torch,keras,raise,elastic,elastic_legacy} PIDS_FILE
+    python hvd_ray_executor.py {torch,torch_colocated,keras,raise,elastic,elastic_legacy} PIDS_FILE
 
-``torch``: 2 workers, ``horovod.torch``: rank 0's weights broadcast, one SGD step on rank-dependent
-inputs with Horovod's DistributedOptimizer, an allreduce of rank + 1. ``keras``: the same with
+``torch``: 2 workers (``torch_colocated``: placed by ``num_hosts=1, num_workers_per_host=2``),
+``horovod.torch``: rank 0's weights broadcast, one SGD step on rank-dependent inputs with Horovod's
+DistributedOptimizer, an allreduce of rank + 1. ``keras``: the same with
 ``horovod.tensorflow.keras`` (DistributedOptimizer, broadcast and metric-average callbacks) in
 ``model.fit``. ``raise``: rank 1 raises ValueError after a first allreduce while rank 0 goes on to a
 second allreduce that can no longer complete. ``elastic`` (``RayExecutor(min_workers=2, ...)``) and
@@ -138,6 +139,33 @@ def elastic_train(marker):
     return loop(state)
 
 
+class _CreatesAFile:
+    """A pickle that creates ``path`` when it is unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def forged_registration(env, marker):
+    """HTTP status of an unsigned worker registration (a pickle) PUT to the job's rendezvous."""
+    import pickle
+    import urllib.error
+    import urllib.request
+
+    url = "http://{}:{}/worker_addresses/localhost:0".format(
+        env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], env["HOROVOD_GLOO_RENDEZVOUS_PORT"]
+    )
+    request = urllib.request.Request(url, data=pickle.dumps(_CreatesAFile(marker)), method="PUT")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def descendants(root):
     """Pids of every process under ``root`` (from /proc's parent links)."""
     parents = {}
@@ -178,7 +206,9 @@ def main(mode, pids_file):
         with open(pids_file, "a") as f:
             f.write("".join(f"{p}\n" for p in sorted(pids)))
 
-    fn = {"torch": torch_train, "keras": keras_train, "raise": raise_on_rank_one}.get(mode, elastic_train)
+    fn = {"torch": torch_train, "torch_colocated": torch_train, "keras": keras_train, "raise": raise_on_rank_one}.get(
+        mode, elastic_train
+    )
     marker = pids_file + ".fault"
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     note(descendants(os.getpid()))
@@ -199,6 +229,14 @@ def main(mode, pids_file):
                 min_num_proc=2, max_num_proc=2, elastic_timeout=60, timeout_s=60
             )
             executor = ElasticRayExecutor(settings, cpus_per_slot=1, use_gpu=False)
+        elif mode == "torch_colocated":  # ColocatedStrategy: one placement-group bundle per host
+            executor = RayExecutor(
+                RayExecutor.create_settings(timeout_s=60),
+                num_hosts=1,
+                num_workers_per_host=2,
+                cpus_per_worker=1,
+                use_gpu=False,
+            )
         else:
             executor = RayExecutor(
                 RayExecutor.create_settings(timeout_s=60), num_workers=2, cpus_per_worker=1, use_gpu=False
@@ -206,6 +244,10 @@ def main(mode, pids_file):
         started = time.monotonic()
         executor.start()
         note(descendants(os.getpid()))
+        if mode.startswith("elastic"):
+            forged = pids_file + ".forged"
+            out["forged_put_status"] = forged_registration(getattr(executor, "adapter", executor).run_env_vars, forged)
+            out["forged_pickle_ran"] = os.path.exists(forged)
         workers = [] if mode.startswith("elastic") else sorted(executor.execute(lambda _: os.getpid()))
         out["worker_pids"] = workers
         try:
