@@ -109,6 +109,19 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def plan_array(command: list[str], workers: int, name: str, memory: str = "2Gi"):
+    """``hvdkit.tune.array.plan_tune_array`` with ``hvdkit tune``'s own parser for the worker command."""
+    from ..tune.array import plan_tune_array
+    from . import tune
+
+    def parse(words: list[str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser(prog="hvdkit", add_help=False)
+        tune.register(parser.add_subparsers(dest="sub"))
+        return parser.parse_args(["tune", *words])
+
+    return plan_tune_array(command, workers, name, memory, parse)
+
+
 # what a --tune worker's size comes from instead (its --parallel x -np): these job flags do not apply
 _NOT_WITH_TUNE = (
     "num_proc",
@@ -125,7 +138,7 @@ _NOT_WITH_TUNE = (
 
 def _tune_array(args: argparse.Namespace, command: list[str]) -> int:
     from ..launcher.render import files as render
-    from ..tune.array import plan_tune_array, render_tune_array
+    from ..tune.array import render_tune_array
 
     given = [name for name in _NOT_WITH_TUNE if getattr(args, name) is not None]
     if given:
@@ -133,7 +146,7 @@ def _tune_array(args: argparse.Namespace, command: list[str]) -> int:
         raise ConfigError(
             f"--tune sizes each worker from the hvdkit tune command (one node, --parallel x -np slots): drop {flags}"
         )
-    text = render_tune_array(plan_tune_array(command, args.tune, args.name, args.memory))
+    text = render_tune_array(plan_array(command, args.tune, args.name, args.memory))
     if args.output:
         render.save(args.output, text)
     else:

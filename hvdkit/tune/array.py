@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.errors import ConfigError
@@ -37,14 +38,6 @@ class TuneArray:
     memory: str
 
 
-def _tune_parser() -> argparse.ArgumentParser:
-    from ..cli import tune
-
-    parser = argparse.ArgumentParser(prog="hvdkit", add_help=False)
-    tune.register(parser.add_subparsers(dest="sub"))
-    return parser
-
-
 def _without_out(options: list[str]) -> list[str]:
     kept, skip = [], False
     for word in options:
@@ -57,8 +50,15 @@ def _without_out(options: list[str]) -> list[str]:
     return kept
 
 
-def plan_tune_array(command: tuple | list, workers: int, name: str, memory: str = "2Gi") -> TuneArray:
-    """The array for ``command`` (``hvdkit tune ... -- python train.py ...``) run by ``workers`` tasks.
+def plan_tune_array(
+    command: tuple | list,
+    workers: int,
+    name: str,
+    memory: str,
+    parse: Callable[[list[str]], argparse.Namespace],
+) -> TuneArray:
+    """The array for ``command`` (``hvdkit tune ... -- python train.py ...``) run by ``workers`` tasks;
+    ``parse`` reads hvdkit tune's arguments (the words after ``hvdkit tune``; the CLI gives its parser).
 
     Refuses a command that is not ``hvdkit tune``, one that does not parse, and one without a
     ``--storage`` outside its ``--out`` folder: tasks on different nodes must find one study."""
@@ -73,7 +73,7 @@ def plan_tune_array(command: tuple | list, workers: int, name: str, memory: str 
     cut = words.index("--", 2) if "--" in words[2:] else len(words)
     options, training = words[2:cut], tuple(words[cut:])
     try:
-        args = _tune_parser().parse_args(["tune", *options, *training])
+        args = parse([*options, *training])
     except SystemExit:  # argparse has printed what is wrong
         raise ConfigError(f"the hvdkit tune command after '--' does not parse: {_line(words)}") from None
     if not training[1:]:

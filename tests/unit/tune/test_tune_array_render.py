@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from unit.launcher.render.rendered_scripts import argv_the_script_runs, bash_syntax_ok
 
 from hvdkit import cli
+from hvdkit.cli.render import plan_array
 from hvdkit.core.errors import ConfigError
-from hvdkit.tune.array import plan_tune_array, render_tune_array
+from hvdkit.tune.array import render_tune_array
 
 FAST = settings(
     max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
@@ -50,9 +51,9 @@ def test_the_array_has_one_task_per_worker_each_one_node_of_parallel_times_np_cp
 
 
 def test_a_study_name_given_is_kept_and_not_given_twice():
-    array = plan_tune_array([*TUNE, "--study", "mine", "--storage", "/s/j", *TRAIN], 2, "job")
+    array = plan_array([*TUNE, "--study", "mine", "--storage", "/s/j", *TRAIN], 2, "job")
     assert array.options.count("--study") == 1 and array.options[array.options.index("--study") + 1] == "mine"
-    array = plan_tune_array([*TUNE, "--study=mine", "--storage", "/s/j", "--out=o", *TRAIN], 2, "job")
+    array = plan_array([*TUNE, "--study=mine", "--storage", "/s/j", "--out=o", *TRAIN], 2, "job")
     assert "--study" not in array.options and array.out == "o" and "--out=o" not in array.options
 
 
@@ -66,19 +67,19 @@ def test_a_study_name_given_is_kept_and_not_given_twice():
 )
 def test_a_storage_the_tasks_cannot_share_is_refused_with_the_fix(extra, match):
     with pytest.raises(ConfigError, match=match) as e:
-        plan_tune_array([*TUNE, *extra, *TRAIN], 2, "job")
+        plan_array([*TUNE, *extra, *TRAIN], 2, "job")
     assert "--storage /shared/tune/study.journal" in str(e.value)
 
 
 def test_what_is_not_an_hvdkit_tune_worker_is_refused(capsys):
     with pytest.raises(ConfigError, match="--tune renders hvdkit tune workers"):
-        plan_tune_array(["python", "train.py"], 2, "job")
+        plan_array(["python", "train.py"], 2, "job")
     with pytest.raises(ConfigError, match="does not parse"):
-        plan_tune_array(["hvdkit", "tune", "--space", "s.yaml", "--storage", "/s/j", *TRAIN], 2, "job")
+        plan_array(["hvdkit", "tune", "--space", "s.yaml", "--storage", "/s/j", *TRAIN], 2, "job")
     with pytest.raises(ConfigError, match="has no training command"):
-        plan_tune_array([*TUNE, "--storage", "/s/j"], 2, "job")
+        plan_array([*TUNE, "--storage", "/s/j"], 2, "job")
     with pytest.raises(ConfigError, match=r"--tune must be the number of workers .* \(got 0\)"):
-        plan_tune_array([*TUNE, "--storage", "/s/j", *TRAIN], 0, "job")
+        plan_array([*TUNE, "--storage", "/s/j", *TRAIN], 0, "job")
     code, _, err = _cli(
         "--tune", "2", "--nodes", "2", "-np", "4", "--", *TUNE, "--storage", "/s", *TRAIN, capsys=capsys
     )
@@ -98,7 +99,7 @@ def test_the_script_starts_exactly_the_worker_command_with_its_task_folder(train
     import tempfile
 
     command = [*TUNE, "--storage", "/shared/" + storage, "--out", out, "--", "python", "t.py", *train]
-    array = plan_tune_array(command, workers, "job")  # /shared/... never lies in the relative --out
+    array = plan_array(command, workers, "job")  # /shared/... never lies in the relative --out
     text = render_tune_array(array)
     assert f"#SBATCH --array=0-{workers - 1}\n" in text
     with tempfile.TemporaryDirectory() as d:
@@ -114,4 +115,4 @@ def test_the_script_starts_exactly_the_worker_command_with_its_task_folder(train
         again = shlex.split(line[4:])
         cut = again.index("--")
         assert again[:cut] == ["hvdkit", "render", "slurm", "--tune", str(workers), "--name", "job", "--memory", "2Gi"]
-        assert render_tune_array(plan_tune_array(again[cut + 1 :], workers, "job")) == text
+        assert render_tune_array(plan_array(again[cut + 1 :], workers, "job")) == text
