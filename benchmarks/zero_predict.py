@@ -15,10 +15,12 @@ DEFAULT_ALPHA_S = 10e-6  # per ring hop on a datacenter network (as benchmarks.p
 ZERO_RANKS = (8, 16, 32, 64, 128, 256, 512)
 ZERO_RATES_GBIT = (10, 25, 100)
 ZERO_LARGE_PARAMS = 1.5e9  # a GPT-2-XL-sized model: what ZeRO-1 is for
-# hvdkit's ShardedOptimizer besides the state slice (per parameter of the slice): a copy of the slice
-# and its gradient; during a step (per parameter): the flat gradient for the reduce-scatter, then the
-# gathered parameters of the all-gather, one at a time (Horovod's own buffers not counted).
-HVDKIT_SHARD_COPY_BYTES, HVDKIT_TRANSIENT_BYTES = 8, 4
+# hvdkit's ShardedOptimizer besides the state slice (per parameter of the slice), and during a step
+# (per parameter). Until 2026-11-26 a copy of the slice and its gradient (8), and the flat gradient,
+# then the gathered parameters (4); since its flat buffers (docs/bench/zero-2026-11-26b) nothing:
+# the parameters and gradients are views of them and a step's temporaries are one round of a
+# collective (a fixed size, not per parameter; Adam's own temporaries are not counted, as plain's).
+HVDKIT_SHARD_COPY_BYTES, HVDKIT_TRANSIENT_BYTES = 0, 0
 
 
 def zero_prediction(zero, alpha_s=DEFAULT_ALPHA_S, rates=ZERO_RATES_GBIT, ranks=ZERO_RANKS):
