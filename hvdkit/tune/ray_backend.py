@@ -211,7 +211,13 @@ class RayStudy:
         finished = sum(r.state in ("COMPLETE", "PRUNED") for r in records)
         if any(r.state == "FAIL" for r in records):
             return EXIT_FAILED, study
-        return (EXIT_DONE if finished >= cfg.trials else EXIT_INTERRUPTED), study
+        if finished < cfg.trials:
+            self._say(
+                f"interrupted: {finished} of {cfg.trials} trials finished; the running ones got the preemption stop. "
+                "The Ray backend does not resume a study: running the command again starts a new one"
+            )
+            return EXIT_INTERRUPTED, study
+        return EXIT_DONE, study
 
     def _check_fits(self, cluster: dict[str, float]) -> None:
         per_node = [n.get("Resources", {}).get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")]
