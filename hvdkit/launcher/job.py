@@ -27,6 +27,7 @@ from ..core import env
 from . import execute, plan, remote, slurm_nodes
 from .attempts import ElasticGaveUp, FixedMembership, run_attempts
 from .elastic.discovery import FixedDiscovery, ScriptDiscovery
+from .elastic.horovod_driver import build_horovod_elastic
 from .elastic.loop import ElasticMembership, HostView
 from .elastic.rules import ElasticSettings, choose_world
 from .execute import JobResult
@@ -115,7 +116,7 @@ def run_job(
 
 def _run_horovod_elastic(spec: JobSpec, options: RunOptions, err: TextIO) -> int:
     """``hvdkit run --horovod-elastic``: one horovodrun job in Horovod's elastic mode; its exit code."""
-    built = plan.build_horovod_elastic(spec, options.elastic, options.discovery_script)
+    built = build_horovod_elastic(spec, options.elastic, options.discovery_script)
     if options.dry_run:
         print(" ".join(shlex.quote(a) for a in built.argv))
         return 0

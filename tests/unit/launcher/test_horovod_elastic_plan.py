@@ -4,9 +4,9 @@ import subprocess
 
 from helpers import HVDKIT
 
+from hvdkit.launcher.elastic.horovod_driver import build_horovod_elastic
 from hvdkit.launcher.elastic.rules import ElasticSettings
 from hvdkit.launcher.hosts import Host
-from hvdkit.launcher.plan import build_horovod_elastic
 from hvdkit.launcher.spec import JobSpec
 
 PY = "/venv/bin/python"
