@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 from helpers import HVDKIT, PYTHON, ROOT
@@ -60,6 +59,22 @@ def _interrupt_after_two_complete(argv):
             proc.wait()
 
 
+def _most_at_once(out):
+    """The most trials of the study in OUT that were running at one moment (from their start and end)."""
+    from hvdkit.tune.storage import open_storage
+
+    trials = optuna.load_study(study_name="hvdkit-tune", storage=open_storage(None, str(out))).get_trials()
+    edges = sorted(
+        [(t.datetime_start, 1) for t in trials if t.datetime_start and t.datetime_complete]
+        + [(t.datetime_complete, -1) for t in trials if t.datetime_start and t.datetime_complete]
+    )
+    running = most = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        running += step
+        most = max(most, running)
+    return most
+
+
 def test_two_trials_at_once_a_failed_one_retried_and_an_interrupted_study_resumed(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("lr: {type: float, low: 0.03, high: 0.3, log: true}\n")
@@ -77,7 +92,6 @@ def test_two_trials_at_once_a_failed_one_retried_and_an_interrupted_study_resume
     ]
     flags = ("--trials", "3", "--parallel", "2", "-np", "1", "--retries", "1", "--pruner", "none", "--seed", "0")
     argv = _argv(out, space, *flags, command=command)
-    t0 = time.monotonic()
     code, first = _interrupt_after_two_complete(argv)
     assert code == 130, first
     assert "interrupted by SIGINT: run the same command again to resume" in first
@@ -85,7 +99,6 @@ def test_two_trials_at_once_a_failed_one_retried_and_an_interrupted_study_resume
     done_first = sum(r["state"] == "COMPLETE" for r in _rows(out))
     assert done_first == 2, first
     second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    took = time.monotonic() - t0
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
     assert f"{done_first} of 3 trials done" in second.stdout.splitlines()[0]
     rows = _rows(out)
@@ -106,7 +119,8 @@ def test_two_trials_at_once_a_failed_one_retried_and_an_interrupted_study_resume
     assert best["params"]["lr"] == float(next(r["lr"] for r in complete if int(r["number"]) == best["number"]))
     assert (out / "history.png").read_bytes()[:4] == b"\x89PNG"
     assert "state  seconds" in second.stdout and second.stdout.count("COMPLETE") >= 3
-    assert took < 150, took
+    # --parallel 2: two trials ran at the same time (read from the study, not a wall-clock bound)
+    assert _most_at_once(out) == 2
 
 
 def test_a_bad_trial_is_pruned_gracefully_on_both_of_its_ranks(tmp_path):
