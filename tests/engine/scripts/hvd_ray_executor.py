@@ -46,14 +46,15 @@ def torch_train():
     opt.zero_grad()
     model(torch.full((1, 2), float(hvd.rank() + 1))).sum().backward()  # gradient (rank + 1) * [1, 1]
     opt.step()
+    return _torch_result(hvd, torch, model)
+
+
+def _torch_result(hvd, torch, model, **extra):
+    """What a torch worker returns: its rank, the world size, its pid, the sum of rank + 1 over the ranks
+    (an allreduce after training), its weights, and ``extra``."""
     total = hvd.allreduce(torch.tensor(float(hvd.rank() + 1)), op=hvd.Sum, name="rank_sum")
-    return {
-        "rank": hvd.rank(),
-        "size": hvd.size(),
-        "pid": os.getpid(),
-        "sum": float(total),
-        "weights": model.weight.detach().tolist(),
-    }
+    found = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "sum": float(total)}
+    return {**found, "weights": model.weight.detach().tolist(), **extra}
 
 
 def keras_train():
@@ -126,15 +127,7 @@ def elastic_train(marker):
                 raise HorovodInternalError("injected on rank 1")
             state.step += 1
             state.commit()
-        total = hvd.allreduce(torch.tensor(float(hvd.rank() + 1)), op=hvd.Sum, name="rank_sum")
-        return {
-            "rank": hvd.rank(),
-            "size": hvd.size(),
-            "pid": os.getpid(),
-            "sum": float(total),
-            "weights": model.weight.detach().tolist(),
-            "steps": state.step,
-        }
+        return _torch_result(hvd, torch, model, steps=state.step)
 
     return loop(state)
 
