@@ -22,6 +22,7 @@ import sys
 import torch
 
 import hvdkit.torch as hk
+from hvdkit.bench.zero_bench import proc_status, reset_peak
 from hvdkit.core.errors import ConfigError
 
 BIG = 1 << 23  # elements of the large parameter: 32 MiB of fp32
@@ -59,19 +60,6 @@ def warm_up_engine():
     hvd.grouped_reducescatter(small, name="zero_memory.warm.rs")
     hvd.grouped_allgather(small, name="zero_memory.warm.ag")
     hvd.barrier()
-
-
-def proc_status(key):
-    with open("/proc/self/status", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def reset_peak():
-    with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
-        f.write("5")
 
 
 def batch(rank, step):
@@ -114,7 +102,7 @@ def memory(kind, rank):
     torch.nn.functional.mse_loss(model(x), y).backward()
     gc.collect()
     start = proc_status("VmRSS")
-    reset_peak()
+    assert reset_peak(), "this kernel does not reset VmHWM (/proc/self/clear_refs)"
     opt.step()
     peak = proc_status("VmHWM")
     return {
