@@ -139,7 +139,8 @@ def write_plots(out: str, study: Any, metric: str, mode: str) -> list[str]:
     ax.set_xlabel("trial")
     ax.set_ylabel(metric)
     ax.set_title(f"{study.study_name}: optimization history")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # nothing finished yet: an empty plot, no empty legend
+        ax.legend()
     fig.tight_layout()
     written.append(os.path.join(out, "history.png"))
     fig.savefig(written[-1], dpi=100)
@@ -179,5 +180,8 @@ def write_results(study: Any, cfg: Any, stream: TextIO) -> None:
     plots = write_plots(cfg.out, study, cfg.metric, cfg.mode)
     if best:
         stream.write(f"best: trial {best['number']} {cfg.metric} {best['value']:.6g} with {best['params']}\n")
-    stream.write(f"wrote {os.path.join(cfg.out, 'trials.csv')}, best.json, {', '.join(map(os.path.basename, plots))}\n")
+    else:
+        stream.write("no trial is complete yet: no best.json\n")
+    files = ["best.json"] if best else []
+    stream.write(f"wrote {', '.join([os.path.join(cfg.out, 'trials.csv'), *files, *map(os.path.basename, plots)])}\n")
     stream.flush()

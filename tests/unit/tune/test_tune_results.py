@@ -104,6 +104,28 @@ def test_no_complete_trial_writes_no_best_json(tmp_path):
     assert not (tmp_path / "best.json").exists()
 
 
+def test_the_summary_names_only_the_files_written_when_no_trial_is_complete(tmp_path):
+    import io
+    import types
+    import warnings
+
+    from hvdkit.tune.results import write_results
+
+    S = optuna.trial.TrialState
+    s = optuna.create_study(study_name="demo", direction="minimize")
+    s.add_trial(_trial(0, S.FAIL, None, 0.2, 64, 2, error="exit code 3"))
+    cfg = types.SimpleNamespace(space=types.SimpleNamespace(names=lambda: ["lr", "batch-size"]))
+    cfg.out, cfg.metric, cfg.mode = str(tmp_path), "val_loss", "min"
+    stream = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. matplotlib's 'No artists with labels found to put in legend'
+        write_results(s, cfg, stream)
+    said = stream.getvalue()
+    assert not (tmp_path / "best.json").exists()
+    assert "no trial is complete yet: no best.json" in said
+    assert said.splitlines()[-1] == f"wrote {tmp_path / 'trials.csv'}, history.png"
+
+
 def test_the_plots_are_png_files(tmp_path, study):
     paths = write_plots(str(tmp_path), study, "val_loss", "min")
     assert [p.rsplit("/", 1)[1] for p in paths] == ["history.png", "importance.png"]
