@@ -57,13 +57,19 @@ class Net(torch.nn.Module):
         return self.head(self.embed(x).mean(dim=1))
 
 
-def proc_status(key):
-    """``key`` (VmRSS, VmHWM) of /proc/self/status, in bytes."""
+def proc_status(*keys):
+    """``keys`` (VmRSS, VmHWM) of /proc/self/status in bytes: one value for one key, a tuple for several.
+
+    Several keys come from one read of the file, so they describe one moment: the kernel computes
+    VmHWM as at least VmRSS, which two separate reads do not keep (the resident set can grow between
+    them: a run saw VmRSS a few pages above the VmHWM read just before)."""
     with open("/proc/self/status", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
+        found = {line.split(":", 1)[0]: int(line.split()[1]) * 1024 for line in f if line.split(":", 1)[0] in keys}
+    missing = [k for k in keys if k not in found]
+    if missing:
+        raise KeyError(missing[0])
+    values = tuple(found[k] for k in keys)
+    return values[0] if len(keys) == 1 else values
 
 
 def reset_peak():
@@ -274,10 +280,11 @@ class ZeroJob:
         sent1, t1 = loopback()[1], time.perf_counter()
         time.sleep(0.5)  # Horovod's background threads keep talking while idle: their rate, subtracted
         sent2, t2 = loopback()[1], time.perf_counter()
+        peak, end = proc_status("VmHWM", "VmRSS")  # one moment: peak >= end
         mine = {
             "rss_model_bytes": rss_model,
-            "peak_rss_bytes": proc_status("VmHWM"),
-            "rss_end_bytes": proc_status("VmRSS"),
+            "peak_rss_bytes": peak,
+            "rss_end_bytes": end,
             "state_bytes": state_bytes(opt.state),
             "peak_reset": resettable,
         }

@@ -10,7 +10,7 @@ from benchmarks.model import Link, Step, simulate, zero_memory, zero_step
 from benchmarks.zero_predict import zero_prediction, zero_table
 from hvdkit.bench.report import zero_summary
 from hvdkit.bench.stats import ring_bytes_sent
-from hvdkit.bench.zero_bench import net_dev
+from hvdkit.bench.zero_bench import net_dev, proc_status
 
 MB = 2**20
 
@@ -51,6 +51,17 @@ Inter-|   Receive                                                |  Transmit
     lo: 42081488    1234    0    0    0     0          0         0 42081400    1234    0    0    0     0       0          0
   eth0: 5 6 0 0 0 0 0 0 7 8 0 0 0 0 0 0
 """
+
+
+def test_proc_status_reads_several_keys_from_one_moment():
+    block = bytearray(32 << 20)  # 32 MiB resident: VmRSS is well above zero
+    block[::4096] = b"\1" * len(block[::4096])
+    for _ in range(50):  # the kernel's VmHWM is at least VmRSS within one read (two reads could cross)
+        peak, rss = proc_status("VmHWM", "VmRSS")
+        assert peak >= rss > len(block)
+    assert proc_status("VmRSS") > len(block)
+    with pytest.raises(KeyError, match="NoSuchKey"):
+        proc_status("VmRSS", "NoSuchKey")
 
 
 def test_net_dev_reads_received_and_sent_bytes_per_interface():
