@@ -5,8 +5,12 @@ The trainable variables of each dtype are seen as one flat vector; rank ``r`` ow
 engine's ``reducescatter`` cuts it). The optimizer is built over one 1-D "shard" variable per
 dtype holding this rank's slice, so its slot variables (momentums, velocities, ...) hold about
 ``1/size`` of the unsharded state. ``apply`` reduce-scatters the gradients, lets the Keras
-optimizer update the shards and all-gathers them back into the model's variables. Only optimizers
-whose update is elementwise can be cut this way (``ELEMENTWISE_OPTIMIZERS``).
+optimizer update the shards and all-gathers them back into the model's variables, both in rounds
+of at most ``round_elements`` elements (``hvdkit.keras.zero_rounds``): straight from the
+gradients, and whole variables a round at a time. Besides the shards and their slot variables a
+step holds no copy of the whole flat vector: this rank's slice of the averaged gradient, one round,
+and at most one variable larger than a round. Only optimizers whose update is elementwise can be
+cut this way (``ELEMENTWISE_OPTIMIZERS``).
 
 ``hvdkit.keras.DistributedOptimizer(..., shard_optimizer_state=True)`` makes such an optimizer;
 ``hvdkit.tensorflow.Checkpointer`` saves its state consolidated (the unsharded optimizer's
@@ -27,6 +31,7 @@ from ..core.options import AUTO
 from ..core.zero import partition
 from ..tensorflow import autocompress
 from ..tensorflow._engine import horovod_tf
+from . import zero_rounds
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "check_shardable", "is_sharded", "state_elements"]
 
@@ -122,26 +127,17 @@ class _Group:
             name=f"hvdkit_zero_shard_{index}",
         )
 
-    def pieces(self):
-        """``(index, lo, hi)`` for each variable that overlaps this rank's slice: its elements ``[lo, hi)``."""
-        start, stop = self.slice
+    @property
+    def length(self):
+        """Elements of the group's flat vector."""
+        return self.offsets[-1]
+
+    def spans(self, start, stop):
+        """``(index, lo, hi)`` for each variable that overlaps the flat elements ``[start, stop)``: its ``[lo, hi)``."""
         for i, n in enumerate(self.sizes):
             lo, hi = max(start - self.offsets[i], 0), min(stop - self.offsets[i], n)
             if lo < hi:
                 yield i, lo, hi
-
-    def flat(self, tensors):
-        """The variables' ``tensors`` (None: zeros) as one flat vector of the group's dtype."""
-        parts = [
-            tf.zeros([n], self.dtype) if t is None else tf.reshape(tf.cast(_dense(t), self.dtype), [-1])
-            for t, n in zip(tensors, self.sizes, strict=True)
-        ]
-        return tf.concat(parts, 0) if parts else tf.zeros([0], self.dtype)
-
-    def own(self, tensors):
-        """This rank's slice of the flat vector of ``tensors`` (one per variable)."""
-        parts = [tf.reshape(tensors[i], [-1])[lo:hi] for i, lo, hi in self.pieces()]
-        return tf.concat(parts, 0) if parts else tf.zeros([0], self.dtype)
 
 
 def _dense(t):
@@ -166,6 +162,7 @@ class _Shards:
             self.groups.append(group)
         self.slots = {}  # id(slot variable) -> (group index, slot name)
         self.recording = False
+        self.last_rounds = None  # the last step's reduce-scatter: rounds and the largest one's elements
         self.layout = None  # the unsharded optimizer's variables: ("own", k) or ("slot", variable index, name)
 
 
@@ -184,11 +181,22 @@ class ShardedMixin:
 
     ``build(variables)`` builds the Keras optimizer over this rank's shards; ``apply`` reduce-scatters,
     updates the shards (Keras's own clipping, weight decay, loss-scale unscaling) and all-gathers
-    them into the variables, whose constraints it then applies. A gradient that is None counts as 0.
+    them into the variables, whose constraints it then applies. A gradient that is None counts as 0
+    (an ``IndexedSlices`` gradient is made dense first). ``round_elements`` (default 2**22) bounds
+    what one round of either collective moves over all ranks (the all-gather moves a larger
+    variable alone); set it on the optimizer, the same on every rank. ``last_rounds`` reports the
+    last reduce-scatter's rounds.
     """
 
     _hvdkit_zero = None
     _hvdkit_base = None  # the user's optimizer class (set on the class DistributedOptimizer makes)
+    round_elements = zero_rounds.ROUND_ELEMENTS
+
+    @property
+    def last_rounds(self) -> dict[str, int] | None:
+        """The last step's reduce-scatter: ``{"rounds": n, "largest_round": elements over all ranks}`` (None before)."""
+        zero = self._hvdkit_zero
+        return None if zero is None or zero.last_rounds is None else dict(zero.last_rounds)
 
     # ------------------------------------------------------------ build
     def build(self, variables):
@@ -235,13 +243,17 @@ class ShardedMixin:
                     "build it with all the variables it will update (model.trainable_variables)"
                 )
             ordered[i] = g
+        ordered = [None if g is None else _dense(g) for g in ordered]
         if self._hvdkit_compression == AUTO:  # decided once, at the first apply (while tracing: eagerly)
             self._hvdkit_compression = autocompress.resolve(AUTO, [g for g in ordered if g is not None])
+        # the variables may have been set since the last apply (a restore, a broadcast): the shards follow
+        # them; first, so that its slice-sized temporary is gone before the reduce-scatter's
+        zero_rounds.refresh(zero)
         clock = self._hvdkit_wait
         shard_grads = self._hvdkit_scatter(ordered) if clock is None else clock.time(self._hvdkit_scatter, ordered)
-        for group in zero.groups:  # the variables may have been set since the last apply (a restore, a broadcast)
-            group.shard.assign(group.own([v.value for v in group.variables]))
+        del ordered
         self._hvdkit_base.apply(self, shard_grads, [g.shard for g in zero.groups])
+        del shard_grads  # freed before the all-gather's rounds
         self._hvdkit_gather()
         for v in zero.variables:
             if v.constraint is not None:
@@ -250,30 +262,15 @@ class ShardedMixin:
 
     @tf.autograph.experimental.do_not_convert
     def _hvdkit_scatter(self, ordered):
-        """Each group's slice of the gradients averaged over the ranks."""
+        """Each group's slice of the gradients averaged over the ranks, reduce-scattered in rounds."""
+        fp16 = self._hvdkit_compression == "fp16"
         zero = self._hvdkit_zero
-        flats = []
-        for group in zero.groups:
-            flats.append(group.flat([ordered[zero.index[id(v)]] for v in group.variables]))
-        if zero.size == 1:
-            return flats
-        hvd = horovod_tf()
-        wire = [tf.cast(f, tf.float16) for f in flats] if self._hvdkit_compression == "fp16" else flats
-        outs = hvd.grouped_reducescatter(wire, op=hvd.Average)
-        return [tf.cast(o, g.dtype) for o, g in zip(outs, zero.groups, strict=True)]
+        grads, zero.last_rounds = zero_rounds.scatter(zero, ordered, horovod_tf(), fp16, self.round_elements)
+        return grads
 
     @tf.autograph.experimental.do_not_convert
     def _hvdkit_gather(self):
-        zero = self._hvdkit_zero
-        if zero.size == 1:
-            fulls = [g.shard.value for g in zero.groups]
-        else:
-            fulls = horovod_tf().grouped_allgather(
-                [g.shard.value for g in zero.groups], name=f"{self._hvdkit_name}.zero"
-            )
-        for group, full in zip(zero.groups, fulls, strict=True):
-            for v, part in zip(group.variables, tf.split(full, group.sizes), strict=True):
-                v.assign(tf.reshape(part, v.shape))
+        zero_rounds.gather(self._hvdkit_zero, horovod_tf(), self._hvdkit_name, self.round_elements)
 
     def _clip_gradients(self, grads):
         # global_clipnorm: the norm of the whole gradient, from every rank's slices (one allreduce of the
