@@ -64,6 +64,13 @@ def test_a_sharded_adam_step_peaks_at_its_slice_gradient_and_adams_own_temporari
         assert m["step_peak_over_start"] < 5 * slice_bytes
 
 
+def test_many_small_rounds_train_as_the_unsharded_optimizer_eagerly_and_in_a_tf_function(ranks):
+    for r in ranks:
+        m = r["small_rounds"]
+        assert m["rounds"] == {"rounds": 15, "largest_round": 4}  # 58 elements, 2 of each rank's a round
+        assert m["rel_diff"] < 1e-6  # fp32 rounding
+
+
 def test_the_ranks_end_with_bitwise_equal_weights(ranks):
-    for kind in ("sgd", "adam", "sgd_graph"):
+    for kind in ("sgd", "adam", "sgd_graph", "small_rounds"):
         assert ranks[0][kind]["digest"] == ranks[1][kind]["digest"]

@@ -8,7 +8,8 @@ keeps what it frees, switched off, so that the resident set follows the live ten
 the optimizer and ``WARM`` steps added to the resident set, and how far one more ``apply`` raised
 the peak above the resident set before it (the step's temporaries; the gradients already exist).
 Kinds: ``sgd`` (plain SGD: its own update needs one slice-sized temporary), ``adam``, and
-``sgd_graph`` (plain SGD, ``apply`` inside a ``tf.function``). Writes OUT/rank<r>.json.
+``sgd_graph`` (plain SGD, ``apply`` inside a ``tf.function``). ``small_rounds``: many rounds on a small
+model, sharded against unsharded (``small_rounds``). Writes OUT/rank<r>.json.
 """
 
 import os
@@ -106,6 +107,39 @@ def memory(kind, rank):
     }
 
 
+def train_small(shard, rank):
+    """4 Adam steps on a small model (3 eager, the last in a ``tf.function``); its weights and optimizer."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(3)])
+    opt = hk.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer_state=shard)
+    if shard:
+        opt.round_elements = 4
+
+    def eager(grads):
+        opt.apply(grads, model.trainable_variables)
+
+    traced = tf.function(eager)
+    for s in range(4):
+        rng = np.random.default_rng(10 * s + rank)
+        x, y = rng.standard_normal((4, 7)).astype("float32"), rng.standard_normal((4, 3)).astype("float32")
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        (traced if s == 3 else eager)(tape.gradient(loss, model.trainable_variables))
+    return [w.numpy() for w in model.trainable_weights], opt
+
+
+def small_rounds(rank):
+    """Sharded with ``round_elements=4`` (15 rounds, variables cut across them) against unsharded Adam."""
+    sharded, opt = train_small(True, rank)
+    plain, _ = train_small(False, rank)
+    pairs = zip(sharded, plain, strict=True)
+    return {
+        "rounds": opt.last_rounds,
+        "rel_diff": max(float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in pairs),
+        "digest": float(sum(np.sum(np.abs(w), dtype=np.float64) for w in sharded)),
+    }
+
+
 def main():
     out = sys.argv[1]
     exact_resident_set()
@@ -116,6 +150,7 @@ def main():
     result = {"size": hk.size(), "onednn": os.environ["TF_ENABLE_ONEDNN_OPTS"]}
     for kind in ("sgd", "adam", "sgd_graph"):
         result[kind] = memory(kind, rank)
+    result["small_rounds"] = small_rounds(rank)
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
         json.dump(result, f)
 
