@@ -19,10 +19,13 @@ the previous one (control dependencies), so the graph keeps the same bound.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import tensorflow as tf
 
 from ..core.options import check_positive_int
-from ..core.zero import Piece, plan_rounds
+from ..core.zero import Piece, Slice, plan_rounds
 
 __all__ = ["ROUND_ELEMENTS", "gather", "rank_parts", "refresh", "scatter", "variable_rounds"]
 
@@ -31,7 +34,7 @@ __all__ = ["ROUND_ELEMENTS", "gather", "rank_parts", "refresh", "scatter", "vari
 ROUND_ELEMENTS = 1 << 22
 
 
-def rank_parts(bounds, piece: Piece) -> list[tuple[int, int]]:
+def rank_parts(bounds: Sequence[Slice], piece: Piece) -> list[tuple[int, int]]:
     """Each rank's elements of ``piece`` in its flat vector, ``(start, stop)`` in rank order (``bounds``: slices)."""
     return [(a + min(piece.lo, b - a), a + min(piece.hi, b - a)) for a, b in bounds]
 
@@ -65,7 +68,7 @@ def _plan(zero, limit):
 
 
 @tf.autograph.experimental.do_not_convert
-def scatter(zero, ordered, hvd, fp16, limit):
+def scatter(zero: Any, ordered: Sequence[Any], hvd: Any, fp16: bool, limit: int) -> tuple[list[Any], dict[str, int]]:
     """Each group's slice of the gradients ``ordered`` (one per variable, None: zeros), averaged over the ranks.
 
     Each round packs every rank's part of its pieces from the gradients and reduce-scatters it; this
@@ -100,7 +103,7 @@ def scatter(zero, ordered, hvd, fp16, limit):
 
 
 @tf.autograph.experimental.do_not_convert
-def refresh(zero):
+def refresh(zero: Any) -> None:
     """Copy this rank's slice of the variables into its shards, whole (no collective; a slice-sized temporary).
 
     The variables may have been set since the last step (a restore, a broadcast, ``set_weights``).
@@ -128,7 +131,7 @@ def variable_rounds(sizes: list[int], limit: int) -> list[list[int]]:
 
 
 @tf.autograph.experimental.do_not_convert
-def gather(zero, hvd, name, limit):
+def gather(zero: Any, hvd: Any, name: str, limit: int) -> None:
     """Every rank's updated shard into every rank's variables: whole variables, a round of them at a time.
 
     Each rank sends its part of each variable of the round (maybe none of it); the engine's

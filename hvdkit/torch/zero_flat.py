@@ -26,6 +26,7 @@ another dtype or device (``model.to(...)`` after building the optimizer) is refu
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
@@ -43,7 +44,7 @@ class FlatGroup:
     ``shard``: ``flat[slice]`` (its ``.grad`` is ``grads[slice]``).
     """
 
-    def __init__(self, params, rank, size, index):
+    def __init__(self, params: Iterable[torch.Tensor], rank: int, size: int, index: int) -> None:
         self.index = index
         self.params = [p for p in params if p.requires_grad]
         self.offsets = [0]
@@ -64,11 +65,11 @@ class FlatGroup:
         self.shard = self.flat[self.slice.start : self.slice.stop]
         self.shard.grad = self.grads[self.slice.start : self.slice.stop]
 
-    def view(self, buffer, i):
+    def view(self, buffer: torch.Tensor, i: int) -> torch.Tensor:
         """Parameter ``i``'s part of ``buffer`` (``flat`` or ``grads``), shaped like it."""
         return buffer[self.offsets[i] : self.offsets[i + 1]].view(self.params[i].shape)
 
-    def holds(self, i, tensor, buffer):
+    def holds(self, i: int, tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
         """True when ``tensor`` is parameter ``i``'s view of ``buffer`` (the same memory and shape)."""
         return (
             tensor.device == buffer.device
@@ -78,7 +79,7 @@ class FlatGroup:
             and (tensor.numel() == 0 or tensor.data_ptr() == buffer[self.offsets[i] :].data_ptr())
         )
 
-    def pieces(self):
+    def pieces(self) -> Iterator[tuple[int, int, int]]:
         """``(index, lo, hi)`` for each parameter that overlaps this rank's slice: its elements ``[lo, hi)``."""
         start, stop = self.slice
         for i, p in enumerate(self.params):
@@ -86,12 +87,12 @@ class FlatGroup:
             if lo < hi:
                 yield i, lo, hi
 
-    def own(self, tensors):
+    def own(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """This rank's slice of the flat vector of ``tensors`` (one per trainable parameter), copied."""
         parts = [tensors[i].reshape(-1)[lo:hi] for i, lo, hi in self.pieces()]
         return torch.cat(parts) if parts else self.flat.new_zeros(0)
 
-    def unflatten(self, flat):
+    def unflatten(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """``flat`` (the whole group's vector) cut back into tensors of the parameters' shapes (views)."""
         return [flat[a:b].view_as(p) for p, a, b in zip(self.params, self.offsets, self.offsets[1:], strict=False)]
 
@@ -106,7 +107,7 @@ class FlatGroup:
                 self.view(self.grads, i).copy_(p.grad)
             p.grad = self.view(self.grads, i)
 
-    def prepare(self):
+    def prepare(self) -> None:
         """Before a step: every parameter a view of ``flat`` again, every gradient in ``grads`` (None: zeros).
 
         Raises ConfigError naming the parameter where one was moved to another dtype or device.
