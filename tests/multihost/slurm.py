@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from netns import PRIVATE_TMP, ROOT, TwoHosts
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "squeue")
@@ -26,6 +27,21 @@ KILL_WAIT = 30  # seconds SLURM waits between SIGTERM and SIGKILL when it ends a
 def missing_binaries():
     """The SLURM/munge programs this machine lacks (empty when the cluster can start)."""
     return [b for b in BINARIES if not (shutil.which(b) or os.path.exists(f"/usr/sbin/{b}"))]
+
+
+OPT_IN = "HVDKIT_TEST_SLURM"
+# What a test module that runs jobs on the test cluster needs (its pytestmark). About 4 minutes on 2
+# quiet cores (each job starts torch and Horovod on two nodes): more than `make test` should add, so
+# these run with `make slurm-test`.
+NEEDS_SLURM = [
+    pytest.mark.dist,
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, mounts and SLURM daemons need root"),
+    pytest.mark.skipif(
+        bool(missing_binaries()),
+        reason=f"needs {', '.join(missing_binaries())} (Debian: slurm-wlm munge; make setup installs them)",
+    ),
+    pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=f"opt-in, a few minutes: make slurm-test (or {OPT_IN}=1)"),
+]
 
 
 def _tool(name):

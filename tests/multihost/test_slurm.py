@@ -17,20 +17,9 @@ from datetime import datetime
 import pytest
 import torch
 from helpers import BIN, HVDKIT, PYTHON, ROOT, hvdkit_run, result_line
-from slurm import SlurmCluster, missing_binaries  # tests/multihost is on sys.path
+from slurm import NEEDS_SLURM, SlurmCluster  # tests/multihost is on sys.path
 
-OPT_IN = "HVDKIT_TEST_SLURM"
-pytestmark = [
-    pytest.mark.dist,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, mounts and SLURM daemons need root"),
-    pytest.mark.skipif(
-        bool(missing_binaries()),
-        reason=f"needs {', '.join(missing_binaries())} (Debian: slurm-wlm munge; make setup installs them)",
-    ),
-    # About 4 minutes on 2 quiet cores (each job starts torch and Horovod on two nodes): more than
-    # `make test` should add, so it runs with `make slurm-test`.
-    pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=f"opt-in, a few minutes: make slurm-test (or {OPT_IN}=1)"),
-]
+pytestmark = NEEDS_SLURM
 EXAMPLE = str(ROOT / "examples" / "torch_digits.py")
 EPOCHS = 10
 STEPS_PER_EPOCH = 23  # 1,437 training images, 2 ranks x 32

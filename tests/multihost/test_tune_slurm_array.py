@@ -10,18 +10,9 @@ import subprocess
 import pytest
 from helpers import BIN, HVDKIT, PYTHON
 from shared_study import SPACE, STUDY, check_one_study, worker_argv
-from slurm import SlurmCluster, missing_binaries
+from slurm import NEEDS_SLURM, SlurmCluster
 
-OPT_IN = "HVDKIT_TEST_SLURM"
-pytestmark = [
-    pytest.mark.dist,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, mounts and SLURM daemons need root"),
-    pytest.mark.skipif(
-        bool(missing_binaries()),
-        reason=f"needs {', '.join(missing_binaries())} (Debian: slurm-wlm munge; make setup installs them)",
-    ),
-    pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=f"opt-in, a few minutes: make slurm-test (or {OPT_IN}=1)"),
-]
+pytestmark = NEEDS_SLURM
 optuna = pytest.importorskip("optuna")
 
 
