@@ -50,8 +50,8 @@ class FlatGroup:
         self.offsets = [0]
         for p in self.params:
             self.offsets.append(self.offsets[-1] + p.numel())
-        self.slice = partition(self.offsets[-1], size)[rank]
         self.bounds = partition(self.offsets[-1], size)
+        self.slice = self.bounds[rank]
         like = self.params[0] if self.params else torch.zeros(0)
         self.dtype, self.device = like.dtype, like.device
         n = self.offsets[-1]
