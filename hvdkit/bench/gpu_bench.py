@@ -30,9 +30,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["resnet50", "main"]
+__all__ = ["resnet50", "table", "plot", "report", "main"]
 
 MB = 1 << 20
+ALLREDUCE_MIB = (1, 4, 16, 64, 256)
+
+
+def _iters(mb):
+    return max(3, min(20, 512 // mb))
 
 
 def resnet50(num_classes: int = 1000) -> torch.nn.Module:
@@ -149,11 +154,11 @@ def worker_allreduce(args):
     topo = hk.init()
     _per_rank_hostid(topo.rank)
     rows = []
-    for mb in (1, 4, 16, 64, 256):
+    for mb in ALLREDUCE_MIB:
         n = mb * MB // 4
         t = torch.ones(n, device="cuda")
         hvd.allreduce(t, name=f"warm{mb}", op=hvd.Sum)
-        iters = max(3, min(20, 512 // mb))
+        iters = _iters(mb)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -173,6 +178,33 @@ def worker_allreduce(args):
             copy_s = (time.perf_counter() - c0) / iters
         rows.append({"bytes": mb * MB, "allreduce_s": seconds, "copy_s": copy_s})
     _write(args, topo.rank, {"allreduce": rows})
+
+
+def worker_allreduce_ddp(args):
+    import torch
+    import torch.distributed as dist
+
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    _per_rank_hostid(rank)
+    torch.cuda.set_device(local % torch.cuda.device_count())
+    dist.init_process_group("nccl")
+    size = dist.get_world_size()
+    rows = []
+    for mb in ALLREDUCE_MIB:
+        t = torch.ones(mb * MB // 4, device="cuda")
+        dist.all_reduce(t.clone())
+        iters = _iters(mb)
+        work = [t.clone() for _ in range(iters)]  # each iteration sums fresh ones, as Horovod's out-of-place op
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for w in work:
+            dist.all_reduce(w)
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - t0) / iters
+        assert float(work[-1][0]) == size, f"all_reduce of ones gave {float(work[-1][0])}, not {size}"
+        rows.append({"bytes": mb * MB, "allreduce_s": seconds})
+    _write(args, rank, {"allreduce": rows})
+    dist.destroy_process_group()
 
 
 def _write(args, rank, data):
@@ -211,12 +243,13 @@ def _job(kind, np_, args, work, env):
         "--warmup",
         str(args.warmup),
     ]
-    if kind == "ddp":
+    if kind in ("ddp", "allreduce_ddp"):
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={np_}", *me[1:]]
     else:
         horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         argv = [horovodrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *me]
-    _run(argv, env, args.timeout)
+    seconds = _run(argv, env, args.timeout)
+    print(f"[gpu-bench]   ({kind} job on {np_} rank(s): {seconds:.0f} s wall)", flush=True)
     return [json.load(open(os.path.join(work, f"{kind}-rank{r}.json"))) for r in range(np_)]
 
 
@@ -233,7 +266,28 @@ def _env_for(np_, gpus, nccl):
     return env, shared
 
 
+def _allreduce_rows(np_, horovod, ddp):
+    """Per size: the slowest rank's time, bus bandwidth (``2 (n-1) / n`` bytes per byte), the copy rate."""
+    factor = 2 * (np_ - 1) / np_ if np_ > 1 else 1.0
+    rows = []
+    for i, row in enumerate(horovod[0]["allreduce"]):
+        seconds = max(r["allreduce"][i]["allreduce_s"] for r in horovod)
+        torch_s = max(r["allreduce"][i]["allreduce_s"] for r in ddp) if ddp else None
+        rows.append(
+            {
+                "bytes": row["bytes"],
+                "allreduce_s": seconds,
+                "bus_bytes_per_s": row["bytes"] / seconds * factor,
+                "torch_allreduce_s": torch_s,
+                "torch_bus_bytes_per_s": row["bytes"] / torch_s * factor if torch_s else None,
+                "copy_bytes_per_s": 2 * row["bytes"] / row["copy_s"],
+            }
+        )
+    return rows
+
+
 def drive(args):
+    """Run the jobs; ``args.out``/gpu_bench.json is rewritten after each one, so a cut-off run keeps its results."""
     import torch
 
     gpus, nccl = torch.cuda.device_count(), torch.cuda.nccl.version()
@@ -246,93 +300,109 @@ def drive(args):
         "nccl": ".".join(map(str, nccl)),
         "batch_per_rank": args.batch,
         "steps": args.steps,
+        "warmup": args.warmup,
         "model": "ResNet-50 (plain torch, 25.6 M parameters), 224x224, bf16 autocast",
-        "training": [],
         "allreduce": None,
+        "training": [],
+        "complete": False,
     }
+    path = os.path.join(args.out, "gpu_bench.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
     print(
         f"[gpu-bench] {gpus} x {name}, torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {results['nccl']}",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as work:
+        # The allreduce sweep first: short jobs, and the figure a cut-off run must not lose.
+        np_ = max(args.np)
+        env, shared = _env_for(np_, gpus, nccl)
+        horovod = _job("allreduce", np_, args, work, env)
+        ddp = _job("allreduce_ddp", np_, args, work, env) if np_ > 1 else None
+        results["allreduce"] = {"np": np_, "shared_gpu": shared, "rows": _allreduce_rows(np_, horovod, ddp)}
+        save()
+        for row in results["allreduce"]["rows"]:
+            theirs = row["torch_bus_bytes_per_s"]
+            print(
+                f"[gpu-bench] allreduce {row['bytes'] // MB:4d} MiB on {np_} rank(s): Horovod bus "
+                f"{row['bus_bytes_per_s'] / 1e9:7.2f} GB/s"
+                + (f", torch.distributed {theirs / 1e9:7.2f} GB/s" if theirs else "")
+                + f"; device copy {row['copy_bytes_per_s'] / 1e9:7.1f} GB/s (read + write)",
+                flush=True,
+            )
         for np_ in args.np:
             env, shared = _env_for(np_, gpus, nccl)
-            samples = {"horovod": [], "ddp": []}
+            entry = {"np": np_, "shared_gpu": shared, "horovod_step_s": [], "ddp_step_s": []}
+            results["training"].append(entry)
             for rep in range(args.reps):
                 for kind in ("horovod", "ddp"):
                     ranks = _job(kind, np_, args, work, env)
                     step = statistics.median(max(r["step_s"][i] for r in ranks) for i in range(args.steps))
-                    samples[kind].append(step)
+                    entry[f"{kind}_step_s"].append(step)
+                    if entry["horovod_step_s"] and entry["ddp_step_s"]:
+                        h, d = statistics.median(entry["horovod_step_s"]), statistics.median(entry["ddp_step_s"])
+                        entry.update(
+                            horovod_img_s=np_ * args.batch / h,
+                            ddp_img_s=np_ * args.batch / d,
+                            ratio_horovod_over_ddp=d / h,
+                        )
+                    save()
                     print(
                         f"[gpu-bench] np={np_} rep {rep + 1}/{args.reps} {kind:7s}: {step * 1e3:.1f} ms/step, "
                         f"{np_ * args.batch / step:.0f} img/s",
                         flush=True,
                     )
-            h, d = statistics.median(samples["horovod"]), statistics.median(samples["ddp"])
-            results["training"].append(
-                {
-                    "np": np_,
-                    "shared_gpu": shared,
-                    "horovod_step_s": samples["horovod"],
-                    "ddp_step_s": samples["ddp"],
-                    "horovod_img_s": np_ * args.batch / h,
-                    "ddp_img_s": np_ * args.batch / d,
-                    "ratio_horovod_over_ddp": d / h,
-                }
-            )
-        np_ = max(args.np)
-        env, shared = _env_for(np_, gpus, nccl)
-        ranks = _job("allreduce", np_, args, work, env)
-        rows = []
-        for i, row in enumerate(ranks[0]["allreduce"]):
-            seconds = max(r["allreduce"][i]["allreduce_s"] for r in ranks)
-            busbw = row["bytes"] / seconds * (2 * (np_ - 1) / np_) if np_ > 1 else row["bytes"] / seconds
-            rows.append(
-                {
-                    "bytes": row["bytes"],
-                    "allreduce_s": seconds,
-                    "bus_bytes_per_s": busbw,
-                    "copy_bytes_per_s": 2 * row["bytes"] / row["copy_s"],
-                }
-            )
-            print(
-                f"[gpu-bench] allreduce {row['bytes'] // MB:4d} MiB on {np_} rank(s): bus {busbw / 1e9:7.2f} GB/s; "
-                f"device copy {rows[-1]['copy_bytes_per_s'] / 1e9:7.1f} GB/s (read + write)",
-                flush=True,
-            )
-        results["allreduce"] = {"np": np_, "shared_gpu": shared, "rows": rows}
+    results["complete"] = True
+    save()
     return results
 
 
-def table(results):
+def _done(results):
+    """The training entries with both kinds measured (a cut-off run may have fewer)."""
+    return [t for t in results["training"] if "ratio_horovod_over_ddp" in t]
+
+
+def table(results: dict) -> str:
+    """A Markdown table of ``results`` (gpu_bench.json), partial results included."""
     lines = [
         f"GPU: {results['gpus']} x {results['gpu']} "
-        f"(torch {results['torch']}, CUDA {results['cuda']}, NCCL {results['nccl']})",
+        f"(torch {results['torch']}, CUDA {results['cuda']}, NCCL {results['nccl']})"
+        + ("" if results.get("complete", True) else " -- cut off: partial results"),
         f"{results['model']}, batch {results['batch_per_rank']} per rank",
-        "| ranks | GPU shared | hvdkit/Horovod img/s | DDP img/s | Horovod / DDP throughput |",
-        "| --- | --- | --- | --- | --- |",
+        "| ranks | GPU shared | hvdkit/Horovod ms/step | DDP ms/step | hvdkit/Horovod img/s | DDP img/s "
+        "| Horovod / DDP throughput |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for t in results["training"]:
+    for t in _done(results):
+        ms = lambda xs: ", ".join(f"{x * 1e3:.1f}" for x in xs)  # noqa: E731 - local formatter
         lines.append(
-            f"| {t['np']} | {'yes' if t['shared_gpu'] else 'no'} | {t['horovod_img_s']:.0f} | {t['ddp_img_s']:.0f} | "
-            f"{t['ratio_horovod_over_ddp']:.2f} |"
+            f"| {t['np']} | {'yes' if t['shared_gpu'] else 'no'} | {ms(t['horovod_step_s'])} | {ms(t['ddp_step_s'])} "
+            f"| {t['horovod_img_s']:.0f} | {t['ddp_img_s']:.0f} | {t['ratio_horovod_over_ddp']:.2f} |"
         )
     a = results["allreduce"]
-    lines += [
-        "",
-        f"Allreduce of CUDA tensors, {a['np']} rank(s){' sharing one GPU' if a['shared_gpu'] else ''}:",
-        "| size | bus bandwidth GB/s | device copy GB/s | bus / copy |",
-        "| --- | --- | --- | --- |",
-    ]
-    for r in a["rows"]:
-        lines.append(
-            f"| {r['bytes'] // MB} MiB | {r['bus_bytes_per_s'] / 1e9:.2f} | {r['copy_bytes_per_s'] / 1e9:.1f} | "
-            f"{r['bus_bytes_per_s'] / r['copy_bytes_per_s']:.4f} |"
-        )
+    if a:
+        lines += [
+            "",
+            f"Allreduce of CUDA tensors, {a['np']} rank(s){' sharing one GPU' if a['shared_gpu'] else ''}:",
+            "| size | Horovod bus GB/s | torch.distributed bus GB/s | Horovod / torch | device copy GB/s "
+            "| Horovod bus / copy |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in a["rows"]:
+            theirs = r.get("torch_bus_bytes_per_s")
+            lines.append(
+                f"| {r['bytes'] // MB} MiB | {r['bus_bytes_per_s'] / 1e9:.2f} | "
+                + (f"{theirs / 1e9:.2f} | {r['bus_bytes_per_s'] / theirs:.2f}" if theirs else "- | -")
+                + f" | {r['copy_bytes_per_s'] / 1e9:.1f} | {r['bus_bytes_per_s'] / r['copy_bytes_per_s']:.4f} |"
+            )
     return "\n".join(lines)
 
 
-def plot(results, path):
+def plot(results: dict, path: str) -> str:
+    """Training throughput (left) and allreduce bandwidth against the copy rate (right) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -340,39 +410,48 @@ def plot(results, path):
 
     from .report import save_figure
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    nps = [t["np"] for t in results["training"]]
-    xs = range(len(nps))
-    ax1.bar([x - 0.2 for x in xs], [t["horovod_img_s"] for t in results["training"]], 0.4, label="hvdkit/Horovod-NCCL")
-    ax1.bar([x + 0.2 for x in xs], [t["ddp_img_s"] for t in results["training"]], 0.4, label="torch DDP-NCCL")
-    ax1.set_xticks(
-        list(xs),
-        [
-            f"{n} rank(s){' (shared GPU)' if t['shared_gpu'] else ''}"
-            for n, t in zip(nps, results["training"], strict=True)
-        ],
-    )
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    done = _done(results)
+    xs = range(len(done))
+    ax1.bar([x - 0.2 for x in xs], [t["horovod_img_s"] for t in done], 0.4, label="hvdkit/Horovod-NCCL")
+    ax1.bar([x + 0.2 for x in xs], [t["ddp_img_s"] for t in done], 0.4, label="torch DDP-NCCL")
+    ax1.set_xticks(list(xs), [f"{t['np']} rank(s){' (shared GPU)' if t['shared_gpu'] else ''}" for t in done])
     ax1.set_ylabel("images/s")
     ax1.set_title(f"ResNet-50 training, {results['gpu']}")
     ax1.legend()
-    rows = results["allreduce"]["rows"]
-    ax2.loglog(
-        [r["bytes"] / MB for r in rows],
-        [r["bus_bytes_per_s"] / 1e9 for r in rows],
-        "o-",
-        label="Horovod allreduce (bus)",
-    )
-    ax2.loglog(
-        [r["bytes"] / MB for r in rows],
-        [r["copy_bytes_per_s"] / 1e9 for r in rows],
-        "s--",
-        label="device-to-device copy",
-    )
+    if results["allreduce"]:
+        rows = results["allreduce"]["rows"]
+        mib = [r["bytes"] / MB for r in rows]
+        ax2.loglog(mib, [r["bus_bytes_per_s"] / 1e9 for r in rows], "o-", label="Horovod allreduce (bus)")
+        if all(r.get("torch_bus_bytes_per_s") for r in rows):
+            ax2.loglog(mib, [r["torch_bus_bytes_per_s"] / 1e9 for r in rows], "^-", label="torch.distributed (bus)")
+        ax2.loglog(mib, [r["copy_bytes_per_s"] / 1e9 for r in rows], "s--", label="device-to-device copy")
+        shared = " (ranks share the GPU)" if results["allreduce"]["shared_gpu"] else ""
+        ax2.set_title(f"Allreduce on {results['allreduce']['np']} rank(s){shared} vs the copy rate")
     ax2.set_xlabel("MiB")
     ax2.set_ylabel("GB/s")
-    ax2.set_title("Allreduce bandwidth vs the GPU's copy rate")
     ax2.legend()
     return save_figure(fig, path)
+
+
+def report(json_path: str) -> int:
+    """Print the table of a gpu_bench.json and draw gpu_bench.png beside it (also for a cut-off run's file)."""
+    with open(json_path) as f:
+        results = json.load(f)
+    print(table(results))
+    try:
+        print(f"[gpu-bench] plot: {plot(results, os.path.join(os.path.dirname(json_path) or '.', 'gpu_bench.png'))}")
+    except ImportError as e:
+        print(f"[gpu-bench] no plot: {e}")
+    return 0
+
+
+WORKERS = {
+    "horovod": worker_horovod,
+    "ddp": worker_ddp,
+    "allreduce": worker_allreduce,
+    "allreduce_ddp": worker_allreduce_ddp,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -384,25 +463,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--timeout", type=int, default=300)
-    p.add_argument("--worker", choices=("horovod", "ddp", "allreduce"), help=argparse.SUPPRESS)
+    p.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of a gpu_bench.json")
+    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        {"horovod": worker_horovod, "ddp": worker_ddp, "allreduce": worker_allreduce}[args.worker](args)
+        WORKERS[args.worker](args)
         return 0
+    if args.report:
+        return report(args.report)
     if not args.out:
-        p.error("give OUT_DIR")
+        p.error("give OUT_DIR (or --report JSON)")
     args.np = [int(n) for n in args.np.split(",")]
     os.makedirs(args.out, exist_ok=True)
-    results = drive(args)
-    with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    print(table(results))
-    try:
-        plot(results, os.path.join(args.out, "gpu_bench.png"))
-    except ImportError as e:
-        print(f"[gpu-bench] no plot: {e}")
-    return 0
+    drive(args)
+    return report(os.path.join(args.out, "gpu_bench.json"))
 
 
 if __name__ == "__main__":

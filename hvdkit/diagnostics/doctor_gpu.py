@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..core.devices import shared_gpu_env
 from ..launcher.gpus import CUDA_VISIBLE_DEVICES, gpu_count, nvidia_smi, physical_gpus
 
 __all__ = ["GpuFacts", "NO_GPU", "NCCL_SMOKE", "gpu_facts", "gpu_rows", "nccl_smoke_plan", "parse_gpu_query"]
@@ -49,13 +50,19 @@ print("hvdkit-gpu-facts " + json.dumps(facts))
 """
 
 # Each rank of the NCCL check: pins the GPU of its local rank, sums rank+1 on it; Horovod takes NCCL for CUDA tensors.
+# With HVDKIT_PER_RANK_HOSTID=1 (ranks sharing a GPU under NCCL < 2.30) each rank names itself a host
+# before its first NCCL call, which Horovod makes at the first allreduce of a CUDA tensor.
 NCCL_SMOKE = """
-import torch, horovod.torch as hvd
+import os, torch, horovod.torch as hvd
 hvd.init()
+shared = os.environ.get("HVDKIT_PER_RANK_HOSTID") == "1"
+if shared:
+    os.environ["NCCL_HOSTID"] = f"hvdkit-rank-{hvd.rank()}"
 torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
 got = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)], device="cuda"), op=hvd.Sum, name="hvdkit.nccl_smoke").item()
 want = hvd.size() * (hvd.size() + 1) / 2
-print(f"allreduce ok: sum over {hvd.size()} ranks on cuda:{torch.cuda.current_device()} = {got:g}" if got == want
+how = ", sharing the GPU over loopback sockets" if shared else ""
+print(f"allreduce ok: sum over {hvd.size()} ranks on cuda:{torch.cuda.current_device()}{how} = {got:g}" if got == want
       else f"allreduce WRONG: got {got}, want {want}")
 """
 
@@ -155,14 +162,16 @@ def _version_tuple(text):
 def nccl_smoke_plan(facts: GpuFacts, ranks: int = 2) -> tuple[list[str] | None, str | None]:
     """``(extra hvdkit run args, skip reason)`` for the ``ranks``-rank NCCL check on ``facts.visible`` GPUs.
 
-    More ranks than GPUs needs NCCL_MULTI_RANK_GPU_ENABLE=1 (set for this check only), which NCCL
-    below 2.30 does not know: then the check is skipped, with the reason.
+    More ranks than GPUs share them for this check only: NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1;
+    older NCCL (which refuses two ranks on one GPU of one host) with a host id per rank and sockets on
+    loopback (``hvdkit.core.devices.shared_gpu_env``). Without any GPU the check is skipped, with the reason.
     """
     if ranks <= facts.visible:
         return [], None
+    if facts.visible < 1:
+        return None, "skipped: no GPU visible to the ranks"
     if facts.nccl and _version_tuple(facts.nccl) < _MULTI_RANK_NCCL:
-        return None, (
-            f"skipped: {ranks} ranks on {facts.visible} GPU(s) need NCCL >= 2.30 ({MULTI_RANK_GPU}), "
-            f"torch has NCCL {facts.nccl}"
-        )
+        env, _ = shared_gpu_env(_version_tuple(facts.nccl))
+        env = {k: v for k, v in env.items() if k.startswith("NCCL_")} | {"HVDKIT_PER_RANK_HOSTID": "1"}
+        return [a for k, v in env.items() for a in ("-x", f"{k}={v}")], None
     return ["-x", f"{MULTI_RANK_GPU}=1"], None

@@ -13,6 +13,7 @@ WORKER = ROOT / "tests" / "gpu" / "workers" / "torch_gpu.py"
 FP32_TOL = 2e-5  # fp32 rounding of a mean taken over two halves instead of the whole batch, 5 steps
 FP16_TOL = 2e-3  # averaged gradients rounded to fp16 on the wire (as tests/distributed/test_torch_contracts.py)
 AMP_TOL = 5e-3  # fp16 forward passes on half batches vs the whole batch, 20 steps of SGD with momentum
+BF16_TOL = 1e-2  # bf16 keeps 8 bits of mantissa: forward passes on half batches may round differently (CPU: 1.7e-4)
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,14 @@ def ranks(tmp_path_factory):
         errors = {k: v["error"] for k, v in r.items() if isinstance(v, dict) and "error" in v}
         assert not errors, f"rank {r['rank']} failed: {errors}"
     return results
+
+
+def more(ranks, name):
+    """Both ranks' records of one part of the worker's section_more (each part is recorded on its own)."""
+    parts = [r["more"][name] for r in ranks]
+    for rank, p in enumerate(parts):
+        assert "error" not in p, f"rank {rank}: {p['error']}"
+    return parts
 
 
 def test_the_engine_has_nccl_and_each_rank_is_pinned_to_a_gpu(ranks):
@@ -72,3 +81,29 @@ def test_a_checkpoint_saved_on_one_device_resumes_on_the_other(ranks, way):
 def test_metrics_from_cuda_tensors_average_exactly_over_the_union_of_samples(ranks):
     # rank 0: 0, 1, 2; rank 1: 10, 11, 12, 13 -> 49 / 7
     assert [r["metrics"]["mean"] for r in ranks] == [7.0, 7.0]
+
+
+def test_clipping_after_averaging_on_cuda_matches_one_process_clipping_the_whole_batch(ranks):
+    c0, c1 = more(ranks, "clip")
+    assert c0["digest"] == c1["digest"]
+    assert c0["norm"] == c1["norm"] > 0.05  # the averaged gradient's norm before clipping: it was clipped
+    assert c0["ref_diff"] <= FP32_TOL, f"{c0['ref_diff']:.3g} from the 1-process clipped run"
+
+
+def test_zero1_state_sharding_on_cuda_matches_one_process(ranks):
+    z0, z1 = more(ranks, "zero")
+    assert z0["digest"] == z1["digest"]
+    assert z0["device"].startswith("cuda")
+    assert z0["ref_diff"] <= FP32_TOL, f"{z0['ref_diff']:.3g} from the 1-process run"
+
+
+def test_bf16_autocast_on_cuda_keeps_ranks_equal_and_near_one_process(ranks):
+    b0, b1 = more(ranks, "bf16")
+    assert b0["digest"] == b1["digest"]
+    assert b0["ref_diff"] <= BF16_TOL, f"{b0['ref_diff']:.3g} from the 1-process bf16 run"
+
+
+def test_auto_compression_on_cuda_picks_one_wire_for_every_rank(ranks):
+    a0, a1 = more(ranks, "auto")
+    assert a0["chosen"] == a1["chosen"] and a0["chosen"] in ("none", "fp16")
+    assert a0["digest"] == a1["digest"]

@@ -105,9 +105,19 @@ def test_two_ranks_on_one_gpu_set_multi_rank_for_the_check_with_nccl_2_30():
     assert nccl_smoke_plan(facts) == (["-x", "NCCL_MULTI_RANK_GPU_ENABLE=1"], None)
 
 
-def test_two_ranks_on_one_gpu_with_older_nccl_skip_the_check_saying_why():
-    extra, why = nccl_smoke_plan(GpuFacts(**{**CUDA.__dict__, "visible": 1}))
-    assert extra is None and "NCCL >= 2.30" in why and "2.29.7" in why
+def test_two_ranks_on_one_gpu_with_older_nccl_get_a_host_id_each_and_loopback_sockets():
+    extra, why = nccl_smoke_plan(GpuFacts(**{**CUDA.__dict__, "visible": 1}))  # NCCL 2.29.7
+    assert why is None
+    settings = dict(a.split("=", 1) for a in extra[1::2])
+    assert set(extra[0::2]) == {"-x"}
+    assert settings["HVDKIT_PER_RANK_HOSTID"] == "1" and settings["NCCL_SOCKET_IFNAME"] == "lo"
+    assert settings["NCCL_P2P_DISABLE"] == settings["NCCL_SHM_DISABLE"] == "1"
+    assert "NCCL_MULTI_RANK_GPU_ENABLE" not in settings
+
+
+def test_no_visible_gpu_skips_the_nccl_check_saying_why():
+    extra, why = nccl_smoke_plan(GpuFacts(**{**CUDA.__dict__, "visible": 0}))
+    assert extra is None and "no GPU" in why
 
 
 def _diagnose_with(monkeypatch, facts, smoke=True):
