@@ -247,7 +247,13 @@ def _nccl_smoke(python, facts, row):
 
 
 def _smoke(python, controller, hosts=(), network_interface=None, ranks=2, extra=(), program=_CPU_SMOKE):
-    """``(ok, detail)`` of ``hvdkit run -np RANKS [EXTRA] -- python PROGRAM``: each rank must print "allreduce ok"."""
+    """``(ok, detail)`` of ``hvdkit run -np RANKS [EXTRA] -- python PROGRAM``: each rank must print "allreduce ok".
+
+    The CPU check runs its ranks with HVDKIT_DEVICE=cpu: it checks the CPU path, and on a host with
+    fewer GPUs than ranks ``hk.init()`` would rightly refuse to pin them (found on a one-GPU H100).
+    """
+    if tuple(program) == _CPU_SMOKE:
+        extra = [*extra, "-x", "HVDKIT_DEVICE=cpu"]
     argv = [python, "-m", "hvdkit", "run", "-np", str(ranks), *(["--gloo"] if controller == "gloo" else []), *extra]
     if hosts:
         argv += ["-H", format_hosts(hosts)]

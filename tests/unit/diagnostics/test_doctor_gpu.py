@@ -161,3 +161,21 @@ def test_doctor_on_a_gpu_machine_runs_the_nccl_check_after_the_cpu_ones(monkeypa
 def test_doctor_without_smoke_runs_no_nccl_check(monkeypatch):
     problems, text, smokes = _diagnose_with(monkeypatch, CUDA, smoke=False)
     assert smokes == [] and "allreduce" not in text and "horovod built with NCCL    yes" in text
+
+
+def _smoke_argv(monkeypatch, **kwargs):
+    """The ``hvdkit run`` command line doctor._smoke starts (both ranks answer ok)."""
+    seen = []
+    monkeypatch.setattr(doctor, "_run", lambda argv, timeout: (seen.append(argv), (0, "allreduce ok: 3\n" * 2))[1])
+    ok, _ = doctor._smoke("python", "mpi", **kwargs)
+    assert ok
+    return seen[0]
+
+
+def test_the_cpu_check_runs_its_ranks_on_the_cpu_so_a_one_gpu_host_does_not_refuse_two_ranks(monkeypatch):
+    # On a one-GPU H100 the CPU check failed: its 2 ranks called hk.init(), which refuses 2 ranks on 1 GPU.
+    argv = _smoke_argv(monkeypatch)
+    run_args = argv[: argv.index("--")]
+    assert ["-x", "HVDKIT_DEVICE=cpu"] == run_args[run_args.index("HVDKIT_DEVICE=cpu") - 1 :][:2]
+    nccl = _smoke_argv(monkeypatch, extra=["-x", "NCCL_MULTI_RANK_GPU_ENABLE=1"], program=["-c", "print()"])
+    assert "HVDKIT_DEVICE=cpu" not in nccl  # the NCCL check is meant to use the GPU
