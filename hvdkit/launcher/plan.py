@@ -19,6 +19,7 @@ __all__ = [
     "default_num_proc",
     "find_tool",
     "oversubscribed",
+    "resolve_program",
     "FORWARDED",
     "FORWARDED_PREFIXES",
     "NCCL_SOCKET_IFNAME",
@@ -68,6 +69,19 @@ def find_tool(name: str, python: str) -> str:
     """``name`` next to ``python`` (the virtualenv's copy) if there, else from PATH, else bare."""
     beside = os.path.join(os.path.dirname(python), name)
     return beside if os.access(beside, os.X_OK) else (shutil.which(name) or name)
+
+
+def resolve_program(command: Sequence[str], path: str | None) -> tuple[str, ...]:
+    """``command`` with a bare program name (``python3``) made the absolute path that ``path`` finds.
+
+    Every rank then runs the program the launching shell would (its virtualenv's python), whatever
+    PATH the rank gets from the MPI launcher. The path is absolute but not resolved: a virtualenv's
+    ``python`` is a link whose own path selects the virtualenv. A name ``path`` does not find stays as is.
+    """
+    if not command or os.sep in command[0]:
+        return tuple(command)
+    found = shutil.which(command[0], path=path)
+    return (os.path.abspath(found), *command[1:]) if found else tuple(command)
 
 
 def oversubscribed(num_proc: int, cores: int) -> str:
@@ -130,7 +144,11 @@ def build(
             env[MARK_CYCLES] = "1"
     if spec.network_interface and NCCL_SOCKET_IFNAME not in base_env and NCCL_SOCKET_IFNAME not in env:
         env[NCCL_SOCKET_IFNAME] = spec.network_interface  # NCCL's own TCP bootstrap and sockets, as mpirun's btl/oob
-    wrapped = (python, "-m", "hvdkit.launcher.rankwrap", "--", *spec.command) if job_id else spec.command
+    # Here, the program the launching shell would run; across hosts each host's PATH (exported) finds it.
+    command = (
+        resolve_program(spec.command, base_env.get("PATH", os.defpath)) if is_local(spec.hosts) else tuple(spec.command)
+    )
+    wrapped = (python, "-m", "hvdkit.launcher.rankwrap", "--", *command) if job_id else command
     n = str(spec.num_proc)
     if spec.controller == "gloo":
         hosts = format_hosts(spec.hosts) if spec.hosts else f"localhost:{n}"
@@ -142,6 +160,12 @@ def build(
         argv += ["-H", format_hosts(spec.hosts)]
     if is_root:
         argv.append("--allow-run-as-root")
+    if is_local(spec.hosts):
+        # mpirun named by its full path acts as if given --prefix: the ranks' PATH would start with
+        # its bin (/usr/bin), ahead of the launching shell's virtualenv, so `python3` in a rank's
+        # subprocesses would be the system's. Across hosts the prefix is how remote orteds are found.
+        argv.append("--noprefix")
+
     if not spec.hosts and spec.num_proc > cores:  # given hosts state their slots; no need
         argv.append("--oversubscribe")
     argv += ["--bind-to", "none", "--map-by", "slot", "--tag-output"]

@@ -6,10 +6,12 @@ import pytest
 
 from hvdkit.core import ConfigError
 from hvdkit.launcher import execute
+from hvdkit.launcher.hosts import Host
 from hvdkit.launcher.plan import build
 from hvdkit.launcher.spec import JobSpec, check_command
 
 PY = "/venv/bin/python"
+BARE = {"PATH": "/nonexistent"}  # a PATH that finds no program: command names stay as given
 
 
 def tail(argv, n):
@@ -17,7 +19,9 @@ def tail(argv, n):
 
 
 def test_mpirun_plan_as_root_with_more_ranks_than_cores():
-    plan = build(JobSpec(["python", "train.py", "--lr", "0.1"], 4), is_root=True, cores=2, python=PY, job_id="j1")
+    plan = build(
+        JobSpec(["python", "train.py", "--lr", "0.1"], 4), is_root=True, cores=2, python=PY, job_id="j1", base_env=BARE
+    )
     argv = list(plan.argv)
     assert argv[1:3] == ["-np", "4"]
     assert "--allow-run-as-root" in argv and "--oversubscribe" in argv and "--tag-output" in argv
@@ -28,13 +32,33 @@ def test_mpirun_plan_as_root_with_more_ranks_than_cores():
 
 
 def test_mpirun_plan_as_user_within_the_cores_adds_neither_flag():
-    argv = build(JobSpec(["python", "t.py"], 2), is_root=False, cores=2, python=PY).argv
+    argv = build(JobSpec(["python", "t.py"], 2), is_root=False, cores=2, python=PY, base_env=BARE).argv
     assert "--allow-run-as-root" not in argv and "--oversubscribe" not in argv
     assert tail(argv, 2) == ["python", "t.py"]  # no wrapper without a job id (dry run)
 
 
+def test_a_local_job_runs_the_program_the_launching_shell_finds_and_mpirun_adds_no_prefix(tmp_path):
+    # mpirun by full path acts as if given --prefix /usr: ranks got PATH=/usr/bin:... and `python3`
+    # was the system's, not the virtualenv's (found on the H100 machine: No module named 'torch').
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python3").symlink_to("/bin/sh")  # a virtualenv's python is a link: keep its own path
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin"}
+    for controller in ("mpi", "gloo"):
+        spec = JobSpec(["python3", "t.py"], 2, controller=controller)
+        argv = list(build(spec, is_root=False, cores=2, python=PY, base_env=env, job_id="j").argv)
+        assert tail(argv, 2) == [str(venv_bin / "python3"), "t.py"]
+        assert ("--noprefix" in argv) == (controller == "mpi")
+    across = JobSpec(["python3", "t.py"], 4, hosts=(Host("a", 2), Host("b", 2)))
+    argv = list(build(across, is_root=False, cores=2, python=PY, base_env=env).argv)
+    assert tail(argv, 2) == ["python3", "t.py"]  # each host's own PATH finds it
+    assert "--noprefix" not in argv  # remote orteds are found through mpirun's prefix
+
+
 def test_gloo_plan_uses_horovodrun_with_local_slots():
-    argv = build(JobSpec(["python", "t.py"], 3, controller="gloo"), is_root=True, cores=2, python=PY).argv
+    argv = build(
+        JobSpec(["python", "t.py"], 3, controller="gloo"), is_root=True, cores=2, python=PY, base_env=BARE
+    ).argv
     assert list(argv[1:7]) == ["-np", "3", "-H", "localhost:3", "--gloo", "python"]
     assert "--allow-run-as-root" not in argv
 
