@@ -59,8 +59,9 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       reduce-scattered and the updated slices all-gathered (the bytes of one allreduce). For torch's
       elementwise optimizers (SGD, Adam, AdamW, ...; others raise ConfigError). ``state_dict()``
       stays the unsharded one, so checkpoints (``hk.Checkpointer``) restore at any world size,
-      sharded or not (the restore sends each rank only its slice). Gradients are reduced in
-      ``step()``, not during ``backward()``.
+      sharded or not (the restore sends each rank only its slice). The reduce-scatter overlaps
+      the backward pass: a round starts once the last gradient it needs has arrived on the
+      ``backward_passes_per_step``-th pass (``hvdkit.torch.zero_overlap``); ``step()`` finishes it.
 
     Unsharded, the result is an instance of a subclass of Horovod's class that adds
     ``add_synchronize_listener(listener)``: ``listener(seconds)`` is called after every
@@ -90,7 +91,13 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     if max_grad_norm is not None:
         _check_max_norm(max_grad_norm)
     if shard_optimizer_state:  # its collectives have fixed names: it needs no parameter names
-        return zero.ShardedOptimizer(optimizer, compression=compression, op=op, max_grad_norm=max_grad_norm)
+        return zero.ShardedOptimizer(
+            optimizer,
+            compression=compression,
+            op=op,
+            max_grad_norm=max_grad_norm,
+            backward_passes_per_step=backward_passes_per_step,
+        )
     if max_grad_norm is not None:
         optimizer = _clipping_copy(optimizer)
     wrapped = _listening_optimizer(

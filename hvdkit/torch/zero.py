@@ -29,6 +29,7 @@ from ..core.zero import Slice, partition, plan_rounds
 from ._engine import horovod_torch
 from .state import join_tensors, raise_unless_all_fit, split_tensors, tensor_specs
 from .zero_flat import FlatGroup
+from .zero_overlap import EarlyRounds
 
 if TYPE_CHECKING:
     from ..core.comm import Communicator
@@ -121,8 +122,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
     reduce-scatters the gradients (``op``, fp16 on the wire with ``compression="fp16"``), clips them
     to ``max_grad_norm`` by their global norm (taken from the slices: one allreduce of the sum of
     squares; left in ``last_grad_norm``), updates this rank's slices and all-gathers them into the
-    parameters, so every rank ends with bitwise the same parameters. Gradients of several
-    ``backward()`` calls accumulate in ``.grad`` and are reduced once, in ``step()``.
+    parameters, so every rank ends with bitwise the same parameters. Gradients of
+    ``backward_passes_per_step`` ``backward()`` calls accumulate in ``.grad`` and are reduced once;
+    a round of that reduce-scatter starts during the last backward pass, as soon as the gradients it
+    needs are complete (``hvdkit.torch.zero_overlap``; ``overlap = False`` leaves it all to ``step()``),
+    and ``last_rounds["overlapped"]`` says how many rounds did. More passes than that before
+    ``step()`` raise ConfigError, as in Horovod; ``zero_grad()`` drops rounds started without a step.
 
     Memory: each group's trainable parameters become views of one flat buffer (the same
     ``Parameter`` objects; ``channels_last`` ones turn contiguous) and their gradients views of
@@ -148,8 +153,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         compression: str = "none",
         op: str = "average",
         max_grad_norm: float | None = None,
+        backward_passes_per_step: int = 1,
     ) -> None:
         check_shardable(optimizer)
+        check_positive_int("backward_passes_per_step", backward_passes_per_step)
+        self.backward_passes_per_step = backward_passes_per_step
         self._hvd = hvd = horovod_torch()
         self._rank, self._size = hvd.rank(), hvd.size()
         self.compression = compression
@@ -167,6 +175,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.trim_memory = True
         self.last_rounds = None
         self._groups = [FlatGroup(g["params"], self._rank, self._size, i) for i, g in enumerate(self.param_groups)]
+        self.overlap = True
+        self._early = EarlyRounds(self)
         self._inner = type(optimizer)(
             [dict(self._hyper(g), params=[s.shard]) for g, s in zip(self.param_groups, self._groups, strict=True)]
         )
@@ -197,6 +207,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not callable(listener):
             raise ConfigError(f"listener must be callable with the seconds (got {type(listener).__name__})")
         self._listeners.append(listener)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As torch's; rounds of the reduce-scatter started during a backward without a ``step()`` are
+        waited for and dropped first (every rank started them, so every rank must finish them)."""
+        self._early.drain(self)
+        super().zero_grad(set_to_none=set_to_none)
 
     # ------------------------------------------------------------ step
     @torch.no_grad()
@@ -273,30 +289,48 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Each rank's elements of ``piece`` in group ``g``'s flat vector, ``(start, stop)`` in rank order."""
         return [(a + min(piece.lo, b - a), a + min(piece.hi, b - a)) for a, b in g.bounds]
 
+    def _packs(self, groups, round_):
+        """One temporary per piece of ``round_``: every rank's part of it, in rank order (fp16 with compression)."""
+        packs = []
+        for piece in round_:
+            g = groups[piece.group]
+            pack = torch.cat([g.grads[a:b] for a, b in self._parts(g, piece)])
+            packs.append(pack.to(torch.float16) if self.compression == "fp16" else pack)
+        return packs
+
+    def _write_back(self, groups, round_, outs):
+        """This rank's reduced part of each piece of ``round_`` into its slice of the gradient buffer."""
+        for piece, out in zip(round_, outs, strict=True):
+            g = groups[piece.group]
+            a, b = self._parts(g, piece)[self._rank]
+            g.grads[a:b].copy_(out)
+
     def _reduce_scatter(self):
         """Reduce this rank's slice of the gradient buffers over the ranks, in place (a missing gradient counts 0).
 
         In rounds: each packs every rank's part of its pieces into one temporary, which the engine
         reduce-scatters; this rank's reduced part is written back into its slice of the buffer.
+        Rounds started during backward (``hvdkit.torch.zero_overlap``) are waited for; the others are
+        reduced here.
         """
         start = time.perf_counter()
         groups, rounds = self._rounds()
+        early = self._early
         largest = 0
         for n, round_ in enumerate(rounds):
-            packs = []
-            for piece in round_:
-                g = groups[piece.group]
-                pack = torch.cat([g.grads[a:b] for a, b in self._parts(g, piece)])
-                packs.append(pack.to(torch.float16) if self.compression == "fp16" else pack)
-            largest = max(largest, sum(t.numel() for t in packs))
+            largest = max(largest, sum(len(range(*part)) for p in round_ for part in self._parts(groups[p.group], p)))
+            if n in early.finished:
+                continue
+            if early.in_flight(n):
+                early.finish(self, n)
+                continue
+            packs = self._packs(groups, round_)
             outs = self._hvd.grouped_reducescatter(packs, name=f"hvdkit.zero.grads.{n}", op=self._op)
             del packs
-            for piece, out in zip(round_, outs, strict=True):
-                g = groups[piece.group]
-                a, b = self._parts(g, piece)[self._rank]
-                g.grads[a:b].copy_(out)
-            del outs, out  # freed before the heap is trimmed
-        self.last_rounds = {"rounds": len(rounds), "largest_round": largest}
+            self._write_back(groups, round_, outs)
+            del outs  # freed before the heap is trimmed
+        self.last_rounds = {"rounds": len(rounds), "largest_round": largest, "overlapped": early.started}
+        early.reset()
         if self.trim_memory:
             release_freed_memory()
         seconds = time.perf_counter() - start

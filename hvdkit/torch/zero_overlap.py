@@ -1,0 +1,146 @@
+"""ZeRO-1's gradient reduce-scatter overlapped with the backward pass (``hvdkit.torch.zero``).
+
+A round of the reduce-scatter (``hvdkit.core.zero.plan_rounds``) needs the gradients of every
+parameter that any rank's part of it covers. When the last of them has received its
+``backward_passes_per_step``-th gradient (a post-accumulate-grad hook), the round is packed and
+handed to Horovod's asynchronous grouped reduce-scatter while the backward pass goes on, as
+Horovod's own optimizer does with its allreduces. At most ``max_in_flight`` rounds are in flight:
+one more waits for the oldest to finish, so the temporaries stay bounded. A finished round's
+averaged part is written into this rank's slice of the gradient buffer at once: those gradients
+are complete. ``step()`` waits for the rounds still in flight and reduces the others itself
+(rounds whose parameters got no gradient, or were given new storage since the last step).
+
+More ``backward()`` passes than ``backward_passes_per_step`` before ``step()`` is an error, as in
+Horovod: a round already sent cannot take the later gradients.
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+from typing import Any
+
+from ..core.errors import ConfigError
+
+# The optimizer these rounds belong to: a hvdkit.torch.zero.ShardedOptimizer (not imported: zero imports this).
+ShardedOptimizer = Any
+
+__all__ = ["EarlyRounds", "MAX_IN_FLIGHT"]
+
+# Rounds of the reduce-scatter in flight at once during backward (each at most round_elements elements).
+MAX_IN_FLIGHT = 4
+
+
+class EarlyRounds:
+    """The rounds of one sharded optimizer's reduce-scatter started during backward, until its next ``step()``."""
+
+    def __init__(self, optimizer: ShardedOptimizer) -> None:
+        self._optimizer = weakref.ref(optimizer)
+        self._plan_key: Any = None
+        self._params_of: list[list[tuple[int, int]]] = []  # round -> the (group index, parameter) it needs
+        self._rounds_of: dict[tuple[int, int], list[int]] = {}  # (group index, parameter) -> its rounds
+        self.max_in_flight = MAX_IN_FLIGHT
+        self.reset()
+        for g in optimizer._groups:
+            for i, p in enumerate(g.params):
+                p.register_post_accumulate_grad_hook(_Arrived(self, g.index, i))
+
+    def reset(self) -> None:
+        """Forget the passes counted and the rounds started (after ``step()``; in flight ones: ``drain`` first)."""
+        self._passes: dict[tuple[int, int], int] = {}
+        self._waiting: list[int] | None = None
+        self._in_flight: dict[int, Any] = {}  # round -> Horovod handle, in the order started
+        self.finished: set[int] = set()  # rounds whose averaged part is already in the gradient buffer
+        self.started = 0
+
+    def arrived(self, optimizer: ShardedOptimizer, group: int, i: int) -> None:
+        """Parameter ``i`` of param group ``group`` has a gradient: start the rounds it completes."""
+        key = (group, i)
+        n = self._passes.get(key, 0) + 1
+        self._passes[key] = n
+        passes = optimizer.backward_passes_per_step
+        if n > passes:
+            raise ConfigError(
+                f"backward() ran {n} times on parameter {i} of param group {group} before step(), but the "
+                f"sharded optimizer reduces after backward_passes_per_step={passes} passes: pass "
+                f"hk.DistributedOptimizer(..., backward_passes_per_step={n}) to accumulate {n} passes, "
+                "or call step() (or zero_grad()) after each"
+            )
+        if n < passes:
+            return
+        self._plan(optimizer)
+        for r in self._rounds_of.get(key, ()):
+            self._waiting[r] -= 1
+            if self._waiting[r] == 0:
+                self._start(optimizer, r)
+
+    def _plan(self, optimizer):
+        groups, rounds = optimizer._rounds()
+        key = (optimizer.round_elements, len(rounds))
+        if key != self._plan_key:
+            self._plan_key = key
+            self._params_of, self._rounds_of = [], {}
+            for r, round_ in enumerate(rounds):
+                needed = set()
+                for piece in round_:
+                    g = groups[piece.group]
+                    for a, b in optimizer._parts(g, piece):
+                        first = bisect.bisect_right(g.offsets, a) - 1
+                        for i in range(max(first, 0), len(g.params)):
+                            if g.offsets[i] >= b:
+                                break
+                            if g.offsets[i + 1] > a:
+                                needed.add((g.index, i))
+                self._params_of.append(sorted(needed))
+                for key_ in needed:
+                    self._rounds_of.setdefault(key_, []).append(r)
+        if self._waiting is None:
+            self._waiting = [len(p) for p in self._params_of]
+
+    def _start(self, optimizer, r):
+        by_index = {g.index: g for g in optimizer._groups}
+        for gi, i in self._params_of[r]:  # each gradient must be the buffer's view; else step() reduces it
+            g = by_index[gi]
+            p = g.params[i]
+            if not (g.holds(i, p.data, g.flat) and p.grad is not None and g.holds(i, p.grad, g.grads)):
+                return
+        while len(self._in_flight) >= self.max_in_flight:
+            self.finish(optimizer, next(iter(self._in_flight)))
+        groups, rounds = optimizer._rounds()
+        packs = optimizer._packs(groups, rounds[r])
+        self._in_flight[r] = optimizer._hvd.grouped_reducescatter_async(
+            packs, name=f"hvdkit.zero.grads.{r}", op=optimizer._op
+        )
+        self.started += 1
+
+    def in_flight(self, r: int) -> bool:
+        """True while round ``r`` was started and not yet finished."""
+        return r in self._in_flight
+
+    def finish(self, optimizer: ShardedOptimizer, r: int) -> None:
+        """Wait for round ``r`` and write this rank's averaged part into the gradient buffer."""
+        outs = optimizer._hvd.synchronize(self._in_flight.pop(r))
+        groups, rounds = optimizer._rounds()
+        optimizer._write_back(groups, rounds[r], outs)
+        self.finished.add(r)
+
+    def drain(self, optimizer: ShardedOptimizer) -> None:
+        """Wait for every round in flight and drop what they reduced (``zero_grad()`` before ``step()``)."""
+        for r in list(self._in_flight):
+            optimizer._hvd.synchronize(self._in_flight.pop(r))
+        self.reset()
+
+
+class _Arrived:
+    """The post-accumulate-grad hook of one parameter: tells its ``EarlyRounds`` (held weakly)."""
+
+    def __init__(self, rounds: EarlyRounds, group: int, i: int) -> None:
+        self.rounds = weakref.ref(rounds)
+        self.group, self.i = group, i
+
+    def __call__(self, param: Any) -> None:
+        rounds = self.rounds()
+        optimizer = rounds._optimizer() if rounds is not None else None
+        if optimizer is None or not optimizer.overlap or optimizer._early is not rounds:
+            return
+        rounds.arrived(optimizer, self.group, self.i)
