@@ -178,6 +178,14 @@ def zero_table(zero: dict[str, Any], ranks: int) -> list[str]:
     )
     if z["comm_ratio"] is not None:
         lines.append(f"  the flat gradient alone: reduce-scatter + all-gather / allreduce {z['comm_ratio']:.2f} (time)")
+    overlap = (zero.get("time") or {}).get("overlap")
+    if overlap:
+        rounds = overlap.get("rounds") or {}
+        lines.append(
+            f"  reduce-scatter overlapped with backward: throughput {overlap['speedup']:.3f}x the same sharded "
+            f"step without overlap ({rounds.get('overlapped', '?')} of {rounds.get('rounds', '?')} rounds started "
+            "in backward)"
+        )
     if not zero.get("netns", True):
         lines.append(f"  {zero.get('netns_note', '')}")
     return lines

@@ -40,6 +40,9 @@ from .stats import Samples, check_close, interleaved, ring_bytes_sent, timed
 VOCAB, DIM, HIDDEN, CLASSES, BATCH, TOKENS = 100_000, 256, 512, 10, 32, 32
 QUICK = {"vocab": 1000, "dim": 16, "hidden": 32, "batch": 4, "tokens": 4}
 VARIANTS = ("plain", "sharded")
+# Timed beside them in --part time: the sharded optimizer with its reduce-scatter left to step()
+# (``overlap = False``), to measure what overlapping it with backward gains.
+SERIAL = "sharded_serial"
 CHECK_STEPS = 3
 REL_TOL = 1e-6  # sharded vs plain: max |diff| / max |plain| after CHECK_STEPS (fp32 rounding)
 LR = 1e-3
@@ -135,7 +138,10 @@ class ZeroJob:
 
     def optimizer(self, variant, model):
         adam = torch.optim.Adam(model.parameters(), lr=LR)
-        return self.hk.DistributedOptimizer(adam, model=model, shard_optimizer_state=variant == "sharded")
+        opt = self.hk.DistributedOptimizer(adam, model=model, shard_optimizer_state=variant != "plain")
+        if variant == SERIAL:
+            opt.overlap = False
+        return opt
 
     def forward_backward(self, model):
         model.zero_grad(set_to_none=False)
@@ -174,7 +180,12 @@ class ZeroJob:
         scale = float(plain.abs().max())
         rel = float((sharded - plain).abs().max()) / scale
         check_close("sharded vs plain parameters (relative)", [rel], [0.0], REL_TOL)
-        return {"plain_across_ranks": 0.0, "sharded_across_ranks": 0.0, "sharded_vs_plain_rel": rel}
+        checks = {"plain_across_ranks": 0.0, "sharded_across_ranks": 0.0, "sharded_vs_plain_rel": rel}
+        if SERIAL in flats:  # the overlap reorders no arithmetic: bitwise the same parameters
+            serial = float((flats[SERIAL] - sharded).abs().max())
+            check_close("sharded with vs without overlap (absolute)", [serial], [0.0], 0.0)
+            checks["overlap_vs_serial"] = serial
+        return checks
 
     def compute_only(self, reps, iters):
         """Seconds of forward+backward and of Adam's update alone, every rank at once, no communication."""
@@ -207,17 +218,18 @@ class ZeroJob:
         return {k: Samples(s.values[1:]).as_dict() for k, s in samples.items()}  # the first: warm-up
 
     def run_time(self, reps, iters):
+        timed_variants = (*VARIANTS, SERIAL)
         base = self.model()
-        models = {v: copy.deepcopy(base) for v in VARIANTS}
-        opts = {v: self.optimizer(v, models[v]) for v in VARIANTS}
-        steps = {v: (self.step_fn(models[v], opts[v]), models[v]) for v in VARIANTS}
+        models = {v: copy.deepcopy(base) for v in timed_variants}
+        opts = {v: self.optimizer(v, models[v]) for v in timed_variants}
+        steps = {v: (self.step_fn(models[v], opts[v]), models[v]) for v in timed_variants}
         checks = self.check(models, steps)
         self.progress(f"checks passed: sharded vs plain relative {checks['sharded_vs_plain_rel']:.2g}")
-        samples = {v: Samples() for v in VARIANTS}
-        for rep, v in interleaved(VARIANTS, reps):
+        samples = {v: Samples() for v in timed_variants}
+        for rep, v in interleaved(timed_variants, reps):
             self.hvd.barrier()
             samples[v].add(timed(steps[v][0], iters))
-            if v == VARIANTS[-1]:
+            if v == timed_variants[-1]:
                 self.progress(f"rep {rep + 1}/{reps} done")
         from hvdkit.torch.zero import partition
 
@@ -242,6 +254,11 @@ class ZeroJob:
                 for v in VARIANTS
             },
             "throughput_sharded_over_plain": samples["plain"].median / samples["sharded"].median,
+            "overlap": {
+                "serial": samples[SERIAL].as_dict(),
+                "rounds": opts["sharded"].last_rounds,
+                "speedup": samples[SERIAL].median / samples["sharded"].median,
+            },
             "state_bytes_per_rank": state,
             "state_ratio": max(state["sharded"]) / max(state["plain"]),
             "collective_bytes_per_step": handed,
