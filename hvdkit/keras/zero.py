@@ -12,6 +12,11 @@ step holds no copy of the whole flat vector: this rank's slice of the averaged g
 and at most one variable larger than a round. Only optimizers whose update is elementwise can be
 cut this way (``ELEMENTWISE_OPTIMIZERS``).
 
+No overlap with the backward pass, unlike the torch form (``hvdkit.torch.zero_overlap``): Keras
+hands the optimizer every gradient at once (``apply`` after ``GradientTape.gradient``, which has
+no per-variable hook), so the reduce-scatter starts when backward is over, as Horovod's own
+TensorFlow optimizer's allreduce does.
+
 ``hvdkit.keras.DistributedOptimizer(..., shard_optimizer_state=True)`` makes such an optimizer;
 ``hvdkit.tensorflow.Checkpointer`` saves its state consolidated (the unsharded optimizer's
 variables, the same at any world size) and restores it into a sharded or an unsharded optimizer.
