@@ -107,3 +107,7 @@ def test_auto_compression_on_cuda_picks_one_wire_for_every_rank(ranks):
     a0, a1 = more(ranks, "auto")
     assert a0["chosen"] == a1["chosen"] and a0["chosen"] in ("none", "fp16")
     assert a0["digest"] == a1["digest"]
+
+
+def test_the_straggler_monitor_names_the_slow_rank_from_cuda_steps(ranks):
+    assert [p["straggler"] for p in more(ranks, "straggler")] == [1, 1]  # rank 1 sleeps 0.2 s a step

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -192,7 +193,23 @@ def section_more(rank, size):
         model, _, r = versus_reference({}, {"compression": "auto"})
         return {"digest": digest(model), "chosen": str(r["opt"].compression)}
 
-    for name, fn in {"clip": clipped, "zero": zero, "bf16": bf16, "auto": auto}.items():
+    def straggler():
+        model = copy.deepcopy(init)
+        opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), model=model)
+        monitor = hk.StragglerMonitor(threshold=1.2, optimizer=opt, name="gpu")
+        rows = slice(rank * B, (rank + 1) * B)
+        for s in range(STEPS):
+            with monitor.step():
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x[s][rows]), y[s][rows]).backward()
+                if rank == 1:
+                    time.sleep(0.2)  # the slow rank: rank 0's wait for it is left out of rank 0's time
+                opt.step()
+                torch.cuda.synchronize()
+        return {"straggler": monitor.epoch_end(0).straggler}
+
+    parts = {"clip": clipped, "zero": zero, "bf16": bf16, "auto": auto, "straggler": straggler}
+    for name, fn in parts.items():
         part(name, fn)
     return out
 
