@@ -79,7 +79,16 @@ def test_zero1_section_halves_the_adam_state_and_counts_the_bytes_of_one_allredu
     _, r, stdout = quick
     z = r["zero"]
     t = z["time"]
-    assert t["checks"] == {"plain_across_ranks": 0.0, "sharded_across_ranks": 0.0, "sharded_vs_plain_rel": 0.0}
+    assert t["checks"] == {
+        "plain_across_ranks": 0.0,
+        "sharded_across_ranks": 0.0,
+        "sharded_vs_plain_rel": 0.0,
+        "overlap_vs_serial": 0.0,  # the reduce-scatter overlapped with backward changes no bit
+    }
+    overlap = t["overlap"]  # the sharded step timed beside itself with overlap = False
+    assert overlap["serial"]["median_s"] > 0 and overlap["speedup"] > 0
+    assert overlap["rounds"]["overlapped"] == overlap["rounds"]["rounds"] >= 1  # every round started in backward
+    assert "reduce-scatter overlapped with backward: throughput" in stdout
     params = t["model"]["parameters"]
     # Adam: exp_avg + exp_avg_sq (4 bytes each) per parameter and a 4-byte step count per tensor: 5
     # unsharded (embedding, two Linear weights and biases), 1 sharded (one flat slice).
