@@ -103,7 +103,8 @@ def test_dry_run_prints_the_exact_mpirun_command_and_starts_nothing():
     assert words[0].endswith("mpirun") and words[1:3] == ["-np", "3"]
     assert ("--allow-run-as-root" in words) == (os.geteuid() == 0)
     assert ("--oversubscribe" in words) == (3 > len(os.sched_getaffinity(0)))
-    assert words[-4:] == ["python", EXAMPLE, "--epochs", "1"]
+    # the program as the launching shell finds it (its virtualenv's python, by full path): every rank runs that
+    assert words[-4:] == [os.path.join(os.path.dirname(PYTHON), "python"), EXAMPLE, "--epochs", "1"]
 
 
 @pytest.mark.parametrize(
