@@ -129,7 +129,8 @@ def worker_horovod(args):
     _write(args, topo.rank, {"step_s": times})
 
 
-def worker_ddp(args):
+def _ddp_init():
+    """A torch.distributed.run rank: its host id where ranks share GPUs, its GPU, NCCL; its rank."""
     import torch
     import torch.distributed as dist
 
@@ -137,6 +138,14 @@ def worker_ddp(args):
     _per_rank_hostid(rank)
     torch.cuda.set_device(local % torch.cuda.device_count())
     dist.init_process_group("nccl")
+    return rank
+
+
+def worker_ddp(args):
+    import torch
+    import torch.distributed as dist
+
+    rank = _ddp_init()
     model = resnet50().cuda()
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
@@ -184,10 +193,7 @@ def worker_allreduce_ddp(args):
     import torch
     import torch.distributed as dist
 
-    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    _per_rank_hostid(rank)
-    torch.cuda.set_device(local % torch.cuda.device_count())
-    dist.init_process_group("nccl")
+    rank = _ddp_init()
     size = dist.get_world_size()
     rows = []
     for mb in ALLREDUCE_MIB:
@@ -436,8 +442,12 @@ def plot(results: dict, path: str) -> str:
 
 def report(json_path: str) -> int:
     """Print the table of a gpu_bench.json and draw gpu_bench.png beside it (also for a cut-off run's file)."""
-    with open(json_path) as f:
-        results = json.load(f)
+    try:
+        with open(json_path) as f:
+            results = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"[gpu-bench] cannot read {json_path}: {e}; give the gpu_bench.json a run wrote", file=sys.stderr)
+        return 2
     print(table(results))
     try:
         print(f"[gpu-bench] plot: {plot(results, os.path.join(os.path.dirname(json_path) or '.', 'gpu_bench.png'))}")

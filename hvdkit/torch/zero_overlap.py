@@ -37,7 +37,9 @@ class EarlyRounds:
 
     def __init__(self, optimizer: ShardedOptimizer) -> None:
         self._optimizer = weakref.ref(optimizer)
-        self._plan_key: Any = None
+        self._plan_key: Any = None  # the round_elements the plan below was made for
+        self._layout: Any = None  # the optimizer's (active groups, rounds) for that round_elements
+        self._by_index: dict[int, Any] = {}  # param group index -> its FlatGroup
         self._params_of: list[list[tuple[int, int]]] = []  # round -> the (group index, parameter) it needs
         self._rounds_of: dict[tuple[int, int], list[int]] = {}  # (group index, parameter) -> its rounds
         self.max_in_flight = MAX_IN_FLIGHT
@@ -76,10 +78,12 @@ class EarlyRounds:
                 self._start(optimizer, r)
 
     def _plan(self, optimizer):
-        groups, rounds = optimizer._rounds()
-        key = (optimizer.round_elements, len(rounds))
-        if key != self._plan_key:
-            self._plan_key = key
+        """Which parameters each round needs, made once per ``round_elements`` (the rounds are the step's)."""
+        if optimizer.round_elements != self._plan_key:
+            self._plan_key = optimizer.round_elements
+            self._layout = optimizer._rounds()
+            groups, rounds = self._layout
+            self._by_index = {g.index: g for g in optimizer._groups}
             self._params_of, self._rounds_of = [], {}
             for r, round_ in enumerate(rounds):
                 needed = set()
@@ -99,15 +103,14 @@ class EarlyRounds:
             self._waiting = [len(p) for p in self._params_of]
 
     def _start(self, optimizer, r):
-        by_index = {g.index: g for g in optimizer._groups}
         for gi, i in self._params_of[r]:  # each gradient must be the buffer's view; else step() reduces it
-            g = by_index[gi]
+            g = self._by_index[gi]
             p = g.params[i]
             if not (g.holds(i, p.data, g.flat) and p.grad is not None and g.holds(i, p.grad, g.grads)):
                 return
         while len(self._in_flight) >= self.max_in_flight:
             self.finish(optimizer, next(iter(self._in_flight)))
-        groups, rounds = optimizer._rounds()
+        groups, rounds = self._layout
         packs = optimizer._packs(groups, rounds[r])
         self._in_flight[r] = optimizer._hvd.grouped_reducescatter_async(
             packs, name=f"hvdkit.zero.grads.{r}", op=optimizer._op
@@ -121,7 +124,7 @@ class EarlyRounds:
     def finish(self, optimizer: ShardedOptimizer, r: int) -> None:
         """Wait for round ``r`` and write this rank's averaged part into the gradient buffer."""
         outs = optimizer._hvd.synchronize(self._in_flight.pop(r))
-        groups, rounds = optimizer._rounds()
+        groups, rounds = self._layout
         optimizer._write_back(groups, rounds[r], outs)
         self.finished.add(r)
 

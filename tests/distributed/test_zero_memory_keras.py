@@ -13,7 +13,7 @@ start (6 slices at 2 ranks) for SGD, Adam and SGD in a ``tf.function`` alike; no
 import json
 
 import pytest
-from helpers import ROOT, run_ranks
+from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
 WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_memory_keras.py"
@@ -23,10 +23,7 @@ MARGIN = 0.25  # of the parameters' bytes: what TensorFlow and the engine may al
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("zero-memory-keras")
-    proc = run_ranks("mpirun", 2, [str(WORKER), str(out)], timeout=400)
-    assert proc.returncode == 0, f"mpirun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    results = run_contract_worker("mpirun", WORKER, tmp_path_factory.mktemp("zero-memory-keras"), timeout=400)
     print(json.dumps(results))
     return results
 

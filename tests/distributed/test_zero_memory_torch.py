@@ -12,7 +12,7 @@ step and two half-size copies kept. Worker: workers/zero_memory_torch.py (one 32
 import json
 
 import pytest
-from helpers import ROOT, run_ranks
+from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
 WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_memory_torch.py"
@@ -20,10 +20,7 @@ WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_memory_torch.py"
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("zero-memory")
-    proc = run_ranks("mpirun", 2, [str(WORKER), str(out)], timeout=400)
-    assert proc.returncode == 0, f"mpirun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    results = run_contract_worker("mpirun", WORKER, tmp_path_factory.mktemp("zero-memory"), timeout=400)
     print(json.dumps(results))
     return results
 

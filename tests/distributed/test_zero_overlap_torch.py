@@ -8,10 +8,8 @@ backward pass too many is a ConfigError on every rank naming the fix, and the jo
 ``zero_grad()``. Worker: workers/zero_overlap_torch.py.
 """
 
-import json
-
 import pytest
-from helpers import LAUNCHERS, ROOT, run_ranks
+from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
 WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_overlap_torch.py"
@@ -20,10 +18,7 @@ CASES = ("sgd", "adam_accumulate_fp16", "unused")
 
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"zero-overlap-{request.param}")
-    proc = run_ranks(request.param, 2, [str(WORKER), str(out)], timeout=300)
-    assert proc.returncode == 0, f"{request.param} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    results = run_contract_worker(request.param, WORKER, tmp_path_factory.mktemp(f"zero-overlap-{request.param}"))
     for r, res in enumerate(results):
         assert "failure" not in res, f"rank {r}: {res['failure']}"
     return results
