@@ -6,7 +6,6 @@ Imports Optuna: only ``hvdkit tune`` loads this module.
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any
 
@@ -65,8 +64,56 @@ DRIVERS = {  # a dialect's usual driver: URL prefix and package
 
 
 def shown_url(url: str) -> str:
-    """``url`` as it may be printed: its password replaced by ``***``."""
-    return re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", url)  # greedy: SQLAlchemy splits at the last @
+    """``url`` as it may be printed: its password replaced by ``***`` (SQLAlchemy's own rendering). A URL
+    SQLAlchemy cannot parse, or one with several ``@``, gets everything between ``USER:`` and the last
+    ``@`` masked: SQLAlchemy splits at the first ``@``, and the rest of an unescaped password would show."""
+    parsed = _parsed(url)
+    if parsed is None or url.count("@") > 1:
+        return _masked(url)
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
+
+
+def _parsed(url: str) -> Any:
+    """SQLAlchemy's URL object for ``url``; None if it does not parse."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url)
+    except Exception:  # ArgumentError, ValueError (a bad port), or no SQLAlchemy
+        return None
+
+
+def _masked(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, where = rest.rpartition("@")
+    if not sep or rest.startswith("/") or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{where}"
+
+
+def _secrets(url: str) -> list[str]:
+    """What may be ``url``'s password, longest first: as SQLAlchemy reads it, and up to the last ``@``."""
+    rest = url.partition("://")[2]
+    userinfo, at, _ = rest.rpartition("@")
+    found = {userinfo.partition(":")[2] if at and not rest.startswith("/") else ""}
+    parsed = _parsed(url)
+    if parsed is not None:
+        found.add(parsed.password or "")
+    return sorted(filter(None, found), key=len, reverse=True)
+
+
+def _error_text(e: Exception, url: str, shown: str) -> str:
+    """The first line of ``e``'s message, with no part of ``url``'s password in it."""
+    first = str(e).replace(url, shown).splitlines()[0] if str(e) else ""
+    secrets = _secrets(url)
+    if secrets and _parsed(url) is None:  # SQLAlchemy's parse errors quote pieces of the URL, the password's too
+        return (
+            "SQLAlchemy cannot parse the URL (its message is not shown: it quotes part of the password); "
+            "characters @ : / % in the user name or password must be percent-encoded (%40 %3A %2F %25)"
+        )
+    for secret in secrets:
+        first = first.replace(secret, "***")
+    return first
 
 
 def _open_rdb(optuna: Any, url: str, tries: int = 5) -> Any:
@@ -91,7 +138,7 @@ def _open_rdb(optuna: Any, url: str, tries: int = 5) -> Any:
             f"{usual}, or give a journal file path on shared storage instead"
         ) from None
     except Exception as e:  # SQLAlchemy's errors: a bad URL, a server that is not there
-        first = str(e).replace(url, shown).splitlines()[0] if str(e) else ""
+        first = _error_text(e, url, shown)
         raise ConfigError(
             f"--storage {shown!r} cannot be opened: {type(e).__name__}: {first}; check the URL "
             "(dialect+driver://user:password@host:port/database) and that its database server runs and the "

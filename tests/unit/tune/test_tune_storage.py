@@ -84,3 +84,33 @@ def test_a_password_in_a_storage_url_is_never_shown():
     assert shown_url("postgresql+psycopg2://me:p@ss:w0rd@db:5432/s") == "postgresql+psycopg2://me:***@db:5432/s"
     assert shown_url("postgresql://me@db/s") == "postgresql://me@db/s"
     assert shown_url("sqlite:///a:b@c.db") == "sqlite:///a:b@c.db"
+    assert shown_url("postgresql://me:pa/ss@db/s") == "postgresql://me:***@db/s"
+    assert shown_url("postgresql+pg8000://u:a@b@h/d") == "postgresql+pg8000://u:***@h/d"  # SQLAlchemy: host 'b@h'
+
+
+@pytest.mark.parametrize(
+    "url, error",
+    [
+        ("postgresql://user:pa/ss@127.0.0.1:1/db", "MissingDependencyError"),  # psycopg2 is not installed
+        ("nosuchdb://user:pa/ss@127.0.0.1:1/db", "ConfigError"),  # SQLAlchemy knows no such dialect
+    ],
+)
+def test_a_password_with_a_slash_is_masked_in_storage_errors(url, error):
+    from hvdkit.core.errors import HvdkitError
+
+    with pytest.raises(HvdkitError) as e:
+        open_storage(url, "/nonexistent")
+    msg = str(e.value)
+    assert type(e.value).__name__ == error
+    assert "pa/ss" not in msg and "user:***@127.0.0.1:1/db" in msg
+
+
+def test_a_url_sqlalchemy_cannot_parse_shows_no_piece_of_its_password():
+    # SQLAlchemy splits at the first @: its own message quotes the rest ('w0rd@db:5432') as a bad port
+    url = "postgresql+psycopg2://me:p@ss:w0rd@db:5432/s"
+    with pytest.raises(ConfigError) as e:
+        open_storage(url, "/nonexistent")
+    msg = str(e.value)
+    assert "w0rd" not in msg and "p@ss" not in msg
+    assert msg.startswith("--storage 'postgresql+psycopg2://me:***@db:5432/s' cannot be opened: ValueError: ")
+    assert "percent-encoded" in msg
