@@ -5,13 +5,23 @@ Imports Optuna: only ``hvdkit tune`` loads this module.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import time
 from typing import Any
 
 from ..core.errors import ConfigError, MissingDependencyError
 
-__all__ = ["PRUNERS", "DEFAULT_JOURNAL", "import_optuna", "open_storage", "make_pruner", "describe_storage"]
+__all__ = [
+    "PRUNERS",
+    "DEFAULT_JOURNAL",
+    "import_optuna",
+    "open_storage",
+    "check_journal",
+    "make_pruner",
+    "describe_storage",
+]
 
 PRUNERS = ("median", "asha", "none")
 DEFAULT_JOURNAL = "study.journal"  # in --out: Optuna's journal file, an embedded store (nothing to start)
@@ -54,7 +64,62 @@ def open_storage(storage: str | None, out: str) -> Any:
         raise ConfigError(f"--storage {path!r}: folder {folder!r} does not exist; create it or give another path")
     from optuna.storages.journal import JournalFileBackend
 
+    check_journal(path)
     return optuna.storages.JournalStorage(JournalFileBackend(path))
+
+
+def check_journal(path: str) -> None:
+    """ConfigError naming the first damaged line of the journal file ``path`` (one a writer killed in the
+    middle of it left cut short) and how to repair it; nothing if ``path`` is missing or whole. Optuna
+    would fail on it with a bare JSONDecodeError, or append to it and lose what it wrote. The check
+    holds the journal's write lock (Optuna's symlink lock), so a line another worker is writing is whole."""
+    if not os.path.isfile(path):
+        return
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    lock = JournalFileSymlinkLock(path)
+    lock.acquire()
+    try:
+        bad, total = _damaged_line(path)
+    finally:
+        lock.release()
+    if bad is None:
+        return
+    number, offset, why = bad
+    where = f"journal file {path!r}: line {number} of {total} is damaged ({why})"
+    if number < total:
+        raise ConfigError(
+            f"{where}, and {total - number} line(s) after it may depend on it: restore the file from a copy"
+        )
+    raise ConfigError(
+        f"{where}: a process was probably killed while writing it. Remove that line, which loses only the "
+        f"study's last change (truncate -s {offset} {shlex.quote(path)}), or restore the file from a copy; "
+        "then run again"
+    )
+
+
+def _damaged_line(path: str) -> tuple[tuple[int, int, str] | None, int]:
+    """``((line number, its byte offset, what is wrong), lines)`` of the first damaged line; (None, lines)."""
+    bad, offset, total = None, 0, 0
+    with open(path, "rb") as f:
+        for total, line in enumerate(f, start=1):
+            if bad is None:
+                why = _line_fault(line)
+                bad = (total, offset, why) if why else None
+            offset += len(line)
+    return bad, total
+
+
+def _line_fault(line: bytes) -> str:
+    if not line.endswith(b"\n"):
+        return "cut short: no end of line"
+    try:
+        json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"not JSON at column {e.colno}: {e.msg}"
+    except ValueError as e:  # not UTF-8
+        return f"not JSON: {e}"
+    return ""
 
 
 DRIVERS = {  # a dialect's usual driver: URL prefix and package

@@ -1,6 +1,8 @@
 """Where hvdkit tune keeps a study (a journal file in --out by default, an RDB URL or a journal path with
 --storage; a second open finds the same trials) and how its pruners decide."""
 
+import os
+
 import pytest
 
 from hvdkit.core.errors import ConfigError
@@ -114,3 +116,40 @@ def test_a_url_sqlalchemy_cannot_parse_shows_no_piece_of_its_password():
     assert "w0rd" not in msg and "p@ss" not in msg
     assert msg.startswith("--storage 'postgresql+psycopg2://me:***@db:5432/s' cannot be opened: ValueError: ")
     assert "percent-encoded" in msg
+
+
+def _journal_of_two_trials(tmp_path):
+    path = tmp_path / "j.log"
+    s = optuna.create_study(storage=open_storage(str(path), str(tmp_path)), study_name="s")
+    for value in (1.0, 2.0):
+        s.tell(s.ask(), value)
+    return path, path.read_bytes()
+
+
+@pytest.mark.parametrize("ending", [b"", b"\n"], ids=["no-newline", "newline"])
+def test_a_journal_whose_last_line_was_cut_short_names_the_line_and_the_repair(tmp_path, ending):
+    path, data = _journal_of_two_trials(tmp_path)
+    lines = data.count(b"\n")
+    before_last = data.rstrip(b"\n").rfind(b"\n") + 1  # bytes of every line but the last
+    path.write_bytes(data[:-10] + ending)  # a writer killed in the middle of its last line
+    with pytest.raises(ConfigError) as e:
+        study = optuna.create_study(storage=open_storage(str(path), "/x"), study_name="s", load_if_exists=True)
+        study.ask()  # Optuna's next write lands on the damaged line; its next read fails
+    msg = str(e.value)
+    assert msg.startswith(f"journal file {str(path)!r}: line {lines} of {lines} is damaged (")
+    assert f"truncate -s {before_last} {path}" in msg and "restore the file from a copy" in msg
+    os.truncate(path, before_last)  # the repair the message gives: the study loses its last change only
+    again = optuna.load_study(storage=open_storage(str(path), "/x"), study_name="s")
+    assert [(t.state.name, t.value) for t in again.get_trials()] == [("COMPLETE", 1.0), ("RUNNING", None)]
+
+
+def test_a_damaged_line_before_the_last_is_an_error_that_says_to_restore_a_copy(tmp_path):
+    path, data = _journal_of_two_trials(tmp_path)
+    lines = data.splitlines(keepends=True)
+    lines[2] = lines[2][:5] + b"\n"
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(ConfigError) as e:
+        open_storage(str(path), "/x")
+    msg = str(e.value)
+    assert msg.startswith(f"journal file {str(path)!r}: line 3 of {len(lines)} is damaged (")
+    assert "restore the file from a copy" in msg and "truncate" not in msg
