@@ -302,9 +302,10 @@ def total_slots(hosts: Iterable[Host]) -> int:
     return sum(h.slots for h in hosts)
 
 
-def is_local(hosts: Iterable[Host]) -> bool:
-    """True when every host is this machine by name (``localhost``, ``127.0.0.1``)."""
-    return all(h.name in LOCAL_NAMES for h in hosts)
+def is_local(hosts: Iterable[Host], here: Callable[[str], bool] | None = None) -> bool:
+    """True when every host is this machine: by name (``localhost``, ``127.0.0.1``), or, with ``here``
+    (``hvdkit.launcher.remote.is_this_machine``, which looks names up), whenever ``here(name)`` says so."""
+    return all(h.name in LOCAL_NAMES or (here is not None and here(h.name)) for h in hosts)
 
 
 def check_slots(hosts: Sequence[Host], num_proc: int, origin: str = "the hosts given") -> None:

@@ -188,15 +188,15 @@ class _Attempts:
             )
             self.err.flush()
         built = plan.build(
-            self.spec_of(world, attempt, changes),
-            is_root=self.is_root,
-            cores=self.cores,
-            job_id=job_id,
-            progress=self.err.isatty(),
+            self.spec_of(world, attempt, changes), job_id=job_id, progress=self.err.isatty(), **self._plan_options()
         )
         return execute.Execution(
             built, job_id=job_id, grace=self.options.grace, forward_usr1=self.spec.controller == "mpi"
         )
+
+    def _plan_options(self) -> dict:
+        """What ``plan.build`` needs besides the spec and the attempt: the same for a run and a dry run."""
+        return {"is_root": self.is_root, "cores": self.cores, "here": remote.is_this_machine}
 
     def source(self) -> ScriptDiscovery | FixedDiscovery:
         """Where an elastic job's hosts come from: its discovery script, else the fixed ``spec.hosts``."""
@@ -209,11 +209,7 @@ class _Attempts:
         """Print what the first attempt would run (and, elastic, the settings and hosts now); 0."""
         settings = self.options.elastic
         if settings is None:
-            print(
-                " ".join(
-                    shlex.quote(a) for a in plan.build(self.spec_of(), is_root=self.is_root, cores=self.cores).argv
-                )
-            )
+            print(" ".join(shlex.quote(a) for a in plan.build(self.spec_of(), **self._plan_options()).argv))
             return 0
         listed = self.source().hosts()
         world = choose_world(listed, settings, first=True)
@@ -226,6 +222,6 @@ class _Attempts:
             print(f"first launch: waits for {settings.min_np} slot(s)")
             return 0
         print(f"first launch: {total_slots(world)} rank(s) on {format_hosts(world)}:")
-        built = plan.build(self.spec_of(world, 0, 0), is_root=self.is_root, cores=self.cores)
+        built = plan.build(self.spec_of(world, 0, 0), **self._plan_options())
         print(" ".join(shlex.quote(a) for a in built.argv))
         return 0

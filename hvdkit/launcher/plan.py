@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..core import env as _env
@@ -18,11 +18,13 @@ __all__ = [
     "build",
     "default_num_proc",
     "find_tool",
+    "keeps_prefix",
     "oversubscribed",
     "resolve_program",
     "FORWARDED",
     "FORWARDED_PREFIXES",
     "NCCL_SOCKET_IFNAME",
+    "SYSTEM_BIN",
 ]
 
 # The launcher's own values of these reach ranks on other hosts (mpirun -x NAME), when set.
@@ -50,6 +52,8 @@ NOT_FORWARDED = frozenset(
     )
 )
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+# Folders on every login shell's PATH: an mpirun here finds its orted on every host without a prefix.
+SYSTEM_BIN = frozenset({"/bin", "/usr/bin", "/usr/local/bin"})
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,22 @@ def resolve_program(command: Sequence[str], path: str | None) -> tuple[str, ...]
     return (os.path.abspath(found), *command[1:]) if found else tuple(command)
 
 
+def keeps_prefix(mpirun: str, local: bool) -> bool:
+    """Whether ``mpirun`` may keep the ``--prefix`` that Open MPI's mpirun assumes when named by a full
+    path (its folder's parent): False (give it ``--noprefix``) for a job on this machine only, or for
+    an mpirun by path in a system folder (``SYSTEM_BIN``); True for one elsewhere across hosts, and
+    for a bare ``mpirun`` (no prefix assumed).
+
+    The prefix puts ``PREFIX/bin`` first on every rank's PATH, ahead even of a PATH passed with ``-x``
+    (mpirun prepends it again), so with /usr/bin/mpirun the ranks' ``python3`` is the system's, not the
+    launching shell's virtualenv's. Its one use is finding ``orted`` on other hosts, which a system
+    folder needs no prefix for; an mpirun elsewhere (/opt/openmpi/bin) keeps it across hosts.
+    """
+    if local:
+        return False
+    return not (os.path.isabs(mpirun) and os.path.dirname(os.path.normpath(mpirun)) in SYSTEM_BIN)
+
+
 def oversubscribed(num_proc: int, cores: int) -> str:
     """What running ``num_proc`` ranks on this host's ``cores`` means, in one line."""
     return (
@@ -112,6 +132,8 @@ def build(
     job_id: str | None = None,
     progress: bool | None = None,
     base_env: Mapping[str, str] | None = None,
+    here: Callable[[str], bool] | None = None,
+    mpirun: str | None = None,
 ) -> Plan:
     """The Plan that runs ``spec``.
 
@@ -121,8 +143,13 @@ def build(
     ``is_root`` adds mpirun's ``--allow-run-as-root``. Without hosts the ranks run here
     (``localhost:N``) and ``num_proc > cores`` adds ``--oversubscribe``; with hosts they become
     ``-H a:2,b:2`` (names with a dot are kept whole: ``orte_keep_fqdn_hostnames``, as the MPI
-    Operator sets it), and mpirun exports PATH, LD_LIBRARY_PATH and PYTHONPATH (those set in
-    ``base_env``) when any host is not localhost.
+    Operator sets it). A host is this machine when its name is ``localhost``/``127.0.0.1`` or
+    ``here(name)`` says so (``hvdkit run`` passes ``remote.is_this_machine``: its host name, its
+    addresses). When every host is, the ranks run the program that ``base_env``'s PATH finds (by
+    full path) and mpirun gets ``--noprefix``; otherwise mpirun exports PATH, LD_LIBRARY_PATH and
+    PYTHONPATH (those set in ``base_env``), every host's PATH finds the program, and ``keeps_prefix``
+    decides ``--noprefix``, so the ranks' PATH is the launching shell's there too. ``mpirun``: the
+    mpirun to start (default: ``find_tool("mpirun", python)``; a rendered script's is the bare name).
     ``progress`` (True/False/None) sets HVDKIT_PROGRESS for the ranks unless the user set it.
     ``spec.timeline`` sets HOROVOD_TIMELINE (and HOROVOD_TIMELINE_MARK_CYCLES) for every rank,
     over any value of the user's: only rank 0 writes the file.
@@ -144,10 +171,9 @@ def build(
             env[MARK_CYCLES] = "1"
     if spec.network_interface and NCCL_SOCKET_IFNAME not in base_env and NCCL_SOCKET_IFNAME not in env:
         env[NCCL_SOCKET_IFNAME] = spec.network_interface  # NCCL's own TCP bootstrap and sockets, as mpirun's btl/oob
+    local = is_local(spec.hosts, here)
     # Here, the program the launching shell would run; across hosts each host's PATH (exported) finds it.
-    command = (
-        resolve_program(spec.command, base_env.get("PATH", os.defpath)) if is_local(spec.hosts) else tuple(spec.command)
-    )
+    command = resolve_program(spec.command, base_env.get("PATH", os.defpath)) if local else tuple(spec.command)
     wrapped = (python, "-m", "hvdkit.launcher.rankwrap", "--", *command) if job_id else command
     n = str(spec.num_proc)
     if spec.controller == "gloo":
@@ -155,15 +181,13 @@ def build(
         nic = ("--network-interface", spec.network_interface) if spec.network_interface else ()
         argv = (find_tool("horovodrun", python), "-np", n, "-H", hosts, "--gloo", *nic, *wrapped)
         return Plan(argv=argv, env=env)
-    argv = [find_tool("mpirun", python), "-np", n]
+    mpirun = mpirun or find_tool("mpirun", python)
+    argv = [mpirun, "-np", n]
     if spec.hosts:
         argv += ["-H", format_hosts(spec.hosts)]
     if is_root:
         argv.append("--allow-run-as-root")
-    if is_local(spec.hosts):
-        # mpirun named by its full path acts as if given --prefix: the ranks' PATH would start with
-        # its bin (/usr/bin), ahead of the launching shell's virtualenv, so `python3` in a rank's
-        # subprocesses would be the system's. Across hosts the prefix is how remote orteds are found.
+    if not keeps_prefix(mpirun, local):
         argv.append("--noprefix")
 
     if not spec.hosts and spec.num_proc > cores:  # given hosts state their slots; no need
@@ -177,7 +201,7 @@ def build(
     exported = set(env) | {
         name for name in base_env if name.startswith(FORWARDED_PREFIXES) and name not in NOT_FORWARDED
     }
-    if not is_local(spec.hosts):
+    if not local:
         exported.update(name for name in FORWARDED if name in base_env)
     for name in sorted(exported):
         argv += ["-x", name]

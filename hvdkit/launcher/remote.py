@@ -19,17 +19,26 @@ _SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=5")
 
 
 def is_this_machine(name: str) -> bool:
-    """True when ``name`` is this machine: a local name, or an address some interface here holds."""
+    """True when ``name`` is this machine: ``localhost``, its host name, a loopback address (127.x,
+    ``::1``), or a name (its fully qualified one too) or address that resolves to an address some
+    interface here holds (IPv4 or IPv6)."""
     if name in LOCAL_NAMES or name == socket.gethostname():
         return True
     try:
-        address = socket.gethostbyname(name)
-        if ipaddress.ip_address(address).is_loopback:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        return False
+    return any(_is_own_address(family, sockaddr) for family, _, _, _, sockaddr in found)
+
+
+def _is_own_address(family: int, sockaddr: tuple) -> bool:
+    try:
+        if ipaddress.ip_address(sockaddr[0].split("%", 1)[0]).is_loopback:
             return True
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind((address, 0))  # only an address of this machine can be bound
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((sockaddr[0], 0, *sockaddr[2:]))  # only an address of this machine can be bound
         return True
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 

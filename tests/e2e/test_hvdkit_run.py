@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 
 import pytest
 from helpers import (
@@ -172,15 +173,18 @@ def test_an_elastic_run_makes_the_folder_of_its_timeline(tmp_path):
     assert timeline.is_file()  # Horovod opened it (it writes events as they come: none here)
 
 
-@pytest.mark.parametrize("controller", ["mpi", "gloo"])
-def test_a_bare_python3_is_the_launching_shells_virtualenv_python_on_every_rank(controller):
+@pytest.mark.parametrize(("controller", "hosts"), [("mpi", None), ("gloo", None), ("mpi", "hostname")])
+def test_a_bare_python3_is_the_launching_shells_virtualenv_python_on_every_rank(controller, hosts):
     # mpirun by its full path acts as if given --prefix /usr: the ranks' PATH began with /usr/bin and
     # `hvdkit run -- python3 train.py` ran the system's python (on a GPU machine: No module named 'torch').
+    # With -H $(hostname):2 (as a one-node SLURM allocation gives) too: this machine by another name.
     bin_dir = os.path.dirname(PYTHON)
     env = dict(os.environ, PATH=f"{bin_dir}:/usr/local/bin:/usr/bin:/bin")
     show = "import os, shutil, sys; print('seen', sys.executable, shutil.which('python3'))"
-    gloo = ["--gloo"] if controller == "gloo" else []
-    proc = run_bounded([HVDKIT, "run", "-np", "2", *gloo, "--", "python3", "-c", show], 180, env=env)
+    flags = ["--gloo"] if controller == "gloo" else []
+    if hosts == "hostname":
+        flags += ["-H", f"{socket.gethostname()}:2"]
+    proc = run_bounded([HVDKIT, "run", "-np", "2", *flags, "--", "python3", "-c", show], 180, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     seen = sorted(line.split("seen ", 1)[1] for line in proc.stdout.splitlines() if "seen " in line)
     want = os.path.join(bin_dir, "python3")

@@ -229,7 +229,7 @@ def _mpijob(spec):
 def _script(spec, controller):
     tool = "mpirun" if controller == "mpi" else "horovodrun"
     job = JobSpec(spec.command, spec.num_proc, controller=controller, hosts=spec.launch_hosts)
-    built = _plan.build(job, is_root=False, cores=spec.num_proc, python="python", base_env=SCRIPT_ENV)
+    built = _plan.build(job, is_root=False, cores=spec.num_proc, python="python", base_env=SCRIPT_ENV, mpirun="mpirun")
     argv = [tool, *built.argv[1:]]
     dry_run = ["hvdkit", "run", "--dry-run", "-np", str(spec.num_proc), "-H", format_hosts(spec.launch_hosts)]
     if controller == "gloo":

@@ -10,12 +10,14 @@ from helpers import BIN, HVDKIT, PYTHON, ROOT
 from hvdkit.core import ConfigError
 from hvdkit.launcher import hosts
 from hvdkit.launcher.hosts import Host
-from hvdkit.launcher.plan import build, find_tool
+from hvdkit.launcher.plan import build, find_tool, keeps_prefix
 from hvdkit.launcher.spec import JobSpec
 
 PY = "/venv/bin/python"
 TWO_BY_TWO = (Host("node1", 2), Host("node2", 2))
 NO_OPERATOR = "/nonexistent/hvdkit-test/hostfile"  # never the real /etc/mpi/hostfile of this machine
+# Across hosts, an mpirun of a system folder (this machine's) gets --noprefix (test_launch_plan.py says why).
+ACROSS_NOPREFIX = [] if keeps_prefix(find_tool("mpirun", PY), local=False) else ["--noprefix"]
 
 
 def test_host_list_gives_each_host_its_slots_and_one_slot_by_default():
@@ -204,6 +206,7 @@ def test_mpirun_plan_for_remote_hosts_names_them_and_exports_the_paths_that_are_
         "4",
         "-H",
         "node1:2,node2:2",
+        *ACROSS_NOPREFIX,
         "--bind-to",
         "none",
         "--map-by",
@@ -238,6 +241,7 @@ def test_mpirun_plan_from_a_hostfile_as_root_with_the_rank_wrapper(tmp_path):
         "-H",
         "a:1,b:3",
         "--allow-run-as-root",
+        *ACROSS_NOPREFIX,
         "--bind-to",
         "none",
         "--map-by",
@@ -269,6 +273,7 @@ def test_mpirun_plan_inside_a_slurm_allocation():
         "4",
         "-H",
         "cn07:2,cn08:2",
+        *ACROSS_NOPREFIX,
         "--bind-to",
         "none",
         "--map-by",
@@ -309,13 +314,15 @@ def test_hvdkit_run_dry_run_prints_the_mpirun_line_for_the_given_hosts():
     )
     assert out.returncode == 0, out.stderr
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    mpirun = find_tool("mpirun", PYTHON)
     assert shlex.split(out.stdout) == [
-        find_tool("mpirun", PYTHON),
+        mpirun,
         "-np",
         "4",
         "-H",
         "node1:2,node2:2",
         *root,
+        *([] if keeps_prefix(mpirun, local=False) else ["--noprefix"]),
         "--bind-to",
         "none",
         "--map-by",

@@ -1,13 +1,17 @@
 """hvdkit.launcher: the pure planner, command checks and outcome reporting."""
 
+import os
+import shutil
 import signal
+import socket
 
 import pytest
 
 from hvdkit.core import ConfigError
 from hvdkit.launcher import execute
 from hvdkit.launcher.hosts import Host
-from hvdkit.launcher.plan import build
+from hvdkit.launcher.plan import SYSTEM_BIN, build, keeps_prefix
+from hvdkit.launcher.remote import is_this_machine
 from hvdkit.launcher.spec import JobSpec, check_command
 
 PY = "/venv/bin/python"
@@ -49,10 +53,70 @@ def test_a_local_job_runs_the_program_the_launching_shell_finds_and_mpirun_adds_
         argv = list(build(spec, is_root=False, cores=2, python=PY, base_env=env, job_id="j").argv)
         assert tail(argv, 2) == [str(venv_bin / "python3"), "t.py"]
         assert ("--noprefix" in argv) == (controller == "mpi")
+
+
+def fake_venv(tmp_path):
+    """A virtualenv's bin with python3 (a link, as in a real one) and an mpirun beside it."""
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python3").symlink_to("/bin/sh")
+    (venv_bin / "mpirun").write_text("#!/bin/sh\n")
+    (venv_bin / "mpirun").chmod(0o755)
+    return venv_bin
+
+
+def exported(argv):
+    return {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+
+
+def test_hosts_that_name_this_machine_otherwise_than_localhost_are_a_local_job(tmp_path):
+    # -H $(hostname):2, or a one-node SLURM allocation (-H node:2), ran the system python3 on both
+    # ranks: the host was not "localhost", so no --noprefix and no program resolved (issue 35, item 6).
+    venv_bin = fake_venv(tmp_path)
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin"}
+    spec = JobSpec(["python3", "t.py"], 2, hosts=(Host("vm", 2),))
+    argv = list(build(spec, is_root=False, cores=2, python=PY, base_env=env, here=lambda name: name == "vm").argv)
+    assert tail(argv, 2) == [str(venv_bin / "python3"), "t.py"]
+    assert "--noprefix" in argv and "PATH" not in exported(argv)
+    # a name alone (no lookup) says nothing of the machine: planned as another host
+    argv = list(build(spec, is_root=False, cores=2, python=PY, base_env=env).argv)
+    assert tail(argv, 2) == ["python3", "t.py"] and "PATH" in exported(argv)
+
+
+def test_mpirun_keeps_its_implied_prefix_only_across_hosts_and_outside_the_system_folders():
+    for folder in ("/usr/bin", "/bin", "/usr/local/bin"):
+        assert not keeps_prefix(f"{folder}/mpirun", local=False)  # every login PATH finds orted there
+        assert not keeps_prefix(f"{folder}/mpirun", local=True)
+    assert keeps_prefix("/opt/openmpi/bin/mpirun", local=False)  # the prefix is how other hosts find orted
+    assert not keeps_prefix("/opt/openmpi/bin/mpirun", local=True)
+    assert keeps_prefix("mpirun", local=False)  # a bare name implies no prefix: nothing to drop
+
+
+def test_across_hosts_the_ranks_path_is_the_launching_shells_with_an_mpirun_of_a_system_folder(tmp_path):
+    # mpirun's --prefix puts PREFIX/bin first on the ranks' PATH even over `-x PATH` (Open MPI
+    # prepends it again): with /usr/bin/mpirun the ranks on other hosts ran /usr/bin/python3.
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or os.path.dirname(mpirun) not in SYSTEM_BIN:
+        pytest.skip(f"needs Open MPI's mpirun in a system folder ({sorted(SYSTEM_BIN)}); found {mpirun}")
+    env = {"PATH": "/venv/bin:/usr/bin:/bin"}
     across = JobSpec(["python3", "t.py"], 4, hosts=(Host("a", 2), Host("b", 2)))
     argv = list(build(across, is_root=False, cores=2, python=PY, base_env=env).argv)
-    assert tail(argv, 2) == ["python3", "t.py"]  # each host's own PATH finds it
-    assert "--noprefix" not in argv  # remote orteds are found through mpirun's prefix
+    assert argv[0] == mpirun and "--noprefix" in argv and "PATH" in exported(argv)
+    assert tail(argv, 2) == ["python3", "t.py"]  # each host's PATH, the launcher's, finds it
+
+
+def test_across_hosts_an_mpirun_outside_the_system_folders_keeps_its_prefix(tmp_path):
+    venv_bin = fake_venv(tmp_path)
+    across = JobSpec(["python3", "t.py"], 4, hosts=(Host("a", 2), Host("b", 2)))
+    python = str(venv_bin / "python3")
+    argv = list(build(across, is_root=False, cores=2, python=python, base_env={"PATH": "/usr/bin"}).argv)
+    assert argv[0] == str(venv_bin / "mpirun") and "--noprefix" not in argv and "PATH" in exported(argv)
+
+
+def test_every_name_and_address_of_this_machine_is_this_machine():
+    for name in ("localhost", socket.gethostname(), socket.getfqdn(), "127.0.0.1", "127.0.0.2", "::1"):
+        assert is_this_machine(name), name
+    assert not is_this_machine("no-such-host.invalid")
 
 
 def test_gloo_plan_uses_horovodrun_with_local_slots():

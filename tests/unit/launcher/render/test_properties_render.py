@@ -171,7 +171,7 @@ def test_the_launcher_scripts_run_exactly_the_plan(spec, tool):
     text = render.render(tool, spec)
     controller = "mpi" if tool == "mpirun" else "gloo"
     job = JobSpec(spec.command, spec.num_proc, controller=controller, hosts=spec.launch_hosts)
-    plan = build(job, is_root=False, cores=spec.num_proc, python="python", base_env=SCRIPT_ENV)
+    plan = build(job, is_root=False, cores=spec.num_proc, python="python", base_env=SCRIPT_ENV, mpirun="mpirun")
     assert _commands(text) == ["set -euo pipefail", "export PYTHONUNBUFFERED=1", text.splitlines()[-1]]
     with tempfile.TemporaryDirectory() as folder:
         assert bash_syntax_ok(text, folder)[0]

@@ -92,7 +92,8 @@ def test_mpirun_script_line_is_the_dry_run_plan_for_the_same_hosts():
     text = render.render("mpirun", EXAMPLE)
     argv = shlex.split(_last_line(text))
     hosts = (Host("node1", 2), Host("node2", 2))
-    plan = build(JobSpec(COMMAND, 4, hosts=hosts), is_root=False, cores=2, base_env={"PATH": "/bin"})
+    # the script runs the bare `mpirun` its users' PATH finds: no prefix implied, none to drop
+    plan = build(JobSpec(COMMAND, 4, hosts=hosts), is_root=False, cores=2, base_env={"PATH": "/bin"}, mpirun="mpirun")
     assert argv == ["exec", "mpirun", *plan.argv[1:]]
     assert argv[2:6] == ["-np", "4", "-H", "node1:2,node2:2"]
     assert "export PYTHONUNBUFFERED=1\n" in text  # mpirun -x PYTHONUNBUFFERED passes on this value
