@@ -31,7 +31,7 @@ from .runner import LocalRunner, TrialJob, TrialLaunch, TrialRunner, tail
 from .slots import SlotPool, local_cores, plan_slots
 from .space import SearchSpace
 from .storage import import_optuna, make_pruner, open_storage
-from .workers import JOB_ATTR, WORKER_ATTR, requeue_dead_local, this_worker
+from .workers import JOB_ATTR, requeue_dead_local, this_worker
 
 __all__ = ["TuneConfig", "run_study", "KEY_ATTR", "ATTEMPT_ATTR", "ERROR_ATTR", "PLACEHOLDERS"]
 
@@ -134,6 +134,7 @@ class Driver:
         self.pool = SlotPool(plan_slots(cfg.parallel, cfg.num_proc, local_cores()))
         os.makedirs(os.path.join(cfg.out, "trials"), exist_ok=True)
         self.study = self._study()
+        self.worker = this_worker()
         self.running: dict[int, _Running] = {}
         self.abort: str | None = None
         self.failures = 0  # failed attempts in this run (not interrupted ones)
@@ -180,7 +181,7 @@ class Driver:
     def run(self) -> int:
         """Run trials until the study has ``trials`` COMPLETE + PRUNED ones; the exit code."""
         cfg = self.cfg
-        for line in requeue_dead_local(self.study, self.optuna.trial.TrialState.FAIL):
+        for line in requeue_dead_local(self.study, self.optuna.trial.TrialState.FAIL, self.worker):
             self._say(line)
         done = self.done()
         self._say(
@@ -258,7 +259,8 @@ class Driver:
         attempt = int(trial.user_attrs.get(ATTEMPT_ATTR, 1))
         trial.set_user_attr(KEY_ATTR, key)
         trial.set_user_attr(ATTEMPT_ATTR, attempt)
-        trial.set_user_attr(WORKER_ATTR, this_worker())
+        for name, value in self.worker.attrs().items():
+            trial.set_user_attr(name, value)
         trial_dir = os.path.abspath(os.path.join(cfg.out, "trials", f"{key:04d}"))
         os.makedirs(trial_dir, exist_ok=True)
         cores = self.pool.take()
@@ -286,6 +288,27 @@ class Driver:
         self._say(f"trial {trial.number} started on core(s) {','.join(map(str, cores))}{again}: {_params(params)}")
 
     def _watch(self, r: _Running) -> None:
+        try:
+            self._watch_one(r)
+        except (self.optuna.exceptions.UpdateFinishedTrialError, ValueError):  # ValueError: tell, "Cannot tell"
+            state = next(t.state.name for t in self.study.get_trials(deepcopy=False) if t.number == r.trial.number)
+            if state == "RUNNING":
+                raise
+            self._taken_over(r, state)
+
+    def _taken_over(self, r: _Running, state: str) -> None:
+        """Another worker ended ``r``'s trial (it took this one for gone) and reruns its parameters in the
+        same trial folder: stop sharing it, say so in one line, go on."""
+        if self.running.pop(r.trial.number, None) is not None:
+            self.pool.give(r.cores)
+        if r.job.poll() is None:
+            r.job.kill()
+        self._say(
+            f"trial {r.trial.number}: another hvdkit tune worker on this study recorded it {state} while it ran here "
+            f"(it took this worker for gone); dropped here (log: {r.launch.log_path})"
+        )
+
+    def _watch_one(self, r: _Running) -> None:
         code = r.job.poll()  # before reading: every report written before the exit is then read
         self._read(r)
         if code is None:
