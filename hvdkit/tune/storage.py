@@ -5,6 +5,7 @@ Imports Optuna: only ``hvdkit tune`` loads this module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -19,6 +20,7 @@ __all__ = [
     "import_optuna",
     "open_storage",
     "check_journal",
+    "make_sampler",
     "make_pruner",
     "describe_storage",
 ]
@@ -209,6 +211,18 @@ def _open_rdb(optuna: Any, url: str, tries: int = 5) -> Any:
             "(dialect+driver://user:password@host:port/database) and that its database server runs and the "
             "database exists"
         ) from None
+
+
+def make_sampler(seed: int | None, trials_before: int) -> Any:
+    """Optuna's TPE sampler for ``--seed``, on a study that holds ``trials_before`` trials. A study that has
+    trials (a resumed run, a worker that joins later) gets a seed derived from both: seeded afresh with
+    ``seed`` itself, the sampler would draw its first trials' parameters again. A new study gets ``seed``
+    as given, so a run is repeatable from the same study either way."""
+    optuna = import_optuna()
+    if seed is not None and trials_before > 0:
+        digest = hashlib.sha256(f"hvdkit tune: seed {seed} after {trials_before} trials".encode()).digest()
+        seed = int.from_bytes(digest[:4], "big")
+    return optuna.samplers.TPESampler(seed=seed)
 
 
 def make_pruner(name: str, startup_trials: int, warmup_epochs: int = 0) -> Any:

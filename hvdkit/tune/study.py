@@ -30,7 +30,7 @@ from .results import ATTEMPT_ATTR, ERROR_ATTR, KEY_ATTR, write_results
 from .runner import LocalRunner, TrialJob, TrialLaunch, TrialRunner, tail
 from .slots import SlotPool, local_cores, plan_slots
 from .space import SearchSpace
-from .storage import import_optuna, make_pruner, open_storage
+from .storage import import_optuna, make_pruner, make_sampler, open_storage
 from .workers import JOB_ATTR, requeue_dead_local, this_worker
 
 __all__ = ["TuneConfig", "run_study", "KEY_ATTR", "ATTEMPT_ATTR", "ERROR_ATTR", "PLACEHOLDERS"]
@@ -144,11 +144,16 @@ class Driver:
     def _study(self):
         optuna, cfg = self.optuna, self.cfg
         direction = "minimize" if cfg.mode == "min" else "maximize"
+        storage = open_storage(cfg.storage, cfg.out)
+        try:
+            before = len(optuna.load_study(study_name=cfg.study_name, storage=storage).get_trials(deepcopy=False))
+        except KeyError:  # no such study yet
+            before = 0
         study = optuna.create_study(
-            storage=open_storage(cfg.storage, cfg.out),
+            storage=storage,
             study_name=cfg.study_name,
             direction=direction,
-            sampler=optuna.samplers.TPESampler(seed=cfg.seed),
+            sampler=make_sampler(cfg.seed, before),
             pruner=make_pruner(cfg.pruner, cfg.pruner_startup_trials, cfg.pruner_warmup_epochs),
             load_if_exists=True,
         )
