@@ -188,7 +188,8 @@ def _elastic_options(r: argparse.ArgumentParser) -> None:
         action="store_true",
         help="for scripts written with Horovod's hvd.elastic.run (state.commit()): run them under Horovod's own "
         "elastic driver instead (one horovodrun --gloo job with these --min-np/--max-np/--host-discovery-script/"
-        "--elastic-timeout; the surviving workers go on in-process from the last commit, no restarts)",
+        "--slots-per-host/--elastic-timeout, and --timeline and --stall-timeout; the surviving workers go on "
+        "in-process from the last commit, no restarts: --max-restarts and --discovery-interval are refused)",
     )
 
 
@@ -232,6 +233,8 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
     if not script:
         hosts.check_slots(found, num_proc, origin)
     restarts_given = env.given(args.max_restarts)
+    if args.horovod_elastic:
+        _refuse_under_horovod_elastic(restarts_given, env.given(args.discovery_interval))
     env.resolve(args)  # flag > HVDKIT_* variable > default
     elastic_settings = _elastic_settings(args, num_proc, found, origin)
     if args.horovod_elastic and elastic_settings is None:
@@ -265,6 +268,24 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
         horovod_elastic=args.horovod_elastic,
     )
     return spec, options
+
+
+def _refuse_under_horovod_elastic(restarts_given: bool, interval_given: bool) -> None:
+    """ConfigError for an option of hvdkit's restart loop that Horovod's elastic driver has no use for
+    (the others it takes: --timeline, --stall-timeout, --slots-per-host, --elastic-timeout, ...)."""
+    if restarts_given:
+        raise ConfigError(
+            f"--max-restarts (or {env.MAX_RESTARTS}) does not apply with --horovod-elastic: Horovod's elastic "
+            "driver does not restart the job, it goes on in the surviving workers after a failure (its hosts "
+            f"are dropped); remove --max-restarts and unset {env.MAX_RESTARTS}, or drop --horovod-elastic to "
+            "have hvdkit restart the job from its checkpoints"
+        )
+    if interval_given:
+        raise ConfigError(
+            f"--discovery-interval (or {env.DISCOVERY_INTERVAL}) does not apply with --horovod-elastic: Horovod's "
+            f"elastic driver runs the discovery script every second, which it does not let you change; remove "
+            f"--discovery-interval and unset {env.DISCOVERY_INTERVAL}"
+        )
 
 
 def _cores() -> int:

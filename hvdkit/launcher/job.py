@@ -116,7 +116,13 @@ def run_job(
 
 def _run_horovod_elastic(spec: JobSpec, options: RunOptions, err: TextIO) -> int:
     """``hvdkit run --horovod-elastic``: one horovodrun job in Horovod's elastic mode; its exit code."""
-    built = build_horovod_elastic(spec, options.elastic, options.discovery_script)
+    built = build_horovod_elastic(
+        spec,
+        options.elastic,
+        options.discovery_script,
+        stall_timeout=options.stall_timeout,
+        slots_per_host=options.default_slots,
+    )
     if options.dry_run:
         print(" ".join(shlex.quote(a) for a in built.argv))
         return 0
