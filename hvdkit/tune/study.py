@@ -139,6 +139,7 @@ class Driver:
         self.abort: str | None = None
         self.failures = 0  # failed attempts in this run (not interrupted ones)
         self.interrupted: int | None = None
+        self.forced = False  # a second signal came: running trials are killed, not stopped
         self._last_status = time.monotonic()
 
     def _study(self):
@@ -228,6 +229,7 @@ class Driver:
 
     def _on_signal(self, signum, _frame):
         if self.interrupted is not None:  # a second signal: no more waiting
+            self.forced = True
             for r in self.running.values():
                 r.job.kill()
             return
@@ -284,11 +286,16 @@ class Driver:
             self.pool.give(cores)
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             raise
+        r = _Running(trial, params, key, attempt, cores, launch, job, time.monotonic())
+        self.running[trial.number] = r  # at once: from here on the signal handler stops it with the others
+        if self.interrupted is not None:  # a signal came while it was launched: the handler did not have it
+            if self.forced:
+                job.kill()
+            else:
+                job.stop()
         if isinstance(getattr(job, "pid", None), int):
             trial.set_user_attr(JOB_ATTR, job.pid)  # LocalProcess: the leader of its own process group
-        r = _Running(trial, params, key, attempt, cores, launch, job, time.monotonic())
         r.carried = _earlier_reports(trial_dir, trial.number)
-        self.running[trial.number] = r
         again = f", attempt {attempt}" if attempt > 1 else ""
         self._say(f"trial {trial.number} started on core(s) {','.join(map(str, cores))}{again}: {_params(params)}")
 
