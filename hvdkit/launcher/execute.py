@@ -18,7 +18,7 @@ from typing import Any, Protocol, TextIO
 from ..core import env as _env
 from .plan import Plan
 from .quiet import OutputFilter
-from .rank_output import LineDemux, RankReports, retag
+from .rank_output import LineDemux, RankReports, launcher_report, retag
 from .rank_signals import (
     local_rank_pids,
     process_tree,
@@ -84,10 +84,20 @@ def _outcome(
     stalled: Iterable[int] = (),
     interrupted_by: int | None = None,
     started: Mapping[int, Mapping[str, Any]] | None = None,
+    launcher_said: Mapping[str, Any] | None = None,
 ) -> JobResult:
     failures = [r for r in statuses.values() if r.get("exit_code") != 0]
     extra = {"seconds": seconds, "stalled_ranks": tuple(stalled), "interrupted_by": interrupted_by}
-    if not failures:
+    if launcher_said is not None and launcher_said.get("rank") not in statuses:
+        # The launcher names a rank whose wrapper (the process it started) ended without a report: the
+        # wrapper itself was killed, and first; the other ranks' reports are of the launcher ending them.
+        first = launcher_said
+        where = f" on {first['host']}" if first.get("host") else ""
+        detail = f"{where} ({first['by']} says so; the rank's wrapper ended before it could report)"
+    elif failures:
+        first = min(failures, key=lambda r: r["ended"])
+        detail = f" on {first.get('host', '?')} after {first.get('seconds', 0):.1f} s"
+    else:
         # A stop sent to the whole job (SLURM's scancel signals mpirun too): every rank that started
         # ended cleanly, so the launcher's own status says nothing more.
         stopped_cleanly = interrupted_by is not None and started and set(started) <= set(statuses)
@@ -98,11 +108,10 @@ def _outcome(
             message=f"the launcher exited with {returncode} before any rank reported a failure (see its output above)",
             **extra,
         )
-    first = min(failures, key=lambda r: r["ended"])
     rank, sig, code = first["rank"], first.get("signal"), first.get("exit_code")
     how = f"was killed by {signal_name(sig)}" if sig else f"exited with code {code}"
     exit_code = 128 + sig if sig else code
-    message = f"rank {rank} {how} on {first.get('host', '?')} after {first.get('seconds', 0):.1f} s; job stopped"
+    message = f"rank {rank} {how}{detail}; job stopped"
     if stalled:
         names = ", ".join(f"rank {r}" for r in stalled)
         message = f"{names} stopped taking part in collectives (Horovod's stall inspector gave up waiting); " + message
@@ -150,6 +159,7 @@ class Execution:
         self.stopping = False
         self.stalled = []
         self.broken = set()
+        self.launcher_said = None  # the launcher's first line about a rank that ended (launcher_report)
         self.proc = None
         self._timers = []
         self._finished = threading.Event()
@@ -209,7 +219,13 @@ class Execution:
         reports = self.reports
         interrupted = self.signals[0] if self.signals else None
         result = _outcome(
-            returncode, reports.ended, time.perf_counter() - start, self.stalled, interrupted, reports.started
+            returncode,
+            reports.ended,
+            time.perf_counter() - start,
+            self.stalled,
+            interrupted,
+            reports.started,
+            self.launcher_said,
         )
         self._show(self.quiet.end(rank_failed=result.failed_rank is not None))
         return dataclasses.replace(
@@ -278,6 +294,8 @@ class Execution:
             m = _STALLED.match(text)
             if m and int(m.group(1)) not in self.stalled:
                 self.stalled.append(int(m.group(1)))
+            if self.launcher_said is None:
+                self.launcher_said = launcher_report(text)
             self._show(self.quiet.feed(stream, text))
 
     def _show(self, lines: Iterable[tuple[str, str]]) -> None:

@@ -1,8 +1,9 @@
 """Reading what the ranks print through the launcher: their tagged lines and their wrappers' reports.
 
 Pure (no processes): ``retag`` and ``LineDemux`` turn mpirun's/horovodrun's rank tags into
-``[rank N] `` lines; ``RankReports`` takes the rank wrappers' start/step/exit reports out of them.
-``hvdkit.launcher.execute`` feeds them the launcher's output.
+``[rank N] `` lines; ``RankReports`` takes the rank wrappers' start/step/exit reports out of them;
+``launcher_report`` reads the launcher's own line about a rank that ended (for a rank whose wrapper
+could not report). ``hvdkit.launcher.execute`` feeds them the launcher's output.
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ from typing import Any
 
 from .rankwrap import MARK
 
-__all__ = ["LineDemux", "RankReports", "retag"]
+__all__ = ["LineDemux", "RankReports", "launcher_report", "retag"]
 
 # mpirun --tag-output: "[1,0]<stdout>:text"; horovodrun: "[0]<stdout>:text" (or with a timestamp).
 _TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)$", re.S)
 _ANY_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 # A rank wrapper's report, once retagged: "[rank 1] hvdkit-rank JOB {...}".
 _REPORT = re.compile(rf"^\[rank (\d+)\] {MARK} (\S+) (\{{.*\}})\s*$")
+# The launchers' own word on a rank that ended (Open MPI 4's errmgr; horovodrun --gloo's gloo_run).
+_MPIRUN_SIGNAL = re.compile(
+    r"^mpirun noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)(?: \(.*\))?\.$"
+)
+_HOROVODRUN_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
 
 
 def retag(line: str) -> tuple[str, str]:
@@ -41,6 +47,26 @@ def _tagged(rank, stream, text):
     if text.startswith(f"[rank {rank}/"):
         return stream, text
     return stream, f"[rank {rank}] {text}"
+
+
+def launcher_report(text: str) -> dict[str, Any] | None:
+    """What a launcher line says of a rank that ended, or None for any other line.
+
+    ``mpirun noticed that process rank 1 with PID 0 on node n1 exited on signal 9 (Killed).`` gives
+    ``{"rank": 1, "signal": 9, "host": "n1", "by": "mpirun"}``; horovodrun's
+    ``Process 1 exit with status code 137.`` gives ``{"rank": 1, "exit_code": 137, "by": "horovodrun"}``
+    (a negative code, a process killed by a signal, gives ``"signal"`` instead).
+    """
+    body = text.strip()
+    m = _MPIRUN_SIGNAL.match(body)
+    if m:
+        return {"rank": int(m.group(1)), "signal": int(m.group(3)), "host": m.group(2), "by": "mpirun"}
+    m = _HOROVODRUN_EXIT.match(body)
+    if m:
+        code = int(m.group(2))
+        how = {"signal": -code} if code < 0 else {"exit_code": code}
+        return {"rank": int(m.group(1)), **how, "by": "horovodrun"}
+    return None
 
 
 class LineDemux:

@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import PYTHON, ROOT, hvdkit_run, run_bounded
+from helpers import HVDKIT, PYTHON, ROOT, hvdkit_run, run_bounded
 
 pytestmark = pytest.mark.dist
 FORGE = str(ROOT / "tests" / "e2e" / "scripts" / "forge_report.py")
@@ -100,3 +100,49 @@ def test_only_rank_wrappers_of_this_job_on_this_host_count_as_its_ranks(tmp_path
     finally:
         end(ours)
         end(theirs)
+
+
+# Each rank writes its parent's pid (its rank wrapper's) to FOLDER/wrapper.RANK, then waits.
+WRITE_WRAPPER_PID = (
+    "import os, sys, time; d, r = sys.argv[1], os.environ['OMPI_COMM_WORLD_RANK']; "
+    "open(os.path.join(d, f'.wrapper.{r}'), 'w').write(str(os.getppid())); "
+    "os.rename(os.path.join(d, f'.wrapper.{r}'), os.path.join(d, f'wrapper.{r}')); time.sleep(300)"
+)
+
+
+def test_a_rank_whose_own_wrapper_is_sigkilled_is_named_with_the_signal(tmp_path):
+    # The wrapper reports how its rank ended; killed itself it reports nothing, and hvdkit run said
+    # only "the launcher exited with 137 before any rank reported a failure" (issue 35, item 18),
+    # although mpirun's own message names the rank.
+    proc = subprocess.Popen(
+        [HVDKIT, "run", "-np", "2", "--", PYTHON, "-c", WRITE_WRAPPER_PID, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        marker = tmp_path / "wrapper.1"
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), "rank 1 never started"
+        wrapper = int(marker.read_text())
+        with open(f"/proc/{wrapper}/cmdline", "rb") as f:
+            assert b"hvdkit.launcher.rankwrap" in f.read()  # rank 1's wrapper, not its command
+        os.kill(wrapper, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
+    summary = [line for line in err.splitlines() if line.startswith("hvdkit run: rank ")]
+    assert len(summary) == 1, err[-3000:]
+    host = socket.gethostname().split(".")[0]  # as Open MPI names it
+    assert summary[0].startswith(f"hvdkit run: rank 1 was killed by SIGKILL on {host}"), summary
+    assert summary[0].endswith(
+        "(mpirun says so; the rank's wrapper ended before it could report); job stopped (exit code 137)"
+    ), summary

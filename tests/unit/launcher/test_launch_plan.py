@@ -208,6 +208,46 @@ def test_a_rank_killed_by_a_signal_gives_128_plus_the_signal():
     assert "SIGKILL" in result.message
 
 
+# What Open MPI 4.1's mpirun printed here when the process it started for rank 1 was SIGKILLed.
+MPIRUN_KILLED = """--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).
+--------------------------------------------------------------------------
+"""
+
+
+def test_the_launchers_word_on_a_rank_that_ended_is_read_from_its_own_lines():
+    said = [execute.launcher_report(line) for line in MPIRUN_KILLED.splitlines(keepends=True)]
+    assert [s for s in said if s] == [{"rank": 1, "signal": 9, "host": "vm", "by": "mpirun"}]
+    assert execute.launcher_report("Process 1 exit with status code 137.\n") == {
+        "rank": 1,
+        "exit_code": 137,
+        "by": "horovodrun",
+    }  # horovodrun --gloo (gloo_run.py)
+    assert execute.launcher_report("Process 0 exit with status code -9.\n")["signal"] == 9
+    # a rank's own line saying the same is no launcher report
+    assert execute.launcher_report("[rank 0] mpirun noticed that process rank 1 with PID 0 on node vm ...") is None
+
+
+def test_a_rank_whose_wrapper_was_killed_is_named_from_the_launchers_report():
+    # the wrapper itself SIGKILLed: no rank reported, and hvdkit run said only "the launcher exited
+    # with 137 before any rank reported a failure" (issue 35, item 18)
+    said = {"rank": 1, "signal": 9, "host": "vm", "by": "mpirun"}
+    ended_by_mpirun = {0: _status(0, 1.0, sig=signal.SIGTERM)}  # rank 0, stopped by mpirun afterwards
+    result = execute._outcome(137, ended_by_mpirun, 1.0, launcher_said=said)
+    assert (result.exit_code, result.failed_rank, result.signal) == (137, 1, 9)
+    assert result.message.startswith("rank 1 was killed by SIGKILL on vm (mpirun says so;")
+    gloo = execute._outcome(1, {}, 1.0, launcher_said={"rank": 1, "exit_code": 137, "by": "horovodrun"})
+    assert (gloo.exit_code, gloo.failed_rank) == (137, 1)
+    assert gloo.message.startswith("rank 1 exited with code 137 (horovodrun says so;")
+    # a rank that reported is named from its report
+    reported = execute._outcome(1, {1: _status(1, 1.0, code=4)}, 1.0, launcher_said={**said, "signal": 15})
+    assert (reported.exit_code, reported.failed_rank, reported.signal) == (4, 1, None)
+
+
 def test_rank_reports_of_this_job_are_read_from_the_stream_and_others_are_not():
     from hvdkit.launcher.rankwrap import report_line
 
