@@ -29,7 +29,7 @@ from ..core.zero import Slice, partition, plan_rounds
 from ._engine import horovod_torch
 from .state import join_tensors, raise_unless_all_fit, split_tensors, tensor_specs
 from .zero_flat import FlatGroup
-from .zero_overlap import EarlyRounds
+from .zero_overlap import EarlyRounds, round_order
 
 if TYPE_CHECKING:
     from ..core.comm import Communicator
@@ -311,13 +311,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
         In rounds: each packs every rank's part of its pieces into one temporary, which the engine
         reduce-scatters; this rank's reduced part is written back into its slice of the buffer.
         Rounds started during backward (``hvdkit.torch.zero_overlap``) are waited for; the others are
-        reduced here.
+        reduced here, in ``round_order`` as the backward hooks start them (so no rank waits for a round
+        another rank has not started).
         """
         start = time.perf_counter()
         groups, rounds = self._rounds()
         early = self._early
         largest = 0
-        for n, round_ in enumerate(rounds):
+        for n in round_order(len(rounds)):
+            round_ = rounds[n]
             largest = max(largest, sum(len(range(*part)) for p in round_ for part in self._parts(groups[p.group], p)))
             if n in early.finished:
                 continue

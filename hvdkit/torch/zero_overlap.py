@@ -5,7 +5,18 @@ parameter that any rank's part of it covers. When the last of them has received 
 ``backward_passes_per_step``-th gradient (a post-accumulate-grad hook), the round is packed and
 handed to Horovod's asynchronous grouped reduce-scatter while the backward pass goes on, as
 Horovod's own optimizer does with its allreduces. At most ``max_in_flight`` rounds are in flight:
-one more waits for the oldest to finish, so the temporaries stay bounded. A finished round's
+one more waits for the oldest to finish, so the temporaries stay bounded.
+
+Every rank starts the rounds in one order, ``round_order`` (the last round first, as backward
+produces the gradients of the last parameters first), from the hooks and in ``step()`` alike: a
+round whose gradients are complete waits until the rounds before it in that order have started. So
+a rank that waits for a round (the in-flight limit, or ``step()``) has started every round before
+it, and so has every other rank that waits: the earliest round any rank waits for has been started
+by all of them, and finishes. Without the order, ranks whose gradients complete in another order
+(branches run in a data-dependent order, a layer one rank's batch does not reach) each wait in a hook
+for a round the other starts only later, and the job hangs. The price: a round whose parameters get
+no gradient on this rank (an unused layer) leaves the rounds after it in that order to ``step()``.
+A finished round's
 averaged part is written into this rank's slice of the gradient buffer at once: those gradients
 are complete. ``step()`` waits for the rounds still in flight and reduces the others itself
 (rounds whose parameters got no gradient, or were given new storage since the last step).
@@ -25,11 +36,16 @@ from ..core.errors import ConfigError
 # The optimizer these rounds belong to: a hvdkit.torch.zero.ShardedOptimizer (not imported: zero imports this).
 ShardedOptimizer = Any
 
-__all__ = ["EarlyRounds", "MAX_IN_FLIGHT"]
+__all__ = ["EarlyRounds", "MAX_IN_FLIGHT", "round_order"]
 
 # Rounds of the reduce-scatter in flight at once during backward (each at most round_elements elements):
 # on 2 cores 4 in flight ran up to 8 % slower than 1 or 2 (their packing and reducing compete for the cores).
 MAX_IN_FLIGHT = 2
+
+
+def round_order(count: int) -> list[int]:
+    """The order in which every rank starts ``count`` rounds, in backward and in ``step()``: the last first."""
+    return list(range(count - 1, -1, -1))
 
 
 class EarlyRounds:
@@ -52,6 +68,8 @@ class EarlyRounds:
         """Forget the passes counted and the rounds started (after ``step()``; in flight ones: ``drain`` first)."""
         self._passes: dict[tuple[int, int], int] = {}
         self._waiting: list[int] | None = None
+        self._ready: set[int] = set()  # rounds whose gradients are complete, started or not
+        self._next = 0  # position in round_order of the next round to start
         self._in_flight: dict[int, Any] = {}  # round -> Horovod handle, in the order started
         self.finished: set[int] = set()  # rounds whose averaged part is already in the gradient buffer
         self.started = 0
@@ -75,7 +93,13 @@ class EarlyRounds:
         for r in self._rounds_of.get(key, ()):
             self._waiting[r] -= 1
             if self._waiting[r] == 0:
-                self._start(optimizer, r)
+                self._ready.add(r)
+        order = self._order
+        while self._next < len(order) and order[self._next] in self._ready:  # in round_order only
+            if not self._start(optimizer, order[self._next]):
+                self._next = len(order)  # it and every round after it are left to step()
+                return
+            self._next += 1
 
     def _plan(self, optimizer):
         """Which parameters each round needs, made once per ``round_elements`` (the rounds are the step's)."""
@@ -85,6 +109,7 @@ class EarlyRounds:
             groups, rounds = self._layout
             self._by_index = {g.index: g for g in optimizer._groups}
             self._params_of, self._rounds_of = [], {}
+            self._order = round_order(len(rounds))
             for r, round_ in enumerate(rounds):
                 needed = set()
                 for piece in round_:
@@ -103,11 +128,13 @@ class EarlyRounds:
             self._waiting = [len(p) for p in self._params_of]
 
     def _start(self, optimizer, r):
-        for gi, i in self._params_of[r]:  # each gradient must be the buffer's view; else step() reduces it
+        """Start round ``r``; False (not started) where a gradient is not the buffer's view (``step()`` reduces it)."""
+        for gi, i in self._params_of[r]:
             g = self._by_index[gi]
             p = g.params[i]
             if not (g.holds(i, p.data, g.flat) and p.grad is not None and g.holds(i, p.grad, g.grads)):
-                return
+                return False
+        # every rank started the oldest before this one (round_order), so waiting for it cannot hang
         while len(self._in_flight) >= self.max_in_flight:
             self.finish(optimizer, next(iter(self._in_flight)))
         groups, rounds = self._layout
@@ -116,6 +143,7 @@ class EarlyRounds:
             packs, name=f"hvdkit.zero.grads.{r}", op=optimizer._op
         )
         self.started += 1
+        return True
 
     def in_flight(self, r: int) -> bool:
         """True while round ``r`` was started and not yet finished."""

@@ -3,9 +3,12 @@
 Under mpirun and horovodrun --gloo: with 13 rounds of 256 elements, rounds start while backward
 runs (counted by a probe at the network's input, which backward reaches last), and the overlap
 changes no bit of the result (against the same sharded run with ``overlap = False``), with
-accumulation and fp16 on the wire, and with an unused layer whose rounds wait for ``step()``. One
+accumulation and fp16 on the wire, and with an unused layer whose round waits for ``step()``. One
 backward pass too many is a ConfigError on every rank naming the fix, and the job goes on after
-``zero_grad()``. Worker: workers/zero_overlap_torch.py.
+``zero_grad()``. Rounds whose gradients complete in a different order on each rank (two branches run
+in reversed order, or one branch unused on rank 1) must not deadlock: every rank starts rounds in
+one order (the last round first), so none waits in a hook for a round another rank has not started.
+Worker: workers/zero_overlap_torch.py.
 """
 
 import pytest
@@ -13,12 +16,13 @@ from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
 WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_overlap_torch.py"
-CASES = ("sgd", "adam_accumulate_fp16", "unused")
+CASES = ("sgd", "adam_accumulate_fp16", "unused", "asymmetric", "branches")
 
 
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
-    results = run_contract_worker(request.param, WORKER, tmp_path_factory.mktemp(f"zero-overlap-{request.param}"))
+    out = tmp_path_factory.mktemp(f"zero-overlap-{request.param}")
+    results = run_contract_worker(request.param, WORKER, out, timeout=240)  # a deadlock fails, not hangs
     for r, res in enumerate(results):
         assert "failure" not in res, f"rank {r}: {res['failure']}"
     return results
@@ -50,7 +54,8 @@ def test_rounds_holding_a_parameter_without_gradient_wait_for_step(ranks):
     for res in ranks:
         rounds = res["unused"]["on"]["rounds"]
         assert rounds["rounds"] == 13 + 1  # the unused layer's 30 elements make one more round
-        assert 0 < rounds["overlapped"] < rounds["rounds"]
+        # its round (0, the last in round_order) waits for step(); every round before it started in backward
+        assert rounds["overlapped"] == rounds["rounds"] - 1
 
 
 def test_one_backward_too_many_is_an_error_on_every_rank_and_zero_grad_recovers(ranks):
@@ -60,3 +65,15 @@ def test_one_backward_too_many_is_an_error_on_every_rank_and_zero_grad_recovers(
         assert off["error"] is None
         assert on["digest"] == off["digest"]
     assert ranks[0]["too_many"]["on"]["digest"] == ranks[1]["too_many"]["on"]["digest"]
+
+
+def test_rounds_completed_in_another_order_on_each_rank_start_in_one_order_without_deadlock(ranks):
+    for case in ("asymmetric", "branches"):
+        for res in ranks:
+            assert res[case]["on"]["rounds"]["rounds"] == 17
+            assert res[case]["off"]["rounds"]["overlapped"] == 0
+    # reversed branches: every round still starts during backward, on both ranks
+    assert [res["branches"]["on"]["rounds"]["overlapped"] for res in ranks] == [17, 17]
+    # branch B unused on rank 1: the rounds come last-first, so rank 1, whose first (16) never completes,
+    # leaves them all to step(); rank 0 starts them all in backward
+    assert [res["asymmetric"]["on"]["rounds"]["overlapped"] for res in ranks] == [17, 0]
