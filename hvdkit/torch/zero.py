@@ -106,12 +106,16 @@ def check_shardable(optimizer: torch.optim.Optimizer) -> None:
             "pass shard_optimizer_state=False to keep the whole state on every rank"
         )
     for i, group in enumerate(optimizer.param_groups):
-        kinds = {(p.dtype, p.device) for p in group["params"] if p.requires_grad}
-        if len(kinds) > 1:
-            raise ConfigError(
-                f"shard_optimizer_state=True needs one dtype and device per param group (group {i} mixes "
-                f"{sorted(str(k) for k in kinds)}); put parameters of each dtype in a group of their own"
-            )
+        _check_group(i, group)
+
+
+def _check_group(i, group):
+    kinds = {(p.dtype, p.device) for p in group["params"] if p.requires_grad}
+    if len(kinds) > 1:
+        raise ConfigError(
+            f"shard_optimizer_state=True needs one dtype and device per param group (group {i} mixes "
+            f"{sorted(str(k) for k in kinds)}); put parameters of each dtype in a group of their own"
+        )
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -170,6 +174,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.chunk_elements = CHUNK_ELEMENTS
         self.last_consolidation = None
         self.last_scatter = None
+        self._built = False  # torch's __init__ adds the user's groups through add_param_group
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.round_elements = ROUND_ELEMENTS
         self.trim_memory = True
@@ -188,6 +193,35 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.consolidate_state_dict(to=None)
         else:
             self._consolidated = {}
+        self._built = True
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch's (e.g. layers unfrozen while fine-tuning): the group gets flat buffers and a slice of its own.
+
+        Its parameters start without state, as in torch. Call it between a ``step()`` (or
+        ``zero_grad()``) and the next backward pass. Collective: every rank adds the same group at the
+        same point (no communication, but the next ``step()`` reduces the new group too).
+        """
+        if not self._built:
+            super().add_param_group(param_group)
+            return
+        if self._early.busy():
+            raise ConfigError(
+                "add_param_group() on a sharded optimizer while rounds of the gradient reduce-scatter are in "
+                "flight: call it after step() or zero_grad(), before the next backward pass"
+            )
+        super().add_param_group(param_group)
+        index = len(self.param_groups) - 1
+        group = self.param_groups[index]
+        try:
+            _check_group(index, group)
+        except ConfigError:
+            self.param_groups.pop()
+            raise
+        flat = FlatGroup(group["params"], self._rank, self._size, index)
+        self._groups.append(flat)
+        self._early.watch(flat)
+        self._inner.add_param_group(dict(self._hyper(group), params=[flat.shard]))
 
     @staticmethod
     def _hyper(group):

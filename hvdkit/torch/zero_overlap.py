@@ -61,8 +61,17 @@ class EarlyRounds:
         self.max_in_flight = MAX_IN_FLIGHT
         self.reset()
         for g in optimizer._groups:
-            for i, p in enumerate(g.params):
-                p.register_post_accumulate_grad_hook(_Arrived(self, g.index, i))
+            self.watch(g)
+
+    def watch(self, group: Any) -> None:
+        """Hear the gradients of ``group`` (a ``FlatGroup``) from now on; the rounds are planned anew."""
+        for i, p in enumerate(group.params):
+            p.register_post_accumulate_grad_hook(_Arrived(self, group.index, i))
+        self._plan_key = None
+
+    def busy(self) -> bool:
+        """True once a gradient arrived since the last ``step()`` or ``zero_grad()`` (rounds may have started)."""
+        return bool(self._passes or self._in_flight or self.finished)
 
     def reset(self) -> None:
         """Forget the passes counted and the rounds started (after ``step()``; in flight ones: ``drain`` first)."""

@@ -19,6 +19,7 @@ WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_torch.py"
 KINDS = ("sgd", "adam", "adamw", "adam_accumulate_clip")
 OTHERS = ("Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD")  # the rest of the allow-list
 TOL = 1e-6  # relative, fp32 rounding
+PLAIN_TOL = 1e-5  # relative, against plain torch on the whole batch (a mean of two halves rounds apart)
 
 
 def _results(launcher, np_, out, mode):
@@ -205,3 +206,13 @@ def test_a_1_rank_unsharded_checkpoint_resumes_sharded_at_2_ranks_and_continues_
 def test_the_synchronize_listener_hears_every_gradient_reduce_scatter(runs):
     for r in runs[0]:
         assert r["checkpoint"]["waits"] == 24  # one per step (hk.StragglerMonitor(optimizer=opt) listens)
+
+
+def test_a_param_group_added_to_a_sharded_optimizer_trains_as_plain_torch(runs):
+    results = [r["recipes"]["added_group"] for r in runs[0]]
+    for r in results:
+        assert r["error"] is None
+        assert r["moved"] > 1e-3  # the added backbone trained
+        assert r["rel_diff"] < PLAIN_TOL
+        assert r["same_structure"] and r["state_max_diff"] < 1e-6  # its state dict is plain torch's
+    assert results[0]["digest"] == results[1]["digest"]

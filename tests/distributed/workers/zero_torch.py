@@ -8,7 +8,8 @@ refused. A sharded AdamW run saves a checkpoint at step ``SAVE`` and goes on to 
 A fresh sharded AdamW then restores it and trains to ``STEPS`` again (2 -> 2 ranks).
 ``resume`` (1 rank): an unsharded AdamW restores that checkpoint and trains the remaining steps on
 the whole global batch, saving again at ``REGROW``. ``regrow`` (2 ranks): a sharded AdamW restores
-that 1-rank checkpoint and trains to ``STEPS``. Writes OUT/<mode>-rank<r>.json.
+that 1-rank checkpoint and trains to ``STEPS``. ``train`` also runs the fine-tuning and clipping
+recipes of workers/zero_recipes_torch.py. Writes OUT/<mode>-rank<r>.json.
 Usage: python zero_torch.py OUT {train,resume,regrow}
 """
 
@@ -17,6 +18,7 @@ import os
 import sys
 
 import torch
+import zero_recipes_torch
 from model_params import params_digest, params_of
 
 import hvdkit.torch as hk
@@ -393,6 +395,7 @@ def main():
         result["bounded"] = bounded(rank, size)
         result["checkpoint"] = checkpointed(out, rank, size)
         result["resumed_sharded"] = resumed(out, rank, size, shard=True)
+        result["recipes"] = zero_recipes_torch.run(rank, size)
     elif mode == "resume":
         result = resumed(out, rank, size, shard=False)
     else:  # regrow
