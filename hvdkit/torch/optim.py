@@ -62,6 +62,11 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       sharded or not (the restore sends each rank only its slice). The reduce-scatter overlaps
       the backward pass: a round starts once the last gradient it needs has arrived on the
       ``backward_passes_per_step``-th pass (``hvdkit.torch.zero_overlap``); ``step()`` finishes it.
+      Layers unfrozen later join with ``opt.add_param_group``; a parameter frozen when it was built and
+      unfrozen later is a ConfigError at the next backward or ``step()`` naming it.
+
+    A parameter frozen (``requires_grad=False``) when the unsharded optimizer is built and unfrozen
+    later (progressive unfreezing) is averaged too, in ``synchronize()`` (not overlapped with backward).
 
     Unsharded, the result is an instance of a subclass of Horovod's class that adds
     ``add_synchronize_listener(listener)``: ``listener(seconds)`` is called after every
@@ -97,6 +102,7 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
             op=op,
             max_grad_norm=max_grad_norm,
             backward_passes_per_step=backward_passes_per_step,
+            named_parameters=named,
         )
     if max_grad_norm is not None:
         optimizer = _clipping_copy(optimizer)
@@ -137,8 +143,50 @@ class _SynchronizeListeners:
                 listener(seconds)
 
 
+class _AverageLateTrainable:
+    """Mixin over the class Horovod builds: parameters unfrozen after construction are averaged too.
+
+    Horovod hooks only the parameters that require a gradient when it is built: one unfrozen later
+    (progressive unfreezing) would be updated with each rank's own gradient and the ranks would drift
+    apart. ``synchronize()`` first averages those in one grouped allreduce of a fixed name, with the
+    optimizer's op and compression (a missing gradient counts zero, as for Horovod's own parameters);
+    which parameters they are depends only on ``requires_grad``, the same on every rank.
+    """
+
+    def __init__(self, params, **options):
+        params = list(params)
+        self._built_trainable = {id(p) for group in params for p in group["params"] if p.requires_grad}
+        self._late_options = (options["compression"], options["op"])
+        super().__init__(params, **options)
+
+    def synchronize(self):
+        late = [
+            p
+            for group in self.param_groups
+            for p in group["params"]
+            if p.requires_grad and id(p) not in self._built_trainable
+        ]
+        if late:
+            _average_late(late, *self._late_options)
+        return super().synchronize()
+
+
+def _average_late(params, compression, op):
+    """Average the gradients of ``params`` over the ranks in place (None: zeros), in one grouped allreduce."""
+    hvd = horovod_torch()
+    packed = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        packed.append(compression.compress(p.grad.contiguous()))
+    outs = hvd.grouped_allreduce([t for t, _ in packed], name="hvdkit.late_trainable", op=op)
+    for p, (_, ctx), out in zip(params, packed, outs, strict=True):
+        p.grad.copy_(compression.decompress(out, ctx))
+
+
 def _listening_optimizer(hvd, optimizer, **options):
-    """``hvd.DistributedOptimizer(optimizer, **options)``, as an instance of a subclass with listeners.
+    """``hvd.DistributedOptimizer(optimizer, **options)``, as an instance of a subclass with listeners
+    that also averages parameters unfrozen after construction.
 
     Horovod's class is built by its factory; it is taken from a probe over a one-element tensor
     without gradient (no hooks, no collective), then constructed the way the factory does, from
@@ -146,7 +194,8 @@ def _listening_optimizer(hvd, optimizer, **options):
     """
     probe_base = type(optimizer)([dict(optimizer.param_groups[0], params=[torch.zeros(1)])])
     horovod_class = type(hvd.DistributedOptimizer(probe_base))
-    cls = type(horovod_class.__name__, (_SynchronizeListeners, horovod_class), {"__module__": __name__})
+    bases = (_SynchronizeListeners, _AverageLateTrainable, horovod_class)
+    cls = type(horovod_class.__name__, bases, {"__module__": __name__})
     try:
         return cls(optimizer.param_groups, **options)
     except (RecursionError, TypeError) as e:  # the base class was built from its param groups above

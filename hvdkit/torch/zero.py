@@ -132,6 +132,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     needs are complete (``hvdkit.torch.zero_overlap``; ``overlap = False`` leaves it all to ``step()``),
     and ``last_rounds["overlapped"]`` says how many rounds did. More passes than that before
     ``step()`` raise ConfigError, as in Horovod; ``zero_grad()`` drops rounds started without a step.
+    The trainable parameters are those that require a gradient when their group is added: one unfrozen
+    later is a ConfigError naming it (at the next backward or ``step()``); add unfrozen layers as a new
+    group with ``add_param_group`` instead (torch's fine-tuning recipe), which plans their slices anew.
 
     Memory: each group's trainable parameters become views of one flat buffer (the same
     ``Parameter`` objects; ``channels_last`` ones turn contiguous) and their gradients views of
@@ -158,6 +161,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         op: str = "average",
         max_grad_norm: float | None = None,
         backward_passes_per_step: int = 1,
+        named_parameters: list[tuple[str, torch.Tensor]] | None = None,
     ) -> None:
         check_shardable(optimizer)
         check_positive_int("backward_passes_per_step", backward_passes_per_step)
@@ -169,6 +173,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.last_grad_norm = None
         self._listeners = []
+        self._names = {id(p): name for name, p in named_parameters or ()}  # for error messages
         self._consolidated = None  # the whole state, valid until the next step() (see state_dict)
         self._consolidated_to = None  # the rank consolidate_state_dict() gathered it to, where not this one
         self.chunk_elements = CHUNK_ELEMENTS
@@ -186,6 +191,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             [dict(self._hyper(g), params=[s.shard]) for g, s in zip(self.param_groups, self._groups, strict=True)]
         )
         self.state = self._inner.state
+        self._trained = {id(p) for g in self._groups for p in g.params}
         # State an optimizer makes at construction (Adagrad) for frozen parameters: kept whole, as unsharded.
         frozen = [p for g in self.param_groups for p in g["params"] if not p.requires_grad]
         self._frozen_state = {p: optimizer.state[p] for p in frozen if p in optimizer.state}
@@ -222,6 +228,29 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._groups.append(flat)
         self._early.watch(flat)
         self._inner.add_param_group(dict(self._hyper(group), params=[flat.shard]))
+        self._trained.update(id(p) for p in flat.params)
+
+    def check_trainable(self) -> None:
+        """Raise ConfigError naming a parameter that requires a gradient now but did not when its group was added.
+
+        Its elements have no place in the flat buffers and slices, so it would never be updated (a layer
+        unfrozen after the optimizer was built). ``step()`` calls it, and the first gradient hook of a
+        backward pass before any round starts; it reads only ``requires_grad`` (the same on every rank), so
+        every rank raises alike, before any collective.
+        """
+        for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if p.requires_grad and id(p) not in self._trained:
+                    name = self._names.get(id(p))
+                    what = f"{name!r} (" if name else "("
+                    raise ConfigError(
+                        f"parameter {what}param group {gi}, position {pi}, shape {tuple(p.shape)}) requires a "
+                        "gradient now but was frozen (requires_grad=False) when the sharded optimizer was built, "
+                        "so it has no slice and would never be updated. Unfreeze it before building "
+                        "hk.DistributedOptimizer(..., shard_optimizer_state=True); or leave it out of the "
+                        "optimizer and add it when unfreezing it: opt.add_param_group({'params': [...]}); or "
+                        "rebuild the optimizer after unfreezing"
+                    )
 
     @staticmethod
     def _hyper(group):
@@ -255,6 +284,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         Collective: every rank calls it the same number of times.
         """
+        self.check_trainable()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -277,6 +307,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not scaler.is_enabled():
             self.step()
             return
+        self.check_trainable()
         self._reduce()
         scaler.unscale_(self._inner)
         state = scaler._per_optimizer_states[id(self._inner)]  # what torch's FSDP ShardedGradScaler edits too

@@ -85,6 +85,11 @@ class EarlyRounds:
 
     def arrived(self, optimizer: ShardedOptimizer, group: int, i: int) -> None:
         """Parameter ``i`` of param group ``group`` has a gradient: start the rounds it completes."""
+        g = optimizer._groups[group]
+        if not g.holds(i, g.params[i].data, g.flat):
+            return  # another sharded optimizer took the parameter over (rebuilt): its hooks count, not these
+        if not self._passes:  # the first gradient of a step: refuse a parameter unfrozen since, before any round
+            optimizer.check_trainable()
         key = (group, i)
         n = self._passes.get(key, 0) + 1
         self._passes[key] = n

@@ -208,6 +208,28 @@ def test_the_synchronize_listener_hears_every_gradient_reduce_scatter(runs):
         assert r["checkpoint"]["waits"] == 24  # one per step (hk.StragglerMonitor(optimizer=opt) listens)
 
 
+def test_a_parameter_unfrozen_after_the_sharded_optimizer_was_built_is_an_error_naming_it_and_the_fix(runs):
+    results = [r["recipes"]["unfrozen_sharded"] for r in runs[0]]
+    for r in results:
+        assert r["error"] is not None and r["error"].startswith("ConfigError: "), r["error"]
+        assert "'backbone.weight'" in r["error"] and "rebuild the optimizer after unfreezing" in r["error"]
+        assert "add_param_group" in r["error"]
+        assert r["unfrozen_moved"] == 0.0  # the refused step changed nothing
+        # rebuilt after unfreezing (the old one still alive), it trains as plain torch on the global batch
+        assert r["moved"] > 1e-2
+        assert r["rel_diff"] < PLAIN_TOL
+    assert results[0]["digest"] == results[1]["digest"]
+
+
+def test_a_parameter_unfrozen_after_the_unsharded_optimizer_was_built_is_averaged_as_plain_torch(runs):
+    results = [r["recipes"]["unfrozen_unsharded"] for r in runs[0]]
+    for r in results:
+        assert r["error"] is None
+        assert r["unfrozen_moved"] > 1e-3  # trained from the first step after unfreezing
+        assert r["rel_diff"] < PLAIN_TOL
+    assert results[0]["digest"] == results[1]["digest"]  # the ranks did not drift apart
+
+
 def test_a_param_group_added_to_a_sharded_optimizer_trains_as_plain_torch(runs):
     results = [r["recipes"]["added_group"] for r in runs[0]]
     for r in results:

@@ -151,5 +151,7 @@ def synchronize_recipe(rank, size):
 def run(rank, size):
     """Every recipe, on every rank in the same order."""
     return {
+        "unfrozen_sharded": unfrozen_later(rank, size, shard=True),
+        "unfrozen_unsharded": unfrozen_later(rank, size, shard=False),
         "added_group": added_group(rank, size),
     }
