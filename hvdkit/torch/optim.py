@@ -52,7 +52,9 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       rank) is left in ``optimizer.last_grad_norm``. Do not call ``clip_grad_norm_`` yourself between
       ``backward()`` and ``step()``: the gradients are still the rank's own there (and Horovod may
       be reading them). The manual equivalent, for other per-gradient edits, is
-      ``opt.synchronize(); edit grads; with opt.skip_synchronize(): opt.step()``.
+      ``opt.synchronize(); edit grads; with opt.skip_synchronize(): opt.step()`` (unsharded only: a
+      sharded optimizer holds only its slice of the averaged gradients, and both calls raise ConfigError
+      naming ``max_grad_norm``, the clipping it does itself).
 
     - ``shard_optimizer_state``: ZeRO stage 1 (``hvdkit.torch.zero.ShardedOptimizer``): each rank
       keeps the optimizer state of a 1/size slice of every param group only; gradients are

@@ -118,6 +118,15 @@ def _check_group(i, group):
         )
 
 
+_NO_SYNCHRONIZE = (
+    "{call} of a sharded optimizer (shard_optimizer_state=True): its step() reduce-scatters the gradients, so "
+    "each rank only ever holds its slice of the averaged gradient and clip_grad_norm_ between synchronize() "
+    "and step() would clip by this rank's own gradients. To clip, pass hk.DistributedOptimizer(..., "
+    "max_grad_norm=1.0) (the global norm, taken from the slices) and call opt.step(); for fp16 loss scaling "
+    "use hk.amp_step(opt, scaler); for other edits of the averaged gradients use shard_optimizer_state=False"
+)
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose state is sharded over the ranks (ZeRO stage 1); ``hk.DistributedOptimizer`` makes it.
 
@@ -270,6 +279,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not callable(listener):
             raise ConfigError(f"listener must be callable with the seconds (got {type(listener).__name__})")
         self._listeners.append(listener)
+
+    def synchronize(self) -> None:
+        """Refused with ConfigError: each rank holds only its slice of the averaged gradient, never all of it.
+
+        Horovod's recipe ``opt.synchronize(); clip_grad_norm_(...); with opt.skip_synchronize(): opt.step()``
+        would clip by each rank's own gradients. The message names the replacement: ``max_grad_norm=``
+        (clipping by the global norm, taken from the slices), ``hk.amp_step`` for fp16 loss scaling, or
+        ``shard_optimizer_state=False`` for other edits of the averaged gradients. No collective.
+        """
+        raise ConfigError(_NO_SYNCHRONIZE.format(call="synchronize()"))
+
+    def skip_synchronize(self) -> None:
+        """Refused with ConfigError as ``synchronize()`` is (the other half of Horovod's recipe). No collective."""
+        raise ConfigError(_NO_SYNCHRONIZE.format(call="skip_synchronize()"))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's; rounds of the reduce-scatter started during a backward without a ``step()`` are

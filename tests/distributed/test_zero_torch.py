@@ -238,3 +238,12 @@ def test_a_param_group_added_to_a_sharded_optimizer_trains_as_plain_torch(runs):
         assert r["rel_diff"] < PLAIN_TOL
         assert r["same_structure"] and r["state_max_diff"] < 1e-6  # its state dict is plain torch's
     assert results[0]["digest"] == results[1]["digest"]
+
+
+@pytest.mark.parametrize("method", ["synchronize", "skip_synchronize"])
+def test_horovods_clipping_recipe_on_a_sharded_optimizer_names_max_grad_norm(runs, method):
+    for r in runs[0]:
+        message = r["recipes"]["synchronize"][method]
+        assert message is not None and message.startswith("ConfigError: "), message
+        assert "max_grad_norm=" in message and "shard_optimizer_state=False" in message
+    assert runs[0][0]["recipes"]["synchronize"]["digest"] == runs[0][1]["recipes"]["synchronize"]["digest"]

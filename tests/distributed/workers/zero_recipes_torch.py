@@ -154,4 +154,5 @@ def run(rank, size):
         "unfrozen_sharded": unfrozen_later(rank, size, shard=True),
         "unfrozen_unsharded": unfrozen_later(rank, size, shard=False),
         "added_group": added_group(rank, size),
+        "synchronize": synchronize_recipe(rank, size),
     }
