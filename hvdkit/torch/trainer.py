@@ -239,7 +239,7 @@ class Trainer:
     def _train_loader(self, data):
         o = self.options
         if isinstance(data, Dataset) and not isinstance(data, IterableDataset) and hasattr(data, "__len__"):
-            return train_loader(
+            loader = train_loader(
                 data,
                 o["batch_size"],
                 shuffle=o["shuffle"],
@@ -249,6 +249,16 @@ class Trainer:
                 backward_passes_per_step=o["backward_passes_per_step"],
                 num_workers=o["num_workers"],
             )
+            plan = loader.plan
+            if o["drop_last"] and len(data) < plan.global_batch_size:  # the same on every rank: no collective
+                other = " or global_batch_size" if plan.fixed else " or fewer ranks" if plan.size > 1 else ""
+                raise ConfigError(
+                    f"train_data has {len(data)} samples, fewer than one global batch of {plan.global_batch_size} "
+                    f"({plan.describe()}), and drop_last=True drops that incomplete batch: fit() would train 0 "
+                    "steps. Pass drop_last=False (the smaller last step trains too), a smaller batch_size"
+                    f"{other}, or more samples"
+                )
+            return loader
         if not isinstance(data, Iterable):
             raise ConfigError(
                 f"train_data must be a map-style torch Dataset or an iterable of batches (got {type(data).__name__})"

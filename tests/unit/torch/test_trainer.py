@@ -3,7 +3,11 @@ Horovod, no collective: every rank raises the same error), and its History, call
 checkpointed learning state behave as documented. The training itself runs on real ranks in
 tests/distributed/test_trainer_torch.py."""
 
+import json
+import subprocess
+
 import pytest
+from helpers import PYTHON, ROOT
 
 torch = pytest.importorskip("torch")
 
@@ -92,6 +96,49 @@ def test_a_sharded_trainer_refuses_an_optimizer_it_cannot_shard_before_anything_
     lbfgs = torch.optim.LBFGS(model.parameters())
     with pytest.raises(ConfigError, match=r"cannot shard LBFGS.*shard_optimizer_state=False"):
         hk.Trainer(model, lbfgs, loss, batch_size=8, shard_optimizer_state=True)
+
+
+# One process, no launcher (size 1), in a child process: Horovod started here would stay started for
+# every later test of this session, and set its variables (the conftest's leak check).
+SMALL_DATASET = """
+import json, torch, hvdkit.torch as hk
+from hvdkit.core import ConfigError
+data = torch.utils.data.TensorDataset(torch.randn(5, 4), torch.randint(0, 2, (5,)))
+def make(**options):
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return hk.Trainer(model, opt, torch.nn.functional.cross_entropy, compression="none", progress=False, **options)
+def fit(trainer):
+    try:
+        return trainer.fit(data, epochs=1).step
+    except ConfigError as e:
+        return str(e)
+out = {}
+trainer = make(batch_size=8, drop_last=True)
+before = [p.detach().clone() for p in trainer.model.parameters()]
+out["drop_last"] = fit(trainer)
+out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+out["global_batch"] = fit(make(batch_size=8, global_batch_size=16, drop_last=True))
+out["keep_last"] = fit(make(batch_size=8))
+print(json.dumps(out))
+"""
+
+
+def test_a_dataset_smaller_than_one_global_batch_with_drop_last_is_refused_before_any_step():
+    # it trained 0 steps without a word (loss nan, weights unchanged; a `hvdkit tune` trial "completed")
+    proc = subprocess.run([PYTHON, "-c", SMALL_DATASET], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["drop_last"] == (
+        "train_data has 5 samples, fewer than one global batch of 8 (world size 1: global batch 8 = 8 per rank x "
+        "1 rank x 1 accumulation step (no global_batch_size given: it changes with the world size)), and "
+        "drop_last=True drops that incomplete batch: fit() would train 0 steps. Pass drop_last=False (the smaller "
+        "last step trains too), a smaller batch_size, or more samples"
+    )
+    assert out["unchanged"]
+    assert out["global_batch"].startswith("train_data has 5 samples, fewer than one global batch of 16 (")
+    assert out["global_batch"].endswith("a smaller batch_size or global_batch_size, or more samples")
+    assert out["keep_last"] == 1  # without drop_last the 5 samples make one (smaller) step
 
 
 def test_batch_size_is_keyword_only_and_required():
