@@ -17,7 +17,7 @@ demo: setup
 	PATH="$(BIN):$$PATH" hvdkit run -np 2 -- python examples/torch_digits.py
 
 test: setup docker-lint lint
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra tests
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra --durations=30 tests
 
 test-unit: setup
 	$(PY) -m pytest -x -q tests/unit

@@ -18,3 +18,34 @@ def _no_leaked_env():
     after = dict(os.environ)
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} - {"PYTEST_CURRENT_TEST"}
     assert not changed, f"test leaked environment changes: {sorted(changed)}"
+
+
+# Where the suite's time goes (issue 38): seconds per test folder (setup + call + teardown of every
+# test in it, module fixtures included), printed after the run; `make test` adds --durations=30.
+_FOLDER_SECONDS: dict[str, float] = {}
+_FOLDER_TESTS: dict[str, int] = {}
+
+
+def _folder(nodeid):
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else path
+
+
+def pytest_runtest_logreport(report):
+    folder = _folder(report.nodeid)
+    _FOLDER_SECONDS[folder] = _FOLDER_SECONDS.get(folder, 0.0) + report.duration
+    if report.when == "call":
+        _FOLDER_TESTS[folder] = _FOLDER_TESTS.get(folder, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FOLDER_SECONDS:
+        return
+    total = sum(_FOLDER_SECONDS.values())
+    terminalreporter.write_sep("=", "time per test folder")
+    for folder, seconds in sorted(_FOLDER_SECONDS.items(), key=lambda item: -item[1]):
+        share = 100 * seconds / total if total else 0.0
+        count = _FOLDER_TESTS.get(folder, 0)
+        terminalreporter.write_line(f"{seconds:8.1f} s  {share:5.1f} %  {count:5d} tests  {folder}")
+    terminalreporter.write_line(f"{total:8.1f} s  100.0 %  {sum(_FOLDER_TESTS.values()):5d} tests  (all)")
