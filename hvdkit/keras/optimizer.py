@@ -15,6 +15,7 @@ from ..tensorflow import autocompress
 from ..tensorflow.gradients import allreduce_gradients
 from ..tensorflow.runtime import communicator
 from .allreduce_clock import AllreduceClock, allreduce_seconds
+from .loss_scale import OuterScalingWatch, loss_scale_optimizer, uses_global_loss_scale
 from .zero import ShardedMixin, check_shardable
 
 __all__ = ["DistributedOptimizer", "ScaledLRSchedule", "allreduce_seconds", "is_distributed"]
@@ -24,14 +25,15 @@ _classes = {}
 _sharded_classes = {}
 
 
-class _AveragingMixin:
+class _AveragingMixin(OuterScalingWatch):
     """Averages the gradients over ranks in ``apply``, the method every Keras 3 path goes through.
 
     ``model.fit`` (``apply_gradients`` -> ``apply``), custom loops, eager and ``tf.function``
     all reach ``apply``; Horovod's Keras optimizer hooks methods Keras 3 no longer calls, so its
     ranks silently train apart. Keras's own clipping (``clipnorm``, ``global_clipnorm``,
     ``clipvalue``), loss-scale unscaling and gradient accumulation run inside ``super().apply``,
-    that is after the average.
+    that is after the average. A Keras ``LossScaleOptimizer`` put around it later is refused
+    (``hvdkit.keras.loss_scale``).
     """
 
     _hvdkit_compression = "none"
@@ -56,7 +58,12 @@ class _AveragingMixin:
             return schedule(self.iterations)
         return super()._get_current_learning_rate()
 
+    def build(self, variables):
+        self._hvdkit_check_unwrapped()  # before any collective (a sharded build makes none either)
+        return super().build(variables)
+
     def apply(self, grads, trainable_variables=None):
+        self._hvdkit_check_unwrapped()
         if self._hvdkit_compression == AUTO:  # decided once, at the first apply (while tracing: eagerly)
             grads = list(grads)
             self._hvdkit_compression = autocompress.resolve(AUTO, grads)
@@ -81,8 +88,8 @@ def _sharded_class(base):
 
 
 def is_distributed(optimizer: object) -> bool:
-    """True when ``optimizer`` came from ``DistributedOptimizer``."""
-    return isinstance(optimizer, _AveragingMixin)
+    """True when ``optimizer`` came from ``DistributedOptimizer`` (a loss-scale optimizer it made included)."""
+    return isinstance(optimizer, _AveragingMixin) or uses_global_loss_scale(optimizer)
 
 
 def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
@@ -119,6 +126,14 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       sends only the variables that are not per-slice. Build it (``fit``, ``apply`` or ``build``) with
       every variable it will update.
 
+    Mixed precision (``keras.mixed_precision.set_global_policy("mixed_float16")`` before this call):
+    the result is a ``keras.optimizers.LossScaleOptimizer`` (Keras's dynamic loss scaling, which
+    ``model.compile`` then keeps as it is) around the distributed optimizer, whose check for inf/NaN
+    gradients spans every rank (``hvdkit.keras.loss_scale``): a step that overflowed on any rank is
+    skipped on all, and the loss scale stays the same everywhere. Given a ``LossScaleOptimizer``
+    (any policy), it wraps the optimizer inside and keeps the scaling settings. A Keras
+    ``LossScaleOptimizer`` put around the result raises ConfigError at the first ``build``/``apply``.
+
     Use it in ``model.compile(optimizer=...)`` or call ``apply``/``apply_gradients`` in a custom
     loop. Pass the plain optimizer: its state (if any) is not copied.
 
@@ -136,6 +151,15 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         )
     if is_distributed(optimizer):
         raise ConfigError("optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
+    loss_scale = None
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        loss_scale, optimizer = optimizer, optimizer.inner_optimizer
+        if is_distributed(optimizer):
+            raise ConfigError(
+                "the LossScaleOptimizer holds a DistributedOptimizer; pass "
+                "hk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt)) with the plain opt inside"
+            )
+    mixed = loss_scale is not None or keras.config.dtype_policy().name == "mixed_float16"
     compression = check_compression(compression, allow_auto=True)
     check_positive_int("backward_passes_per_step", backward_passes_per_step)
     if not isinstance(shard_optimizer_state, bool):
@@ -161,7 +185,15 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     # Wrapping happens in program order, so the n-th optimizer has the same name on every rank.
     wrapped._hvdkit_name = f"hvdkit.optimizer.{next(_counter)}.grads"
     wrapped._hvdkit_wait = AllreduceClock()
-    return wrapped
+    if mixed:  # what model.compile would put around it, with a finite check that spans the ranks
+        inner, wrapped = wrapped, loss_scale_optimizer(wrapped, loss_scale, sharded=shard_optimizer_state)
+        _sealed(inner)  # after the wrapper has set its loss_scale_factor
+    return _sealed(wrapped)
+
+
+def _sealed(optimizer):
+    optimizer._hvdkit_sealed = True  # from now on, a loss-scale wrapper around it is refused
+    return optimizer
 
 
 @keras.saving.register_keras_serializable(package="hvdkit")

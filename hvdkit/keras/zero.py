@@ -37,13 +37,15 @@ from ..core.zero import partition
 from ..tensorflow import autocompress
 from ..tensorflow._engine import horovod_tf
 from . import zero_rounds
+from .loss_scale import ShardedLossScaleMixin
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "check_shardable", "is_sharded", "state_elements"]
 
 # Keras optimizers whose update of an element reads only that element's variable, gradient and slot
 # values (plus scalars: iterations, learning rate, Nadam's u_product), so a slice updated alone equals
 # the same slice of the whole. Not: Lamb (per-variable trust ratio), Adafactor (row/column factors),
-# Muon (matrix orthogonalisation), LossScaleOptimizer (wraps another), ScheduleFreeAdamW.
+# Muon (matrix orthogonalisation), ScheduleFreeAdamW. A LossScaleOptimizer is unwrapped by DistributedOptimizer
+# (its inner optimizer is sharded, the loss scaling goes around it: hvdkit.keras.loss_scale).
 ELEMENTWISE_OPTIMIZERS = (
     keras.optimizers.SGD,
     keras.optimizers.Adam,
@@ -172,8 +174,12 @@ class _Shards:
 
 
 def is_sharded(optimizer: object) -> bool:
-    """True when ``optimizer`` came from ``DistributedOptimizer(..., shard_optimizer_state=True)``."""
-    return isinstance(optimizer, ShardedMixin)
+    """True when ``optimizer`` came from ``DistributedOptimizer(..., shard_optimizer_state=True)``.
+
+    Under ``mixed_float16`` that is the loss-scale optimizer around the sharded one: it offers the same
+    sharded-state calls (``broadcastable_variables``, ``consolidated_variables``, ...).
+    """
+    return isinstance(optimizer, (ShardedMixin, ShardedLossScaleMixin))
 
 
 def state_elements(optimizer: keras.optimizers.Optimizer) -> int:
@@ -207,6 +213,7 @@ class ShardedMixin:
     def build(self, variables):
         if self.built:
             return
+        self._hvdkit_check_unwrapped()  # hvdkit.keras.loss_scale: before Horovod is asked anything
         variables = list(variables)
         _check_variables(self, variables)
         hvd = horovod_tf()
@@ -228,6 +235,7 @@ class ShardedMixin:
 
     # ------------------------------------------------------------ apply
     def apply(self, grads, trainable_variables=None):
+        self._hvdkit_check_unwrapped()
         grads = list(grads)
         if not grads:
             return None

@@ -139,3 +139,28 @@ def test_a_model_compiled_with_the_distributed_optimizer_saves_and_loads(ranks):
     for r in ranks["r"]:
         s = r["save_load"]
         assert s["same_weights"] and s["optimizer_class"] == "Adam" and s["learning_rate"] == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("variant", ["plain", "sharded"])
+def test_mixed_float16_skips_a_step_that_overflowed_on_one_rank_on_every_rank(ranks, variant):
+    # Rank 1's gradients overflow at one step, rank 0's do not. model.compile keeps hvdkit's loss-scale
+    # optimizer; both ranks skip that step, halve the loss scale alike (as one process with the whole
+    # batch does) and end with bitwise the same weights.
+    m0, m1 = both(ranks, "mixed_precision", variant)
+    ref = ranks["r"][0]["mixed_precision"]["reference"]
+    assert ref == {"loss_scale": 16384.0, "iterations": 3}  # the data really overflow once: one step skipped
+    for m in (m0, m1):
+        assert m["kept"] and m["optimizer_class"] == "LossScaleOptimizer"
+        assert (m["loss_scale"], m["iterations"]) == (16384.0, 3)
+        assert m["finite"]
+        assert m["max_diff_vs_reference"] <= 1e-4  # fp16 rounding of the per-rank half batches (1.4e-5 seen)
+    assert m0["digest"] == m1["digest"]
+
+
+def test_mixed_float16_sharded_state_gathers_to_the_unsharded_loss_scale_optimizers(ranks):
+    # what a checkpoint of the sharded loss-scale optimizer holds: its own variables (loss scale, step
+    # counter, ...) then the inner optimizer's momentum, whole, as the unsharded one holds them
+    plain, sharded = (ranks["r"][0]["mixed_precision"][v] for v in ("plain", "sharded"))
+    assert sharded["state_specs"] == plain["state_specs"]
+    assert [8, 16] in plain["state_specs"] and [] in plain["state_specs"]  # a momentum and the scalars
+    assert sharded["state_diff_vs_plain"] == 0.0  # the same steps: the same momentum, bitwise

@@ -23,6 +23,7 @@ from hvdkit.core import CheckpointError, CollectiveError, ConfigError
 STEPS = 4
 B = 4  # per-rank batch
 LR = 0.1
+MIXED_OVERFLOW_STEP = 1  # section_mixed_precision: the step whose gradients overflow on rank 1 only
 
 
 def make_model(seed):
@@ -262,6 +263,62 @@ def section_save_load(out_dir, rank):
     }
 
 
+def mixed_model():
+    keras.mixed_precision.set_global_policy("mixed_float16")  # the caller sets float32 back
+    return make_model(seed=0)
+
+
+def section_mixed_precision(rank, size):
+    # model.fit under mixed_float16: Keras's dynamic loss scaling around hk.DistributedOptimizer (sharded
+    # or not). At step OVERFLOW one target of rank 1's batch is huge: its fp16 gradients overflow, rank
+    # 0's do not. Every rank must skip that step and halve its loss scale, as one process does with the
+    # whole global batch; a rank-local finite check let rank 0 enter the gradient average alone.
+    g = np.random.RandomState(99)
+    x = (0.5 * g.randn(STEPS, size * B, 8)).astype("float32")
+    y = (0.1 * g.randn(STEPS, size * B, 4)).astype("float32")
+    y[MIXED_OVERFLOW_STEP, size * B - 1, 0] = 3e4  # the last row of the global batch: rank 1's
+    out = {}
+    try:
+        ref = mixed_model()
+        ref.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.9), loss="mse")
+        ref.fit(x.reshape(-1, 8), y.reshape(-1, 4), batch_size=size * B, shuffle=False, verbose=0)
+        out["reference"] = {"loss_scale": float(ref.optimizer.dynamic_scale.numpy())}
+        out["reference"]["iterations"] = int(ref.optimizer.iterations.numpy())
+        for name, shard in (("plain", False), ("sharded", True)):
+            model = mixed_model()
+            opt = hk.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), shard_optimizer_state=shard)
+            model.compile(optimizer=opt, loss="mse")
+            model.fit(
+                rank_rows(x, rank),
+                rank_rows(y, rank),
+                batch_size=B,
+                shuffle=False,
+                verbose=0,
+                callbacks=[hk.BroadcastInitialStateCallback()],
+            )
+            kept = model.optimizer is opt
+            if shard:  # the unsharded loss-scale optimizer's variables, gathered: what a checkpoint holds
+                state = model.optimizer.consolidated_variables(to=None)
+                specs = [list(shape) for shape, _ in model.optimizer.unsharded_specs()]
+            else:
+                state = [v.numpy() for v in model.optimizer.variables]
+                plain_state, specs = state, [list(v.shape) for v in model.optimizer.variables]
+            out[name] = {
+                "state_specs": specs,
+                "state_diff_vs_plain": max(float(np.max(np.abs(a - b), initial=0)) for a, b in zip(state, plain_state)),
+                "kept": kept,
+                "optimizer_class": type(model.optimizer).__name__,
+                "loss_scale": float(model.optimizer.dynamic_scale.numpy()),
+                "iterations": int(model.optimizer.iterations.numpy()),
+                "digest": digest(model),
+                "finite": bool(np.all(np.isfinite(weights_of(model)))),
+                "max_diff_vs_reference": max_diff(model, ref),
+            }
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return out
+
+
 def main(out_dir):
     topo = hk.init()
     rank, size = topo.rank, topo.size
@@ -275,6 +332,7 @@ def main(out_dir):
         checkpoint=section_checkpoint_and_warmup(rank, size, out_dir),
         bad_input=section_bad_input(rank),
         save_load=section_save_load(out_dir, rank),
+        mixed_precision=section_mixed_precision(rank, size),
     )
 
 

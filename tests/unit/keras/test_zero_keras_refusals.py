@@ -24,7 +24,6 @@ class MyAdam(keras.optimizers.Adam):
         lambda: keras.optimizers.Lamb(0.01),
         lambda: keras.optimizers.Adafactor(0.01),
         lambda: keras.optimizers.Muon(0.01),
-        lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01)),
         lambda: MyAdam(0.01),
     ],
 )
