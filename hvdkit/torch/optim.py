@@ -12,7 +12,7 @@ from ..core.errors import ConfigError, MissingDependencyError
 from ..core.log import get_logger
 from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
 from ..core.options import check_positive_int
-from . import autocompress, zero
+from . import autocompress, buckets, zero
 from ._engine import horovod_torch
 
 __all__ = ["DistributedOptimizer", "ScaledLRScheduler", "amp_step", "autocast"]
@@ -29,6 +29,7 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
     op: str = "average",
     max_grad_norm: float | None = None,
     shard_optimizer_state: bool = False,
+    bucket_mb: float | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 
@@ -67,6 +68,15 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       Layers unfrozen later join with ``opt.add_param_group``; a parameter frozen when it was built and
       unfrozen later is a ConfigError at the next backward or ``step()`` naming it.
 
+    - ``bucket_mb``: average the gradients in buckets of about this many MiB, in backward order, as
+      DDP does with 25 (the first bucket 1 MiB), each bucket one grouped allreduce started as soon as
+      its last gradient is ready (Horovod's ``groups``; ``hvdkit.torch.buckets``); the result is
+      bitwise the unbucketed one. None or 0 (default): every gradient goes to Horovod on its own and
+      its tensor fusion groups them. The plan, in bytes per bucket, is left in ``bucket_sizes``.
+      A parameter in a bucket must get a gradient on every rank or on none in a step (a layer that
+      no rank uses is fine; one skipped on some ranks only is not: leave ``bucket_mb`` unset there).
+      Not with ``shard_optimizer_state`` (ConfigError).
+
     A parameter frozen (``requires_grad=False``) when the unsharded optimizer is built and unfrozen
     later (progressive unfreezing) is averaged too, in ``synchronize()`` (not overlapped with backward).
 
@@ -83,6 +93,12 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         raise ConfigError(
             f"optimizer must be a torch.optim.Optimizer (got {type(optimizer).__name__}); "
             "create it first, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
+        )
+    bucket_mb = buckets.check_bucket_mb(bucket_mb)
+    if shard_optimizer_state and bucket_mb is not None:
+        raise ConfigError(
+            f"bucket_mb={bucket_mb:g} cannot be combined with shard_optimizer_state=True: ZeRO-1 reduce-scatters "
+            "in rounds of its own; drop bucket_mb"
         )
     if shard_optimizer_state:
         zero.check_shardable(optimizer)  # before any collective: every rank refuses alike
@@ -108,6 +124,7 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         )
     if max_grad_norm is not None:
         optimizer = _clipping_copy(optimizer)
+    groups = None if bucket_mb is None else buckets.plan_buckets(optimizer.param_groups, bucket_mb)
     wrapped = _listening_optimizer(
         hvd,
         optimizer,
@@ -115,7 +132,9 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
         backward_passes_per_step=backward_passes_per_step,
         op=hvd.Average if op == "average" else hvd.Sum,
+        groups=groups,
     )
+    wrapped.bucket_sizes = None if groups is None else [sum(p.numel() * p.element_size() for p in b) for b in groups]
     if max_grad_norm is not None:
         wrapped.max_grad_norm = float(max_grad_norm)
     wrapped.compression = compression  # what "auto" chose, for logs and result lines
