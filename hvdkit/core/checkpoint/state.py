@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
 from .arrays import ARRAYS, ArrayFile, write_arrays
 from .folder import listing, verify
@@ -97,7 +97,9 @@ class CheckpointerBase:
     Subclasses (``hvdkit.torch.Checkpointer``, ``hvdkit.tensorflow.Checkpointer``) turn their
     framework's state into tensors and back; see the ``_`` methods. ``scheduler`` is anything with
     ``state_dict()`` and ``load_state_dict(state)``. ``seed`` re-seeds the RNGs at a resume with
-    another world size. Collective: the constructor, ``save`` and ``restore`` are called by every rank.
+    another world size. ``async_save`` makes ``save`` return once rank 0 copied the state into host
+    memory; a thread writes it (see ``save`` and ``wait``).
+    Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
 
     def __init__(
@@ -110,7 +112,13 @@ class CheckpointerBase:
         comm: Communicator,
         seed: int,
         framework: str,
+        async_save: bool = False,
     ) -> None:
+        if not isinstance(async_save, bool):
+            raise ConfigError(
+                f"async_save must be True or False (got {async_save!r}): True writes checkpoints in the background"
+            )
+        self.async_save = async_save
         self.comm = comm
         self.seed = seed
         self.model = model
@@ -132,6 +140,13 @@ class CheckpointerBase:
     def _to_array(self, tensor):
         """``tensor`` as a NumPy array (rank 0, at write time, one tensor at a time)."""
         raise NotImplementedError
+
+    def _host_copies(self, items):
+        """Rank 0, ``async_save``: ``(name, array)`` pairs holding copies of the tensors in ``items``.
+
+        The copies must not change when training goes on (the write reads them in a thread).
+        """
+        return [(n, t if isinstance(t, np.ndarray) else np.array(self._to_array(t), copy=True)) for n, t in items]
 
     def _from_array(self, array, meta, name):
         """The tensor ``_to_array`` gave ``array`` for; ``name`` is its tree (``model``, ``extra``, ...)."""
@@ -178,20 +193,40 @@ class CheckpointerBase:
         ``extra`` may hold None, bool, int, float, str, bytes, lists, tuples, dicts (scalar keys)
         and tensors; anything else (a NumPy scalar or array, a path, an object of your own class),
         in ``extra`` or in a state dict, raises ConfigError on every rank naming its key path and
-        type, and nothing is written. Collective: every rank calls it.
+        type, and nothing is written. With ``async_save``, see ``wait``.
+        Collective: every rank calls it.
         """
+        self.wait()
         self._prepare()
         rngs = self.comm.allgather_object(capture_rng(self._framework_rng()), name="hvdkit.checkpoint.rng")
         plan = {}
 
         def check():  # rank 0, before anything is written
             plan["arrays"], plan["meta"] = self._encode(rngs, extra)
+            if self.async_save:  # training changes the tensors while the thread writes: copy them now
+                plan["arrays"] = self._host_copies(plan["arrays"])
 
         def write(folder):
             items = ((n, t if isinstance(t, np.ndarray) else self._to_array(t)) for n, t in plan["arrays"])
             return {ARRAYS: write_arrays(os.path.join(folder, ARRAYS), items)}
 
-        return self.store.save(write, step, epoch, meta=lambda: plan["meta"], check=check)
+        return self.store.save(write, step, epoch, meta=lambda: plan["meta"], check=check, background=self.async_save)
+
+    def wait(self) -> str | None:
+        """Wait for the checkpoint being written in the background; its path, or None when none was.
+
+        With ``async_save=True``, ``save`` blocks only while rank 0 copies the state into host
+        memory, then returns (with the path the checkpoint will have); a thread of rank 0 writes
+        it (temporary folder, fsync, manifest, atomic rename, as a synchronous save). One write
+        is in flight at a time: the next ``save`` first waits for the previous write (rank 0
+        says once that it had to wait, and how long). ``save``, ``wait`` and ``restore`` share the
+        outcome: a failed write raises CheckpointError on every rank there, naming its step and the
+        cause (earlier checkpoints stay). Call it at the end of a hand-written loop, and before
+        exiting on a preemption; at interpreter exit rank 0 still finishes the write, but a
+        failure is then only logged. ``hvdkit.torch.Trainer`` calls it at the end of ``fit``.
+        Collective: every rank calls it.
+        """
+        return self.store.wait()
 
     def _encode(self, rngs, extra):
         arrays = []
@@ -217,8 +252,10 @@ class CheckpointerBase:
         another world size the saved per-rank states cannot carry over, and every rank re-seeds
         Python, NumPy and the framework from ``(seed, step, rank)`` (logged on rank 0). A
         checkpoint that does not fit the model raises CheckpointError on every rank and is left
-        untouched. Collective: every rank calls it.
+        untouched. A checkpoint still being written in the background is waited for first.
+        Collective: every rank calls it.
         """
+        self.wait()
         self._prepare()
 
         def describe(snapshot, info):  # rank 0; what it raises fails every rank

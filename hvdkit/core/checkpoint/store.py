@@ -38,6 +38,7 @@ from ..log import get_logger
 from ..preemption import report_to_launcher
 from . import lock as checkpoint_lock
 from . import manifest as _manifest
+from .background import BackgroundWrites
 from .folder import (
     MANIFEST,
     delete_later,
@@ -111,6 +112,7 @@ class CheckpointStore:
         self.framework = framework
         self._lock = self._finalizer = None
         self._verified = {}  # path -> signature() of a checkpoint known to verify (rank 0)
+        self._writes = BackgroundWrites(comm, self.root)  # the write of a background save, in flight
         error = self._preflight() if comm.is_rank0 else None
         error = comm.broadcast_object(error, name="hvdkit.checkpoint.preflight")
         if error:
@@ -139,7 +141,13 @@ class CheckpointStore:
         return None
 
     def close(self) -> None:
-        """Release the folder's lock (rank 0; no collective). The store must not be used after."""
+        """Release the folder's lock (rank 0; no collective). The store must not be used after.
+
+        A background write still in flight is finished first (its failure is logged on rank 0).
+        """
+        writes = getattr(self, "_writes", None)
+        if writes is not None:
+            writes.finish_locally(when="at close")
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
@@ -202,6 +210,7 @@ class CheckpointStore:
         epoch: int,
         meta: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
         check: Callable[[], object] | None = None,
+        background: bool = False,
     ) -> str:
         """Write a checkpoint of ``step`` on rank 0; ``write(folder)`` puts the files in ``folder``.
 
@@ -214,14 +223,25 @@ class CheckpointStore:
         ConfigError it raises (data that could not be read back, say) is raised on every rank as ConfigError. Returns
         the checkpoint's path on every rank. Raises CheckpointError on every rank when rank 0
         could not write it; earlier checkpoints are then left untouched.
+
+        With ``background``, ``write`` (and ``meta``, when a function) run in a thread of rank 0
+        after ``check`` returned: ``check`` must leave everything ``write`` reads in memory of its
+        own (a copy of the state), since training goes on meanwhile. The save then returns the path
+        the checkpoint will have once written, and a failure of the write is raised on every rank
+        by the next ``save``, ``wait`` or ``load``. Every save first waits for the write in flight
+        (at most one at a time) and raises its failure, before anything else.
         Collective: every rank calls it; only rank 0 calls ``check`` and ``write``.
         """
+        self._writes.settle(next_step=int(step))
         result = None
         if self.comm.is_rank0:
             try:
                 if check is not None:
                     check()
-                result = ("ok", self._write(write, int(step), int(epoch), meta or {}))
+                if background:
+                    result = ("started", os.path.join(self.root, f"{_PREFIX}{int(step):012d}"))
+                else:
+                    result = ("ok", self._write(write, int(step), int(epoch), meta or {}))
             except ConfigError as e:
                 result = ("invalid", f"the checkpoint of step {step} was not saved: {e}")
             except Exception as e:  # noqa: BLE001 - any failure must reach every rank
@@ -229,9 +249,20 @@ class CheckpointStore:
         status, value = self.comm.broadcast_object(result, name="hvdkit.checkpoint.save")
         if status == "invalid":
             raise ConfigError(value)
-        if status != "ok":
+        if status == "started":
+            self._writes.start(int(step), lambda: self._write(write, int(step), int(epoch), meta or {}))
+        elif status != "ok":
             raise CheckpointError(value)
         return value
+
+    def wait(self) -> str | None:
+        """Wait for the background write in flight: its checkpoint's path, or None when none was in flight.
+
+        Raises CheckpointError on every rank when that write failed on rank 0 (naming its step and
+        the cause). Collective: every rank calls it (it communicates only when a background save
+        was made since the last ``save``, ``wait`` or ``load``).
+        """
+        return self._writes.settle()
 
     def _write(self, write, step, epoch, meta):
         t0 = time.perf_counter()
@@ -346,8 +377,10 @@ class CheckpointStore:
         ``(None, header, info)`` on the other ranks, None on every rank when there is no
         checkpoint. Any failure on rank 0 (the folder cannot be listed, no checkpoint loads,
         ``describe`` raises) raises CheckpointError on every rank, so no rank waits for another.
+        A background write in flight is waited for first (see ``wait``).
         Collective: every rank calls it; only rank 0 touches the file system.
         """
+        self.wait()
         outcome, state = None, None
         if self.comm.is_rank0:
             try:

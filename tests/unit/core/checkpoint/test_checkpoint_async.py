@@ -1,0 +1,124 @@
+"""Background checkpoint writes with a size-1 communicator: one write in flight, outcomes never lost."""
+
+import logging
+import os
+import threading
+
+import pytest
+from checkpoint_files import read, writer
+
+from hvdkit.core import CheckpointError, LocalCommunicator
+from hvdkit.core.checkpoint import CheckpointStore
+from hvdkit.core.checkpoint.lock import LOCK_FILE
+
+BOUND_S = 60  # a gate never opened would fail the test here instead of hanging it
+
+
+class WhenLogged(logging.Handler):
+    """Sets ``seen`` when the checkpoint logger emits a message containing ``text``."""
+
+    def __init__(self, text):
+        super().__init__(logging.DEBUG)
+        self.text, self.seen, self.messages = text, threading.Event(), []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+@pytest.fixture
+def checkpoint_log():
+    logger = logging.getLogger("hvdkit.checkpoint")
+    level = logger.level
+    handlers = []
+
+    def watch(text):
+        handler = WhenLogged(text)
+        logger.addHandler(handler)
+        handlers.append(handler)
+        return handler
+
+    logger.setLevel(logging.DEBUG)
+    yield watch
+    logger.setLevel(level)
+    for h in handlers:
+        logger.removeHandler(h)
+
+
+def gated_writer(payload, gate, events, name):
+    def write(folder):
+        events.append(f"{name} begins")
+        assert gate.wait(BOUND_S), f"{name} was never released"
+        writer(payload)(folder)
+        events.append(f"{name} ends")
+
+    return write
+
+
+def test_a_save_waits_for_the_write_in_flight_and_says_so_once(tmp_path, checkpoint_log):
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3)
+    events, gate = [], threading.Event()
+    waiting = checkpoint_log("waiting for the background write of step 1")
+
+    def release_when_step_2_waits():  # proves save(2) blocked: the gate opens only once it waits
+        waiting.seen.wait(BOUND_S)
+        events.append("released")
+        gate.set()
+
+    path = store.save(gated_writer(b"one", gate, events, "write 1"), 1, 0, background=True)
+    assert path == os.path.join(store.root, "ckpt-000000000001")
+    assert store.candidates() == []  # nothing in place yet: the write is held at the gate
+    threading.Thread(target=release_when_step_2_waits, daemon=True).start()
+    open_gate = threading.Event()
+    open_gate.set()
+    store.save(gated_writer(b"two", open_gate, events, "write 2"), 2, 0, background=False)
+    events.append("save 2 returned")
+    assert events == ["write 1 begins", "released", "write 1 ends", "write 2 begins", "write 2 ends", "save 2 returned"]
+    told = [m for m in waiting.messages if "waited" in m]
+    assert len(told) == 1 and "the save of step 2 waited" in told[0] and "write of step 1" in told[0]
+    store.save(writer(b"three"), 3, 0, background=True)
+    store.save(writer(b"four"), 4, 0, background=True)  # may or may not wait: never said again
+    assert store.wait() == os.path.join(store.root, "ckpt-000000000004")
+    assert len([m for m in waiting.messages if "waited" in m]) == 1
+    assert [os.path.basename(p) for _, p in store.candidates()] == [f"ckpt-00000000000{s}" for s in (4, 3, 2)]
+
+
+def test_a_failed_background_write_is_raised_by_wait_naming_its_step_and_cause(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3)
+    store.save(writer(b"good"), 1, 0, background=True)
+
+    def full_disk(folder):
+        raise OSError(28, "No space left on device")
+
+    store.save(full_disk, 2, 0, background=True)  # returns: the failure is not known yet
+    with pytest.raises(CheckpointError) as e:
+        store.wait()
+    assert "checkpoint of step 2 was not saved" in str(e.value) and "No space left on device" in str(e.value)
+    assert store.wait() is None  # raised once, then settled
+    assert sorted(os.listdir(store.root)) == [LOCK_FILE, "ckpt-000000000001"]  # no temporary folder left
+    assert store.load(read)[0] == b"good"
+
+
+def test_a_failed_background_write_is_raised_by_the_next_save_which_then_writes_nothing(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3)
+
+    def broken(folder):
+        raise ValueError("tensor went away")
+
+    store.save(broken, 5, 0, background=True)
+    with pytest.raises(CheckpointError, match="step 5 was not saved.*ValueError: tensor went away"):
+        store.save(writer(b"six"), 6, 0, background=True)
+    assert store.candidates() == [] and store.wait() is None
+    store.save(writer(b"seven"), 7, 0, background=True)
+    assert store.load(read)[0] == b"seven"  # a load waits for the write in flight first
+
+
+def test_close_finishes_the_write_in_flight_before_releasing_the_folder(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3)
+    gate, events = threading.Event(), []
+    store.save(gated_writer(b"x", gate, events, "write"), 1, 0, background=True)
+    threading.Timer(0.2, gate.set).start()
+    store.close()
+    assert events == ["write begins", "write ends"]
+    assert os.path.isdir(os.path.join(store.root, "ckpt-000000000001"))
