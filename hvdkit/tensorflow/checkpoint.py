@@ -65,8 +65,11 @@ class Checkpointer(CheckpointerBase):
     TensorFlow's global generator and the model's seed generators (dropout). Variables are written
     one at a time (no second copy of the state); ``extra`` takes the same data as torch's
     (tensors included) and comes back with the same types. ``seed`` re-seeds at another world size.
+    ``async_save=True``: ``save`` blocks only while rank 0 reads the variables into NumPy arrays of
+    its own, then a thread writes them; see ``wait`` (memory: one more copy of the state on rank 0
+    while a write is in flight).
 
-    Collective: the constructor, ``save`` and ``restore`` are called by every rank.
+    Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class Checkpointer(CheckpointerBase):
         keep: int = 3,
         comm: Communicator | None = None,
         seed: int = 0,
+        async_save: bool = False,
     ) -> None:
         import tensorflow as tf
 
@@ -98,6 +102,7 @@ class Checkpointer(CheckpointerBase):
             comm or communicator(),
             seed,
             framework=f"tensorflow {tf.__version__}",
+            async_save=async_save,
         )
         self._opt_vars = []
         self._consolidated = None  # a sharded optimizer's unsharded variables (rank 0, during save)
@@ -112,8 +117,9 @@ class Checkpointer(CheckpointerBase):
         in ``extra`` or in a state dict, raises ConfigError on every rank naming its key path and
         type, and nothing is written. A sharded optimizer (``shard_optimizer_state=True``) is saved as the
         unsharded one, gathered to rank 0 first, so any world size restores it, sharded or not.
-        Collective: every rank calls it.
+        With ``async_save``, see ``wait``. Collective: every rank calls it.
         """
+        self.wait()  # before anything else: every rank learns how the previous write went
         if self._sharded():
             self._prepare()
             self._consolidated = self.optimizer.consolidated_variables(to=0)
@@ -123,6 +129,7 @@ class Checkpointer(CheckpointerBase):
             self._consolidated = None
 
     restore = CheckpointerBase.restore  # named here so that the API reference, made from own members, lists it
+    wait = CheckpointerBase.wait
 
     def _sharded(self):
         return callable(getattr(self.optimizer, "consolidated_variables", None))

@@ -62,7 +62,11 @@ class Checkpointer(CheckpointerBase):
     ranks receive rank 0's tensors in bounded chunks straight into their parameters and buffers
     (the path ``broadcast_state`` takes at a fresh start): no rank holds a pickled copy of the state.
 
-    Collective: the constructor, ``save`` and ``restore`` are called by every rank.
+    ``async_save=True``: ``save`` blocks only while rank 0 copies the state into host memory (CUDA
+    tensors into pinned memory, one synchronization for all), then a thread writes it; see
+    ``wait``. Rank 0 keeps that copy between saves and reuses it (memory: one more state on rank 0).
+
+    Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
 
     # Typed as hvdkit.tensorflow.Checkpointer (a name the adapters share takes the same arguments): model a
@@ -76,6 +80,7 @@ class Checkpointer(CheckpointerBase):
         keep: int = 3,
         comm: Communicator | None = None,
         seed: int = 0,
+        async_save: bool = False,
     ) -> None:
         super().__init__(
             directory,
@@ -86,7 +91,9 @@ class Checkpointer(CheckpointerBase):
             comm or communicator(),
             seed,
             framework=f"torch {torch.__version__}",
+            async_save=async_save,
         )
+        self._staging = {}  # array name -> the host tensor an async save copies it into (rank 0)
 
     def save(self, step: int, epoch: int, extra: Any = None) -> str:
         """Write a checkpoint of ``step`` (rank 0 writes; every rank's RNG state is included).
@@ -98,14 +105,17 @@ class Checkpointer(CheckpointerBase):
         type, and nothing is written. A sharded optimizer (``shard_optimizer_state=True``) is
         gathered to rank 0 first, in rounds of at most its ``chunk_elements`` elements (the other
         ranks keep none of it), and saved whole, as the unsharded optimizer's state: any world
-        size, sharded or not, restores it. Collective: every rank calls it.
+        size, sharded or not, restores it. With ``async_save``, see ``wait``.
+        Collective: every rank calls it.
         """
+        self.wait()  # before anything else: every rank learns how the previous write went
         consolidate = getattr(self.optimizer, "consolidate_state_dict", None)
         if consolidate is not None:  # hk.DistributedOptimizer(..., shard_optimizer_state=True): gather it first
             consolidate(to=0)  # only rank 0 calls state_dict() (in store.save's check)
         return super().save(step, epoch, extra)
 
     restore = CheckpointerBase.restore
+    wait = CheckpointerBase.wait
 
     def _is_tensor(self, value):
         return isinstance(value, torch.Tensor)
@@ -120,6 +130,32 @@ class Checkpointer(CheckpointerBase):
         if t.dtype in _NUMPY_DTYPES:
             return t.numpy()
         return t.reshape(-1).view(torch.uint8).numpy()
+
+    def _host_copies(self, items):
+        """Copies of the tensors in host memory that training does not touch (rank 0, async save).
+
+        Each goes into a host tensor kept from the previous save when its shape and dtype match
+        (the previous write is finished by then); CUDA tensors are copied without blocking into
+        pinned memory, then waited for once. Without CUDA this is a plain copy.
+        """
+        staging, copies, on_gpu = {}, [], False
+        for name, t in items:
+            if not isinstance(t, torch.Tensor):
+                copies.append((name, t))
+                continue
+            t = t.detach()
+            host = self._staging.get(name)
+            if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                pin = t.is_cuda and torch.cuda.is_available()
+                host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            host.copy_(t, non_blocking=t.is_cuda)  # also resolves conjugate and negative views
+            on_gpu = on_gpu or t.is_cuda
+            staging[name] = host
+            copies.append((name, host))
+        if on_gpu:
+            torch.cuda.synchronize()
+        self._staging = staging
+        return [(name, t if isinstance(t, np.ndarray) else self._to_array(t)) for name, t in copies]
 
     def _from_array(self, array, meta, name):
         tensor = torch.from_numpy(array)
