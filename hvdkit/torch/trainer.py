@@ -63,7 +63,9 @@ class Trainer:
       global batch), ``eval_batch_size`` (default ``batch_size``), ``shuffle``, ``drop_last``,
       ``seed`` (sample order and re-seeding at another world size), ``num_workers``.
     - ``checkpoint_dir`` (None: no checkpoints), ``checkpoint_every`` (``"epoch"``, or a number of
-      optimizer steps: also mid-epoch, with the epoch's global sample offset), ``keep``.
+      optimizer steps: also mid-epoch, with the epoch's global sample offset), ``keep``,
+      ``async_save`` (True: training waits only while rank 0 copies the state to host memory, a
+      thread writes it; ``fit`` waits for the last write before it returns, also when stopped).
     - ``precision``: ``"fp32"``, ``"bf16"`` (forward pass under ``hk.autocast``) or ``"fp16"``
       (autocast plus a ``torch.amp.GradScaler`` stepped by ``hk.amp_step``).
     - ``lr_rule`` (``"linear"``, ``"sqrt"``, ``"none"``) and ``warmup_steps``: an ``hk.ScaledLRScheduler``
@@ -104,6 +106,7 @@ class Trainer:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int | str = "epoch",
         keep: int = 3,
+        async_save: bool = True,
         compression: str = "auto",
         max_grad_norm: float | None = None,
         shard_optimizer_state: bool = False,
@@ -147,7 +150,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
         state = LearningState({"lr_rule": rule, "scheduler": self.scheduler, "scaler": self.scaler})
         self.checkpointer = (
-            Checkpointer(checkpoint_dir, model, self.optimizer, state, keep=keep, seed=seed)
+            Checkpointer(checkpoint_dir, model, self.optimizer, state, keep=keep, seed=seed, async_save=async_save)
             if checkpoint_dir is not None
             else None
         )
@@ -222,6 +225,8 @@ class Trainer:
             guard.close()
             if tracker is not None and tracker is not self.options["tracking"]:
                 tracker.close()
+        if self.checkpointer is not None:  # the last background write (a stop's too); its failure on every rank
+            self.checkpointer.wait()
         call_callbacks(self.callbacks, "on_train_end", history)
         return history
 
