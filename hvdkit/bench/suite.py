@@ -12,6 +12,7 @@ on tiny sizes once: a correctness check of the suite (``make test`` runs it), no
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -36,6 +37,11 @@ checked before it is timed):
   (f) checkpoint save  (g) start-up  (h) ZeRO-1 optimizer state sharding: memory
       per rank, step time, bytes on the wire (in a private network namespace)
   Horovod's cycle time (unless --no-tune)
+--breakdown instead runs only the step breakdown: where a training step's time
+goes (forward, backward, communication exposed after backward, optimizer, host;
+communication hidden behind backward estimated), hvdkit/Horovod beside DDP, at
+hvdkit's and at Horovod's defaults (hvdkit.bench.step_sweep; OUT gets
+step_sweep.json and step_breakdown.png)
 
 The table goes to stdout, progress to stderr; OUT gets results.json, results.md,
 bandwidth.png, scaling.png and zero.png. Run it on a quiet machine: stray ranks of an
@@ -84,11 +90,23 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
         "--quick", action="store_true", help="every variant on tiny sizes, once: checks the suite, measures nothing"
     )
     p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the Horovod cycle-time comparison")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="only the step breakdown, hvdkit/Horovod beside DDP (two jobs; with --quick: toy models)",
+    )
     return p
 
 
 def run_args(args: argparse.Namespace) -> int:
-    """Run the suite from parsed arguments (``hvdkit bench``); the exit code."""
+    """Run the suite, or with ``--breakdown`` the step breakdown, from parsed arguments; the exit code."""
+    if args.breakdown:
+        from . import step_sweep
+
+        if args.np < 2:
+            raise ConfigError(f"-np must be at least 2 (got {args.np}): the breakdown averages over ranks")
+        step_sweep.run_sweep(args.out, "cpu", args.np, args.quick)
+        return step_sweep.report(os.path.join(args.out, "step_sweep.json"))
     run_suite(args.out, args.np, args.quick, args.tune)
     return 0
 

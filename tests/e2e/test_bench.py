@@ -129,3 +129,55 @@ def test_the_suite_writes_goals_a_table_and_plots(quick):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     md = (out / "results.md").read_text()
     assert "| goal | measured | target |" in md and "![bandwidth](bandwidth.png)" in md
+
+
+@pytest.fixture(scope="module")
+def breakdown(tmp_path_factory):
+    """``hvdkit bench --breakdown --quick``: its two 2-rank jobs (hvdkit's defaults, Horovod's), toy models."""
+    out = tmp_path_factory.mktemp("breakdown")
+    proc = run_bounded([HVDKIT, "bench", "--breakdown", "--quick", "--out", str(out)], timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "step_sweep.json", encoding="utf-8") as f:
+        return out, json.load(f), proc.stdout
+
+
+def test_the_breakdown_cuts_every_step_into_phases_that_sum_to_it(breakdown):
+    _, r, _ = breakdown
+    assert r["complete"] and not r["dry_run"] and r["plan"] == ["hvdkit defaults", "Horovod defaults"]
+    variants = {"hvdkit defaults": {"ddp", "hvdkit", "hvdkit_bucket"}, "Horovod defaults": {"ddp", "hvdkit"}}
+    for job in r["jobs"]:
+        assert "error" not in job and "skipped" not in job, job
+        assert set(job["result"]["models"]) == {"tiny_mlp", "tiny_bert"}
+        for model in job["result"]["models"].values():
+            assert set(model["variants"]) == variants[job["label"]]
+            assert model["comm_alone_s"]["horovod"] > 0 and model["comm_alone_s"]["ddp"] > 0
+            for v in model["variants"].values():
+                assert len(v["steps"]) == 4  # --quick: 2 interleaved runs of 2 timed steps
+                for step in v["steps"]:
+                    assert set(step) == {"forward", "backward", "exposed_comm", "optimizer", "host", "step"}
+                    assert all(step[p] >= 0 for p in step), step
+                    assert sum(step[p] for p in step if p != "step") == pytest.approx(step["step"], rel=1e-9)
+                mean = v["phases_mean_s"]
+                assert sum(mean.values()) == pytest.approx(v["step_mean_s"], rel=1e-9)
+                assert 0 <= v["hidden_comm_s"] <= mean["backward"]
+                assert v["across_ranks_abs_diff"] == 0.0  # every rank trained to the same parameters
+
+
+def test_the_breakdown_times_the_last_gradient_from_the_first_layer_and_buckets_the_toy_mlp_once(breakdown):
+    _, r, _ = breakdown
+    first = r["jobs"][0]["result"]["models"]["tiny_mlp"]
+    # tiny_mlp's parameters: 0.weight, 0.bias, 2.weight, ...: backward produces the first layer's last
+    assert {v["last_gradient"] for v in first["variants"].values()} <= {0, 1}
+    assert first["variants"]["hvdkit_bucket"]["bucket_sizes"] == [4 * first["parameters"]]  # < 1 MiB: one bucket
+
+
+def test_the_breakdown_runs_hvdkits_and_horovods_defaults_and_draws_them(breakdown):
+    out, r, stdout = breakdown
+    hvdkit, horovod = (job["result"]["horovod_env"] for job in r["jobs"])
+    assert (
+        hvdkit["HOROVOD_CYCLE_TIME"] == "0.5" and hvdkit["HOROVOD_FUSION_THRESHOLD"] is None
+    )  # Gloo's, set by hk.init
+    assert horovod["HOROVOD_CYCLE_TIME"] == "1" and horovod["HOROVOD_FUSION_THRESHOLD"] == str(128 << 20)
+    assert "| job | model | variant | step ms | forward | backward | exposed_comm |" in stdout
+    data = (out / "step_breakdown.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
