@@ -8,7 +8,8 @@ without spinning), ``hvdkit`` (``hvdkit.torch.DistributedOptimizer``), ``horovod
 ``compute_only`` (every rank steps a plain optimizer, nothing averaged: what sharing the machine
 alone costs); with
 ``--fp16`` also ``hvdkit_fp16`` (``compression="fp16"``), and with ``--auto`` the job records what
-``compression="auto"`` picks for this model (``hvdkit.torch.autocompress``) with both times.
+``compression="auto"`` picks for this model (``hvdkit.torch.autocompress``) with both times; with
+``--bucket`` also ``hvdkit_bucket`` (``bucket_mb=25``, DDP's buckets; checked bitwise equal to ``hvdkit``).
 Each rank keeps its own batch size (weak scaling), so scaling efficiency = t_single / t_variant.
 Before timing, the three distributed variants train a few steps from one initial state and must
 end with parameters identical across ranks and equal to each other. Rank 0 writes OUT.json.
@@ -29,7 +30,8 @@ from .stats import Samples, check_close, interleaved, timed
 # Communication is 10-30 % of a step for this model on one CPU core per rank (measured: "comm_share").
 WIDTH, DEPTH, BATCH = 1024, 4, 128
 QUICK = (64, 2, 8)
-VARIANTS = ("single", "compute_only", "hvdkit", "horovod", "ddp", "hvdkit_fp16")
+VARIANTS = ("single", "compute_only", "hvdkit", "horovod", "ddp", "hvdkit_fp16", "hvdkit_bucket")
+BUCKET_MB = 25
 FP16_TOL = 1e-2  # fp16 averaging moves the parameters in the 3rd-4th digit over the check's steps
 
 
@@ -42,9 +44,10 @@ def build_model(torch, width, depth, seed=0):
 
 
 class TrainJob(Job):
-    def __init__(self, width, depth, batch, fp16=False):
+    def __init__(self, width, depth, batch, fp16=False, bucket=False):
         super().__init__()
         self.distributed = ("hvdkit", "horovod", "ddp") + (("hvdkit_fp16",) if fp16 else ())
+        self.distributed += ("hvdkit_bucket",) if bucket else ()
         torch = self.torch
         self.width, self.depth, self.batch = width, depth, batch
         g = torch.Generator().manual_seed(1000 + self.rank)
@@ -84,6 +87,10 @@ class TrainJob(Job):
             m = copy.deepcopy(base)
             opt = hk.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01), model=m, compression="fp16")
             out["hvdkit_fp16"] = make_step(m, opt)
+        if "hvdkit_bucket" in self.distributed:
+            m = copy.deepcopy(base)
+            opt = hk.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01), model=m, bucket_mb=BUCKET_MB)
+            out["hvdkit_bucket"] = make_step(m, opt)
         return out
 
     def flat(self, model):
@@ -100,7 +107,7 @@ class TrainJob(Job):
             gathered = self.hvd.allgather_object(p[:1000].tolist(), name=f"bench.check.{n}")
             worst[f"{n}_across_ranks"] = check_close(f"{n} parameters across ranks", gathered[0], gathered[-1], 0.0)
         for n in self.distributed[1:]:
-            tol = FP16_TOL if n.endswith("fp16") else 1e-5
+            tol = FP16_TOL if n.endswith("fp16") else 0.0 if n == "hvdkit_bucket" else 1e-5
             worst[f"{n}_vs_hvdkit"] = check_close(
                 f"{n} vs hvdkit parameters", params[n].tolist(), params["hvdkit"].tolist(), tol
             )
@@ -202,10 +209,13 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--only", nargs="+", choices=VARIANTS, help="time only these (and the single-rank baseline)")
     p.add_argument("--fp16", action="store_true", help="also time hvdkit with compression='fp16'")
+    p.add_argument("--bucket", action="store_true", help=f"also time hvdkit with bucket_mb={BUCKET_MB}")
     p.add_argument("--auto", action="store_true", help="also record what compression='auto' picks for this model")
     args = p.parse_args(argv)
     width, depth, batch = QUICK if args.quick else (WIDTH, DEPTH, BATCH)
-    job = TrainJob(width, depth, batch, fp16=args.fp16 or "hvdkit_fp16" in (args.only or ()))
+    only = args.only or ()
+    fp16, bucket = args.fp16 or "hvdkit_fp16" in only, args.bucket or "hvdkit_bucket" in only
+    job = TrainJob(width, depth, batch, fp16=fp16, bucket=bucket)
     t0 = time.perf_counter()
     result = job.run(1 if args.quick else args.reps, 2 if args.quick else args.steps, args.only)
     if args.auto:
