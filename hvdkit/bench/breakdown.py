@@ -295,12 +295,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--batch", type=int, default=0, help="per rank (default: the model's)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant")
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps per variant first (at least 1)")
     p.add_argument("--reps", type=int, default=2, help="the timed steps come in this many interleaved runs")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket_mb of the hvdkit_bucket variant")
-    p.add_argument("--quick", action="store_true", help="(accepted from hvdkit bench; sizes come from --models)")
     args = p.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
+    if args.warmup < 1:
+        p.error("--warmup must be at least 1: the warm-up finds the parameter whose gradient comes last")
     t0 = time.perf_counter()
     ctx = _init(args.device)
     result: dict[str, Any] = {

@@ -9,7 +9,8 @@ in ``plan()``'s order, most useful first: hvdkit's defaults and Horovod's on Res
 BERT-base-sized encoder, then one variable at a time on ResNet-50 (fusion threshold, cycle time,
 async completion, NCCL streams, batched device copies), a Horovod timeline, then the same on the
 encoder. OUT_DIR/step_sweep.json is rewritten after every job, so a run cut off keeps what it
-measured; a job that fails is recorded with its error and the next one runs; with ``--budget`` a
+measured; a job that fails is recorded with its error and the next one runs (unless it was the first:
+then the others are skipped, since they run the same code); with ``--budget`` a
 job that would not fit in what is left (judged by the jobs before it) is recorded as skipped.
 On GPU, ranks outnumbering GPUs share them (``hvdkit.core.devices.shared_gpu_env``: NCCL < 2.30
 over sockets on loopback). ``hvdkit bench --breakdown`` runs the CPU plan (``--quick``: toy models).
@@ -148,6 +149,11 @@ def run_sweep(
         guess = next((s for m, s in reversed(durations) if m == job.models), durations[-1][1] if durations else 0)
         if dry_run:
             say(f"step sweep {n + 1}/{len(jobs)} {job.label}: {' '.join(f'{k}={v}' for k, v in env.items())} {argv}")
+            continue
+        first_failed = n > 0 and "error" in results["jobs"][0]
+        if first_failed:  # the same code runs in every job: its failure is the next job's, and time is short
+            entry["skipped"] = "the first job failed (see its error)"
+            save()
             continue
         if left is not None and left < 1.1 * guess + 5:
             entry["skipped"] = f"{left:.0f} s left, a job like it took {guess:.0f} s"

@@ -136,3 +136,29 @@ def test_the_gpu_script_dry_run_lists_the_whole_plan_with_the_shared_gpu_setting
     assert argv[argv.index("--device") + 1] == "cuda" and "--steps=20" in argv and "--warmup=10" in argv
     assert "--steps=16" in saved["jobs"][2]["argv"]
     assert "step sweep 21/21 batched D2D copies" in proc.stdout
+
+
+def test_after_a_failed_first_job_the_rest_are_skipped_and_a_job_that_would_not_fit_too(tmp_path, monkeypatch):
+    calls = []
+
+    def failing(name, argv, path, env, timeout):
+        calls.append(name)
+        raise RuntimeError("benchmark job failed (exit 1): no GPU")
+
+    monkeypatch.setattr(step_sweep, "run_job", failing)
+    r = step_sweep.run_sweep(str(tmp_path), device="cpu", quick=True)
+    assert calls == ["step sweep 1/2 hvdkit defaults"]
+    assert "no GPU" in r["jobs"][0]["error"] and r["jobs"][1]["skipped"] == "the first job failed (see its error)"
+
+    def slow(name, argv, path, env, timeout):
+        calls.append(name)
+        import time
+
+        time.sleep(0.3)
+        return {"models": {}}
+
+    calls.clear()
+    monkeypatch.setattr(step_sweep, "run_job", slow)
+    r = step_sweep.run_sweep(str(tmp_path), device="cpu", quick=True, budget=5.4)  # the second needs 1.1 x 0.3 + 5
+    assert calls == ["step sweep 1/2 hvdkit defaults"] and "left, a job like it took" in r["jobs"][1]["skipped"]
+    assert json.loads((tmp_path / "step_sweep.json").read_text())["jobs"][1]["skipped"]
