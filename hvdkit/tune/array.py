@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.errors import ConfigError
-from ..launcher.render.files import _line, _word  # the renderer's bash quoting, shared by every target
+from ..launcher.render.files import bash_line, bash_word  # the renderer's bash quoting, shared by every target
 from ..launcher.render.spec import MEMORY_PATTERN
 
 __all__ = ["TuneArray", "plan_tune_array", "render_tune_array"]
@@ -68,14 +68,14 @@ def plan_tune_array(
     if words[:2] != ["hvdkit", "tune"]:
         raise ConfigError(
             f"--tune renders hvdkit tune workers: give the command after '--' as 'hvdkit tune --space ... "
-            f"{STORAGE_EXAMPLE} ... -- python train.py' (got {_line(words[:3]) or 'nothing'} ...)"
+            f"{STORAGE_EXAMPLE} ... -- python train.py' (got {bash_line(words[:3]) or 'nothing'} ...)"
         )
     cut = words.index("--", 2) if "--" in words[2:] else len(words)
     options, training = words[2:cut], tuple(words[cut:])
     try:
         args = parse([*options, *training])
     except SystemExit:  # argparse has printed what is wrong
-        raise ConfigError(f"the hvdkit tune command after '--' does not parse: {_line(words)}") from None
+        raise ConfigError(f"the hvdkit tune command after '--' does not parse: {bash_line(words)}") from None
     if not training[1:]:
         raise ConfigError("the hvdkit tune command has no training command; end it with -- python train.py ...")
     if args.storage is None:
@@ -103,7 +103,7 @@ def plan_tune_array(
 def render_tune_array(array: TuneArray) -> str:
     """The SLURM batch script of ``array``: ``sbatch`` it once for all W workers."""
     memory = MEMORY_PATTERN.fullmatch(array.memory)
-    options = _line(array.options)
+    options = bash_line(array.options)
     again = ["hvdkit", "render", "slurm", "--tune", str(array.workers), "--name", array.name]
     again += ["--memory", array.memory, "--", "hvdkit", "tune", *array.options, "--out", array.out, *array.command]
     lines = [
@@ -112,7 +112,7 @@ def render_tune_array(array: TuneArray) -> str:
         f"# {array.workers} hvdkit tune worker(s), one per array task, each on one node with {array.cpus} slot(s)",
         "# (--parallel x -np), all on the study that --storage names; together they finish its --trials.",
         "# Rendered by hvdkit from one job description; change the description and render again:",
-        f"#   {_line(again)}",
+        f"#   {bash_line(again)}",
         f"#SBATCH --job-name={array.name}",
         f"#SBATCH --array=0-{array.workers - 1}",
         "#SBATCH --nodes=1",
@@ -125,6 +125,6 @@ def render_tune_array(array: TuneArray) -> str:
         "# trial only while the study has fewer than --trials finished or running trials, so tasks that",
         "# start late find the study done and end at once; rerun the array to resume an unfinished study.",
         "# Each task writes its table, trials.csv, best.json and trial folders under its own task-N folder.",
-        f"exec hvdkit tune {options} --out {_word(array.out)}/task-{TASK_ID} {_line(array.command)}",
+        f"exec hvdkit tune {options} --out {bash_word(array.out)}/task-{TASK_ID} {bash_line(array.command)}",
     ]
     return "\n".join(lines) + "\n"

@@ -27,6 +27,8 @@ __all__ = [
     "EXAMPLE_GPU",
     "render",
     "render_command",
+    "bash_word",
+    "bash_line",
     "example_files",
     "save",
     "main",
@@ -46,7 +48,7 @@ SCRIPT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
 
 
-def _word(word):
+def bash_word(word: str) -> str:
     """``word`` quoted for bash, on one line.
 
     Printable words get ``shlex.quote``; a word with a newline, tab, control or line-separator
@@ -66,8 +68,9 @@ def _word(word):
     return "$'" + "".join(parts) + "'"
 
 
-def _line(argv):
-    return " ".join(_word(a) for a in argv)
+def bash_line(argv: Sequence[str]) -> str:
+    """The words of ``argv``, each quoted for bash (``bash_word``), joined by spaces on one line."""
+    return " ".join(bash_word(a) for a in argv)
 
 
 def render_command(target: str, spec: RenderSpec) -> list[str]:
@@ -88,10 +91,10 @@ def render_command(target: str, spec: RenderSpec) -> list[str]:
 def _header(target, spec, what):
     return [
         f"# {what}",
-        f"# Job {spec.name}: `{_line(spec.command)}` with -np {spec.num_proc}"
+        f"# Job {spec.name}: `{bash_line(spec.command)}` with -np {spec.num_proc}"
         f" on {spec.nodes} node(s) x {spec.slots_per_node} slot(s){' (one per GPU)' if spec.gpus_per_node else ''}.",
         "# Rendered by hvdkit from one job description; change the description and render again:",
-        f"#   {_line(render_command(target, spec))}",
+        f"#   {bash_line(render_command(target, spec))}",
     ]
 
 
@@ -104,7 +107,7 @@ def _slurm(spec):
             f"-np {spec.max_np} to allocate {spec.max_np} tasks, or --max-np {spec.num_proc}"
         )
     memory = MEMORY_PATTERN.fullmatch(spec.memory)
-    command = _line(spec.command)
+    command = bash_line(spec.command)
     lines = [
         "#!/bin/bash",
         *_header("slurm", spec, "SLURM batch script: `sbatch slurm.sbatch` in the folder the command's paths start."),
@@ -150,7 +153,7 @@ def _slurm_gpus(spec):
 def _slurm_elastic(lines, spec):
     """The batch script's lines made elastic: --no-kill, what elastic means there, the flags."""
     mem = next(i for i, line in enumerate(lines) if line.startswith("#SBATCH --mem="))
-    run = lines[-1].replace(" -- ", f" {_line(spec.elastic_flags)} -- ", 1)
+    run = lines[-1].replace(" -- ", f" {bash_line(spec.elastic_flags)} -- ", 1)
     return [*lines[: mem + 1], "#SBATCH --no-kill", *lines[mem + 1 : -1], *_SLURM_ELASTIC, run]
 
 
@@ -238,7 +241,7 @@ def _script(spec, controller):
         "#!/bin/bash",
         *_header(tool, spec, f"The plain {tool} line for this job, to start it without `hvdkit run`."),
         "# It is what this prints, less hvdkit's rank wrapper:",
-        f"#   {_line([*dry_run, '--', *spec.command])}",
+        f"#   {bash_line([*dry_run, '--', *spec.command])}",
     ]
     if tool == "mpirun":
         lines += [
@@ -250,8 +253,8 @@ def _script(spec, controller):
             "# Put your hosts in -H, or replace `-H ...` by `--hostfile FILE`: horovodrun reads only",
             "# `host slots=N` lines there, no comments and no blank lines.",
         ]
-    lines += ["set -euo pipefail", *(f"export {k}={_word(v)}" for k, v in sorted(built.env.items()))]
-    lines.append(f"exec {_line(argv)}")
+    lines += ["set -euo pipefail", *(f"export {k}={bash_word(v)}" for k, v in sorted(built.env.items()))]
+    lines.append(f"exec {bash_line(argv)}")
     return "\n".join(lines) + "\n"
 
 
