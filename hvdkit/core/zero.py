@@ -1,18 +1,38 @@
-"""ZeRO-1's partition arithmetic, shared by ``hvdkit.torch.zero`` and ``hvdkit.keras.zero`` (no framework).
+"""ZeRO-1's arithmetic, shared by ``hvdkit.torch.zero`` and ``hvdkit.keras.zero`` (no framework).
 
 A flat vector of ``length`` elements is cut into one contiguous slice per rank, the way Horovod's
 ``reducescatter`` cuts a first dimension, so the slice a rank owns is the slice the engine hands it.
 ``plan_rounds`` cuts the moving of those slices (reduce-scatter, all-gather) into rounds of bounded
-size, so that no round needs a temporary larger than a fixed number of elements.
+size, so that no round needs a temporary larger than a fixed number of elements; ``rank_parts``
+says which elements of a round's piece each rank holds, ``spans`` which tensors a run of a flat
+vector covers, ``pack_rounds`` packs consecutive items into rounds of bounded size.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterator, Sequence
 from typing import NamedTuple
 
 from .errors import ConfigError
 
-__all__ = ["Piece", "Slice", "partition", "plan_rounds"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "ROUND_ELEMENTS",
+    "Piece",
+    "Slice",
+    "pack_rounds",
+    "partition",
+    "plan_rounds",
+    "rank_parts",
+    "spans",
+]
+
+# Elements (all ranks' parts together) one round of a step's reduce-scatter or all-gather moves: the
+# bound on its temporaries (16 MiB of fp32). The torch and Keras optimizers' default round_elements.
+ROUND_ELEMENTS = 1 << 22
+# Elements of optimizer state one round of a consolidation or a scatter of the state moves (16 MiB of
+# fp32): the torch optimizer's default chunk_elements.
+CHUNK_ELEMENTS = 1 << 22
 
 
 class Piece(NamedTuple):
@@ -74,4 +94,45 @@ def plan_rounds(lengths: list[int], size: int, limit: int) -> list[list[Piece]]:
             rounds[-1].append(Piece(g, lo, hi))
             used += hi - lo
             lo = hi
+    return rounds
+
+
+def rank_parts(bounds: Sequence[Slice], piece: Piece) -> list[tuple[int, int]]:
+    """Each rank's elements of ``piece`` in its flat vector, ``(start, stop)`` in rank order.
+
+    ``bounds``: the vector's ``partition``. A rank's part is the elements ``[piece.lo, piece.hi)`` of
+    its slice, cut short where the slice is (maybe empty).
+    """
+    return [(a + min(piece.lo, b - a), a + min(piece.hi, b - a)) for a, b in bounds]
+
+
+def spans(offsets: Sequence[int], start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+    """``(index, lo, hi)`` for each tensor that overlaps the flat elements ``[start, stop)``: its elements ``[lo, hi)``.
+
+    ``offsets``: where each tensor starts in the flat vector, then its length (``offsets[i + 1] -
+    offsets[i]`` elements for tensor ``i``). Tensors in order; one with no element in the run is skipped.
+    """
+    for i in range(len(offsets) - 1):
+        lo, hi = max(start - offsets[i], 0), min(stop - offsets[i], offsets[i + 1] - offsets[i])
+        if lo < hi:
+            yield i, lo, hi
+
+
+def pack_rounds(sizes: Sequence[int], limit: int, kinds: Sequence[Hashable] | None = None) -> list[list[int]]:
+    """The indices of ``sizes`` (elements of each item, in order) packed into rounds of consecutive items.
+
+    A round holds at most ``limit`` elements, or a single item larger than that; with ``kinds``
+    (one per item, e.g. a dtype) a round holds items of one kind only. Every index appears once, in
+    order; the same on every rank.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"limit must be an int >= 1 (got {limit!r})")
+    rounds: list[list[int]] = []
+    used = limit
+    for i, n in enumerate(sizes):
+        if not rounds or used + n > limit or (kinds is not None and kinds[i] != kinds[rounds[-1][-1]]):
+            rounds.append([])
+            used = 0
+        rounds[-1].append(i)
+        used += n
     return rounds

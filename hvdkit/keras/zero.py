@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from ..core.errors import ConfigError
 from ..core.options import AUTO
-from ..core.zero import partition
+from ..core.zero import ROUND_ELEMENTS, partition, spans
 from ..tensorflow import autocompress
 from ..tensorflow._engine import horovod_tf
 from . import zero_rounds
@@ -141,10 +141,7 @@ class _Group:
 
     def spans(self, start, stop):
         """``(index, lo, hi)`` for each variable that overlaps the flat elements ``[start, stop)``: its ``[lo, hi)``."""
-        for i, n in enumerate(self.sizes):
-            lo, hi = max(start - self.offsets[i], 0), min(stop - self.offsets[i], n)
-            if lo < hi:
-                yield i, lo, hi
+        return spans(self.offsets, start, stop)
 
 
 def _dense(t):
@@ -201,7 +198,7 @@ class ShardedMixin:
 
     _hvdkit_zero = None
     _hvdkit_base = None  # the user's optimizer class (set on the class DistributedOptimizer makes)
-    round_elements = zero_rounds.ROUND_ELEMENTS
+    round_elements = ROUND_ELEMENTS
 
     @property
     def last_rounds(self) -> dict[str, int] | None:

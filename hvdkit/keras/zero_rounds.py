@@ -25,18 +25,10 @@ from typing import Any
 import tensorflow as tf
 
 from ..core.options import check_positive_int
-from ..core.zero import Piece, Slice, plan_rounds
+from ..core.zero import ROUND_ELEMENTS, pack_rounds, plan_rounds, rank_parts
 
+# ROUND_ELEMENTS and rank_parts are hvdkit.core.zero's, named here too for the code that imports them from here.
 __all__ = ["ROUND_ELEMENTS", "gather", "rank_parts", "refresh", "scatter", "variable_rounds"]
-
-# Elements (all ranks' parts together) one round of a step's reduce-scatter or all-gather moves: the
-# bound on its temporaries (16 MiB of fp32), as in hvdkit.torch.zero.
-ROUND_ELEMENTS = 1 << 22
-
-
-def rank_parts(bounds: Sequence[Slice], piece: Piece) -> list[tuple[int, int]]:
-    """Each rank's elements of ``piece`` in its flat vector, ``(start, stop)`` in rank order (``bounds``: slices)."""
-    return [(a + min(piece.lo, b - a), a + min(piece.hi, b - a)) for a, b in bounds]
 
 
 def _read(group, tensors, start, stop):
@@ -120,14 +112,7 @@ def variable_rounds(sizes: list[int], limit: int) -> list[list[int]]:
     appears once, in order. The same on every rank.
     """
     check_positive_int("round_elements", limit, "set it on the optimizer (e.g. 1 << 22)")
-    rounds, used = [], limit
-    for i, n in enumerate(sizes):
-        if not rounds or used + n > limit:
-            rounds.append([])
-            used = 0
-        rounds[-1].append(i)
-        used += n
-    return rounds
+    return pack_rounds(sizes, limit)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -25,7 +25,7 @@ import torch
 
 from ..core.errors import CollectiveError, ConfigError
 from ..core.options import check_positive_int
-from ..core.zero import Slice, partition, plan_rounds
+from ..core.zero import CHUNK_ELEMENTS, ROUND_ELEMENTS, Slice, pack_rounds, partition, plan_rounds, rank_parts, spans
 from ._engine import horovod_torch
 from .state import join_tensors, raise_unless_all_fit, split_tensors, tensor_specs
 from .zero_flat import FlatGroup
@@ -60,13 +60,6 @@ ELEMENTWISE_OPTIMIZERS = (
     torch.optim.Adadelta,
     torch.optim.ASGD,
 )
-
-
-# Elements of optimizer state one round of consolidate_state_dict() moves (16 MiB of fp32).
-CHUNK_ELEMENTS = 1 << 22
-# Elements (all ranks' parts together) one round of step()'s reduce-scatter or all-gather moves: the
-# bound on its temporaries (16 MiB of fp32).
-ROUND_ELEMENTS = 1 << 22
 
 
 @functools.cache
@@ -372,17 +365,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         groups = self._active()
         return groups, plan_rounds([g.offsets[-1] for g in groups], self._size, self.round_elements)
 
-    @staticmethod
-    def _parts(g, piece):
-        """Each rank's elements of ``piece`` in group ``g``'s flat vector, ``(start, stop)`` in rank order."""
-        return [(a + min(piece.lo, b - a), a + min(piece.hi, b - a)) for a, b in g.bounds]
-
     def _packs(self, groups, round_):
         """One temporary per piece of ``round_``: every rank's part of it, in rank order (fp16 with compression)."""
         packs = []
         for piece in round_:
             g = groups[piece.group]
-            pack = torch.cat([g.grads[a:b] for a, b in self._parts(g, piece)])
+            pack = torch.cat([g.grads[a:b] for a, b in rank_parts(g.bounds, piece)])
             packs.append(pack.to(torch.float16) if self.compression == "fp16" else pack)
         return packs
 
@@ -390,7 +378,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """This rank's reduced part of each piece of ``round_`` into its slice of the gradient buffer."""
         for piece, out in zip(round_, outs, strict=True):
             g = groups[piece.group]
-            a, b = self._parts(g, piece)[self._rank]
+            a, b = rank_parts(g.bounds, piece)[self._rank]
             g.grads[a:b].copy_(out)
 
     def _reduce_scatter(self):
@@ -408,7 +396,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         largest = 0
         for n in round_order(len(rounds)):
             round_ = rounds[n]
-            largest = max(largest, sum(len(range(*part)) for p in round_ for part in self._parts(groups[p.group], p)))
+            largest = max(
+                largest, sum(len(range(*part)) for p in round_ for part in rank_parts(groups[p.group].bounds, p))
+            )
             if n in early.finished:
                 continue
             if early.in_flight(n):
@@ -445,13 +435,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             sends = []
             for piece in round_:
                 g = groups[piece.group]
-                a, b = self._parts(g, piece)[self._rank]
+                a, b = rank_parts(g.bounds, piece)[self._rank]
                 sends.append(g.flat[a:b])
             outs = self._hvd.grouped_allgather(sends, name=f"hvdkit.zero.params.{n}")
             for piece, out in zip(round_, outs, strict=True):
                 g = groups[piece.group]
                 at = 0
-                for r, (a, b) in enumerate(self._parts(g, piece)):
+                for r, (a, b) in enumerate(rank_parts(g.bounds, piece)):
                     if r != self._rank:  # this rank's part is already in place
                         g.flat[a:b].copy_(out[at : at + b - a])
                     at += b - a
@@ -494,13 +484,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         hi = min(lo + chunk, b)
                         part = mine[lo - a : hi - a] if r == self._rank else mine.new_empty(0)
                         pieces.append((whole, lo, hi, part))
-        rounds, size = [], chunk  # pack the pieces (each <= chunk) into rounds of <= chunk elements
-        for piece in pieces:
-            if size + piece[2] - piece[1] > chunk:
-                rounds.append([])
-                size = 0
-            rounds[-1].append(piece)
-            size += piece[2] - piece[1]
+        # the pieces (each <= chunk) packed into rounds of <= chunk elements
+        rounds = [[pieces[j] for j in round_] for round_ in pack_rounds([p[2] - p[1] for p in pieces], chunk)]
         largest = 0
         for i, round_ in enumerate(rounds):
             outs = self._hvd.grouped_allgather([p[3] for p in round_], name=f"hvdkit.zero.state.{i}")
@@ -684,20 +669,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 for r, (a, b) in enumerate(partition(g.offsets[-1], self._size)):
                     if r != root:  # the root keeps the slices it loaded
                         pieces.extend((gi, k, r, lo, min(lo + chunk, b), dtype) for lo in range(a, b, chunk))
-        rounds = []  # each round: pieces of one dtype, <= chunk elements, sent in rank order
-        for piece in pieces:
-            n = piece[4] - piece[3]
-            if not rounds or rounds[-1][0] != piece[5] or rounds[-1][1] + n > chunk:
-                rounds.append([piece[5], 0, []])
-            rounds[-1][1] += n
-            rounds[-1][2].append(piece)
+        # each round: pieces of one dtype, <= chunk elements, sent in rank order
+        packed = pack_rounds([p[4] - p[3] for p in pieces], chunk, [p[5] for p in pieces])
+        rounds = [(pieces[round_[0]][5], [pieces[j] for j in round_]) for round_ in packed]
         mine = {}
         for gi, g in enumerate(self._groups):
             for k in keys[gi] if entries[gi] is not None else []:
                 start, stop = g.slice
                 mine[gi, k] = torch.empty(stop - start, dtype=entries[gi][0][k].dtype, device=self._device())
         received = 0
-        for i, (dtype, _, round_) in enumerate(rounds):
+        for i, (dtype, round_) in enumerate(rounds):
             round_.sort(key=lambda piece: piece[2])  # stable: the same order on every rank
             splits = torch.zeros(self._size, dtype=torch.int32)
             if self._rank == root:
@@ -723,11 +704,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _flat_range(self, gi, tensors, lo, hi):
         """Elements ``[lo, hi)`` of the flat vector of group ``gi``'s ``tensors`` (one per trainable parameter)."""
         g = self._groups[gi]
-        parts = []
-        for t, a, b in zip(tensors, g.offsets, g.offsets[1:], strict=False):
-            if a < hi and lo < b:
-                parts.append(t.reshape(-1)[max(lo - a, 0) : min(hi, b) - a])
-        return torch.cat(parts)
+        return torch.cat([tensors[i].reshape(-1)[a:b] for i, a, b in spans(g.offsets, lo, hi)])
 
 
 def _is_slice(value):

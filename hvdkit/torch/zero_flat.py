@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from ..core.errors import ConfigError
-from ..core.zero import partition
+from ..core.zero import partition, spans
 
 __all__ = ["FlatGroup"]
 
@@ -81,11 +81,7 @@ class FlatGroup:
 
     def pieces(self) -> Iterator[tuple[int, int, int]]:
         """``(index, lo, hi)`` for each parameter that overlaps this rank's slice: its elements ``[lo, hi)``."""
-        start, stop = self.slice
-        for i, p in enumerate(self.params):
-            lo, hi = max(start - self.offsets[i], 0), min(stop - self.offsets[i], p.numel())
-            if lo < hi:
-                yield i, lo, hi
+        return spans(self.offsets, *self.slice)
 
     def own(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """This rank's slice of the flat vector of ``tensors`` (one per trainable parameter), copied."""

@@ -32,6 +32,7 @@ import weakref
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..core.zero import rank_parts
 
 # The optimizer these rounds belong to: a hvdkit.torch.zero.ShardedOptimizer (not imported: zero imports this).
 ShardedOptimizer = Any
@@ -128,7 +129,7 @@ class EarlyRounds:
                 needed = set()
                 for piece in round_:
                     g = groups[piece.group]
-                    for a, b in optimizer._parts(g, piece):
+                    for a, b in rank_parts(g.bounds, piece):
                         first = bisect.bisect_right(g.offsets, a) - 1
                         for i in range(max(first, 0), len(g.params)):
                             if g.offsets[i] >= b:
