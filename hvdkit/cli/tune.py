@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
 
-__all__ = ["register", "main"]
+if TYPE_CHECKING:
+    from ..tune.config import TuneConfig
+
+__all__ = ["register", "main", "config_from_args"]
 
 EXAMPLE = (
     "hvdkit tune --space space.yaml --metric val_loss --mode min --trials 20 --parallel 2 -np 1 "
@@ -89,9 +93,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run ``hvdkit tune`` from parsed arguments; the exit code (0 done, 1 a parameter set kept failing or
     --max-failures trials failed, 130 interrupted)."""
+    cfg = config_from_args(args)
+    if cfg.backend == "ray":
+        from ..tune.ray_backend import run_ray_study
+
+        return run_ray_study(cfg, address=cfg.ray_address)
+    from ..tune.study import run_study
+
+    return run_study(cfg)
+
+
+def config_from_args(args: argparse.Namespace) -> TuneConfig:
+    """The frozen ``TuneConfig`` of ``hvdkit tune``'s parsed arguments: the parsed flags go no further.
+    Raises ConfigError for a missing training command or a bad --status-interval; the backends check
+    the rest (``TuneConfig.check``) before they start anything."""
     from ..launcher.spec import check_command
+    from ..tune.config import TuneConfig
     from ..tune.space import load_space
-    from ..tune.study import TuneConfig, run_study
 
     command = tuple(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
@@ -99,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
     check_command(command)
     if args.status_interval <= 0:
         raise ConfigError(f"--status-interval must be > 0 seconds (got {args.status_interval!r})")
-    cfg = TuneConfig(
+    return TuneConfig(
         space=load_space(args.space),
         metric=args.metric,
         mode=args.mode,
@@ -118,8 +136,6 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         run_flags=("--gloo",) if args.gloo else (),
         status_interval=args.status_interval,
+        backend=args.backend,
+        ray_address=args.ray_address,
     )
-    from ..tune.ray_backend import run_backend
-
-    code = run_backend(args, cfg)
-    return run_study(cfg) if code is None else code

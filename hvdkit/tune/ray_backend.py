@@ -23,11 +23,11 @@ from typing import Any, TextIO
 
 from ..core import env as _env
 from ..core.errors import ConfigError, MissingDependencyError
+from .config import EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED, TuneConfig, placeholder_note
 from .results import ATTEMPT_ATTR, ERROR_ATTR, KEY_ATTR, write_results
 from .slots import local_cores, plan_slots
 from .space import SearchSpace
 from .storage import import_optuna
-from .study import EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED, TuneConfig, placeholder_note
 
 __all__ = ["add_backend_arguments", "run_ray_study", "import_ray", "scheduler_for", "trial_resources"]
 
@@ -288,20 +288,6 @@ def _distribution(optuna: Any, p: Any) -> Any:
     if p.kind == "int":
         return d.IntDistribution(p.low, p.high, log=p.log, step=p.step or 1)
     return d.CategoricalDistribution(list(p.choices))
-
-
-def run_backend(args: Any, cfg: TuneConfig) -> int | None:
-    """``hvdkit tune --backend ray``'s exit code for the parsed ``args``; None for the local backend."""
-    if args.backend != "ray":
-        if args.ray_address is not None:
-            raise ConfigError(f"--ray-address {args.ray_address!r} needs --backend ray")
-        return None
-    if cfg.storage is not None:
-        raise ConfigError(
-            f"--storage {cfg.storage!r} is for the local backend (several hvdkit tune processes on one study); "
-            "with --backend ray, Ray runs every trial of the study: leave --storage out"
-        )
-    return run_ray_study(cfg, address=args.ray_address)
 
 
 def run_ray_study(cfg: TuneConfig, address: str | None = None, stream: TextIO | None = None) -> int:

@@ -22,6 +22,7 @@ from ray.tune.schedulers import MedianStoppingRule, TrialScheduler
 
 from ..core import env as _env
 from ..core.tune_channel import read_reports
+from .config import substitute
 from .runner import LocalProcess, TrialLaunch, tail
 from .slots import local_cores
 
@@ -73,8 +74,6 @@ class HvdkitTrial(tune.Trainable):
     """
 
     def setup(self, config: dict[str, Any], plan: dict[str, Any] | None = None) -> None:
-        from .study import substitute
-
         self.plan = plan or {}
         self.metric = self.plan["metric"]
         self.key = trial_key(self.plan["out"], self.trial_id)

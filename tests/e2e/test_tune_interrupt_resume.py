@@ -14,9 +14,10 @@ import time
 import pytest
 from helpers import HVDKIT, PYTHON, ROOT
 
+from hvdkit.tune.config import TuneConfig
 from hvdkit.tune.runner import LocalRunner
 from hvdkit.tune.space import parse_space
-from hvdkit.tune.study import Driver, TuneConfig
+from hvdkit.tune.study import Driver
 from hvdkit.tune.workers import JOB_ATTR
 
 pytestmark = pytest.mark.dist

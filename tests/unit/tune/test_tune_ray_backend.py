@@ -2,7 +2,6 @@
 a trial's placement group, the trial folders' numbering, the searcher's space (Ray pickles it), and
 the results of what Ray ran in the local backend's format."""
 
-import argparse
 import csv
 import io
 import json
@@ -17,18 +16,17 @@ pytest.importorskip("ray.tune")
 optuna = pytest.importorskip("optuna")
 
 from hvdkit.core.errors import ConfigError, MissingDependencyError  # noqa: E402
+from hvdkit.tune.config import TuneConfig  # noqa: E402
 from hvdkit.tune.ray_backend import (  # noqa: E402
     DefineByRun,
     RayStudy,
     import_ray,
-    run_backend,
     scheduler_for,
     trial_resources,
 )
 from hvdkit.tune.ray_trial import TrialRecord, known_key, trial_key  # noqa: E402
 from hvdkit.tune.results import write_results  # noqa: E402
 from hvdkit.tune.space import parse_space  # noqa: E402
-from hvdkit.tune.study import TuneConfig  # noqa: E402
 
 SPACE = parse_space(
     {"lr": {"type": "float", "low": 1e-3, "high": 0.5, "log": True}, "bs": {"type": "categorical", "choices": [16, 32]}}
@@ -61,12 +59,28 @@ def test_a_trial_is_one_bundle_of_k_cpus_and_k_gpus_only_where_the_cluster_has_g
 
 
 def test_ray_address_without_the_ray_backend_and_storage_with_it_are_errors(tmp_path):
-    args = argparse.Namespace(backend="local", ray_address="10.0.0.1:6379")
     with pytest.raises(ConfigError, match="--ray-address '10.0.0.1:6379' needs --backend ray"):
-        run_backend(args, _cfg(tmp_path))
-    assert run_backend(argparse.Namespace(backend="local", ray_address=None), _cfg(tmp_path)) is None
+        _cfg(tmp_path, ray_address="10.0.0.1:6379").check()
+    _cfg(tmp_path, backend="local").check()
+    _cfg(tmp_path, backend="ray", ray_address="10.0.0.1:6379").check()
     with pytest.raises(ConfigError, match="--storage 'x.journal' is for the local backend"):
-        run_backend(argparse.Namespace(backend="ray", ray_address=None), _cfg(tmp_path, storage="x.journal"))
+        _cfg(tmp_path, backend="ray", storage="x.journal").check()
+
+
+def test_the_parsed_flags_become_the_config_that_picks_the_backend(tmp_path):
+    from hvdkit import cli
+    from hvdkit.cli.tune import config_from_args
+
+    space, script = tmp_path / "space.yaml", tmp_path / "t.py"
+    space.write_text("lr: {type: float, low: 0.001, high: 0.5, log: true}\n")
+    script.write_text("pass\n")
+    words = ["tune", "--space", str(space), "--metric", "val_loss", "--mode", "min", "--trials", "3"]
+    local = config_from_args(cli._parser().parse_args([*words, "--", "python", str(script)]))
+    assert (local.backend, local.ray_address, local.command) == ("local", None, ("python", str(script)))
+    assert (local.trials, local.space.names()) == (3, ["lr"])
+    flags = ["--backend", "ray", "--ray-address", "h:6379", "--", "python", str(script)]
+    ray = config_from_args(cli._parser().parse_args([*words, *flags]))
+    assert (ray.backend, ray.ray_address, ray.storage) == ("ray", "h:6379", None)
 
 
 @settings(max_examples=30, deadline=None)

@@ -9,8 +9,9 @@ import shutil
 
 import pytest
 
+from hvdkit.tune.config import TuneConfig
 from hvdkit.tune.space import parse_space
-from hvdkit.tune.study import Driver, TuneConfig
+from hvdkit.tune.study import Driver
 
 optuna = pytest.importorskip("optuna")
 SPACE = {

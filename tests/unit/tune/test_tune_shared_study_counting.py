@@ -8,8 +8,9 @@ import io
 import pytest
 
 from hvdkit.core.errors import ConfigError
+from hvdkit.tune.config import TuneConfig
 from hvdkit.tune.space import parse_space
-from hvdkit.tune.study import Driver, TuneConfig
+from hvdkit.tune.study import Driver
 
 optuna = pytest.importorskip("optuna")
 

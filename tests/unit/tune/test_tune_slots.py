@@ -72,7 +72,7 @@ def test_a_pinned_program_sees_only_its_group_as_this_machine_s_cores():
 
 
 def test_a_command_without_trial_dir_gets_a_note_about_shared_checkpoints():
-    from hvdkit.tune.study import placeholder_note, substitute
+    from hvdkit.tune.config import placeholder_note, substitute
 
     assert "give each trial its own folder" in placeholder_note(("python", "train.py", "--epochs", "3"))
     assert placeholder_note(("python", "train.py", "--checkpoint-dir", "{trial_dir}/ckpt")) is None
