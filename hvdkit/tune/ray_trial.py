@@ -23,6 +23,7 @@ from ray.tune.schedulers import MedianStoppingRule, TrialScheduler
 from ..core import env as _env
 from ..core.tune_channel import read_reports
 from .config import substitute
+from .outcome import EXITED, trial_outcome
 from .runner import LocalProcess, TrialLaunch, tail
 from .slots import local_cores
 
@@ -137,18 +138,11 @@ class HvdkitTrial(tune.Trainable):
 
     def _end(self, code: int) -> dict[str, Any]:
         self.exit_code = code
-        if code != 0:
-            raise RuntimeError(
-                f"trial {self.key}: hvdkit run exit code {code}; last output "
-                f"({self.launch.log_path}):\n{tail(self.launch.log_path)}"
-            )
-        if not self.relayed:
-            seen = sorted({k for m in self.epochs.values() for k in m})
-            raise RuntimeError(
-                f"trial {self.key}: exited 0 without reporting {self.metric!r} (reported: "
-                f"{', '.join(seen) or 'nothing'}); call hvdkit.tune.report(epoch, {self.metric}=...) "
-                "or use hvdkit's Trainer"
-            )
+        output = tail(self.launch.log_path) if code != 0 else ""
+        end = trial_outcome(code, self.epochs, self.metric, output=output, log=self.launch.log_path)
+        if end.failed_attempt:  # Ray retries it (--retries) or records it FAIL; NaN is Ray's to judge
+            command = "hvdkit run " if end.cause == EXITED else ""  # "trial 3: hvdkit run exit code 1; ..."
+            raise RuntimeError(f"trial {self.key}: {command}{end.why}")
         # the job exited after its last epoch was relayed: that epoch again, now saying the job ended
         return {**self._result(max(self.relayed)), EXIT_KEY: 0, "done": True}
 

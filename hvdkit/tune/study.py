@@ -16,7 +16,6 @@ so together they finish exactly ``trials``. Imports Optuna.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
@@ -27,6 +26,7 @@ from typing import Any, TextIO
 from ..core.errors import ConfigError
 from ..core.tune_channel import read_reports
 from .config import EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED, PLACEHOLDERS, TuneConfig, placeholder_note, substitute
+from .outcome import COMPLETE, INTERRUPTED, PRUNED, trial_outcome
 from .results import ATTEMPT_ATTR, ERROR_ATTR, KEY_ATTR, write_results
 from .runner import LocalRunner, TrialJob, TrialLaunch, TrialRunner, tail
 from .slots import SlotPool, local_cores, plan_slots
@@ -280,34 +280,28 @@ class Driver:
                 r.job.stop()  # the preemption path: every rank checkpoints and exits
 
     def _finish(self, r: _Running, code: int) -> None:
-        TrialState = self.optuna.trial.TrialState
         took = time.monotonic() - r.started
-        value = self._last_value(r)
-        if r.pruned_at is not None:
-            self.study.tell(r.trial, state=TrialState.PRUNED)
-            self._say(f"trial {r.trial.number} PRUNED at epoch {r.pruned_at} ({self._metric(value)}) in {took:.1f} s")
-            return
-        if code == 0 and value is not None and math.isfinite(value):  # a stopped `hvdkit run` exits 143, not 0
-            self.study.tell(r.trial, value)
-            self._say(f"trial {r.trial.number} COMPLETE {self._metric(value)} in {took:.1f} s: {_params(r.params)}")
-            return
-        if self.interrupted is not None:
-            why = f"interrupted by {signal.Signals(self.interrupted).name} sent to hvdkit tune"
-            self._fail(r, why, took)
-            self.study.enqueue_trial(r.params, user_attrs={KEY_ATTR: r.key, ATTEMPT_ATTR: r.attempt})
-            return
-        if code == 0 and value is not None:  # NaN/inf: an outcome of these parameters, not a fault to retry
-            self._fail(r, f"{self.cfg.metric} was {value} (diverged)", took)
-            return
-        if code == 0:
-            seen = sorted({k for m in r.epochs.values() for k in m})
-            why = (
-                f"exited 0 without reporting {self.cfg.metric!r} (reported: {', '.join(seen) or 'nothing'}); "
-                f"call hvdkit.tune.report(epoch, {self.cfg.metric}=...) or use hvdkit's Trainer"
-            )
+        interrupted = None if self.interrupted is None else signal.Signals(self.interrupted).name
+        output = tail(r.launch.log_path) if code != 0 else ""
+        end = trial_outcome(
+            code, r.epochs, self.cfg.metric, pruned_at=r.pruned_at, interrupted=interrupted, output=output
+        )
+        if end.state == PRUNED:
+            self.study.tell(r.trial, state=self.optuna.trial.TrialState.PRUNED)
+            at = f"at epoch {r.pruned_at} ({self._metric(end.value)})"
+            self._say(f"trial {r.trial.number} PRUNED {at} in {took:.1f} s")
+        elif end.state == COMPLETE:
+            self.study.tell(r.trial, end.value)
+            self._say(f"trial {r.trial.number} COMPLETE {self._metric(end.value)} in {took:.1f} s: {_params(r.params)}")
         else:
-            why = f"exit code {code}; last output:\n{tail(r.launch.log_path)}"
-        self._fail(r, why, took)
+            self._fail(r, end.why, took)
+            if end.cause == INTERRUPTED:  # the same attempt again, in the next run
+                self.study.enqueue_trial(r.params, user_attrs={KEY_ATTR: r.key, ATTEMPT_ATTR: r.attempt})
+            elif end.failed_attempt:
+                self._failed_attempt(r)
+
+    def _failed_attempt(self, r: _Running) -> None:
+        """Count ``r``'s failure; retry its parameters, or end the search (``abort``) past the limits."""
         self.failures += 1
         if self.failures >= self.cfg.max_failures:
             if self.abort is None:
@@ -332,10 +326,6 @@ class Driver:
         self._say(f"trial {r.trial.number} FAIL in {took:.1f} s: {first}")
         for line in rest.splitlines()[-8:]:
             self._say(f"  | {line}")
-
-    def _last_value(self, r: _Running) -> float | None:
-        with_metric = [e for e, m in r.epochs.items() if self.cfg.metric in m]
-        return float(r.epochs[max(with_metric)][self.cfg.metric]) if with_metric else None
 
     def _metric(self, value: float | None) -> str:
         return f"{self.cfg.metric} {'-' if value is None else f'{value:.6g}'}"
