@@ -1,6 +1,10 @@
 """torch checkpoints on 2 real ranks: ``extra`` that would not come back as it was at resume is a
 ConfigError on every rank at save time, naming key path and type; nothing is written. Before the
-check, such a save succeeded and every checkpoint of the run was unloadable."""
+check, such a save succeeded and every checkpoint of the run was unloadable.
+
+Background saves (``async_save=True``) in the same job: the state at ``save`` time comes back
+bitwise as a synchronous save's, although the model trained on while the write was held; a write
+that fails on rank 0 is raised on both ranks by ``wait`` and by the next ``save``."""
 
 import pytest
 from helpers import ROOT, run_contract_worker
@@ -38,3 +42,28 @@ def test_plain_extra_with_tuples_and_tensors_resumes_equal_and_with_its_types(ra
     for r in ranks:
         assert r["resumed_step"] == 3 and r["resumed_equal"]
         assert r["resumed_types"] == {"loss": "float", "n": "int", "pair": "tuple", "t": "Tensor", "nested": "dict"}
+
+
+def test_an_async_save_restores_bitwise_as_a_sync_save_of_the_same_state_while_training_went_on(ranks):
+    first = ranks[0]["async_vs_sync"]
+    assert first["path"] == first["written"] == "async/ckpt-000000000004"
+    assert first["in_place_when_save_returned"] is False  # save returned before rank 0 wrote anything
+    assert first["same_arrays_file"]  # the two arrays files are the same bytes
+    for r in ranks:
+        a = r["async_vs_sync"]
+        assert a["moved_on"] and a["saved"] == first["saved"]
+        for how in ("sync", "async"):
+            assert a[how]["before"] != a["saved"]  # the fresh model really differed
+            assert a[how]["after"] == a["saved"], f"{how} restore is not the state at save time"
+            assert (a[how]["step"], a[how]["extra"]) == (4, {"k": 1})
+
+
+def test_a_failed_background_write_raises_on_every_rank_naming_the_step_and_the_cause(ranks):
+    at_wait = [r["write_error"]["at_wait"] for r in ranks]
+    at_save = [r["write_error"]["at_next_save"] for r in ranks]
+    assert at_wait[0] is not None and at_wait[0] == at_wait[1]  # rank 1 writes nothing: rank 0's outcome
+    assert at_save[0] is not None and at_save[0] == at_save[1]
+    for message, step in ((at_wait[0], 2), (at_save[0], 3)):
+        assert f"the checkpoint of step {step} was not saved" in message
+        assert "File too large" in message and "the checkpoints before it are untouched" in message
+    assert ranks[0]["write_error"]["listing"] == [".hvdkit.lock", "ckpt-000000000001", "ckpt-000000000005"]

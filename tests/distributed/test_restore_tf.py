@@ -1,6 +1,7 @@
 """TensorFlow restore on 2 real ranks sends each variable in chunks: bitwise on every rank.
 
-One job (mpirun) runs tests/distributed/workers/restore_tf.py with 1,000-byte chunks.
+One job (mpirun) runs tests/distributed/workers/restore_tf.py with 1,000-byte chunks; it also saves
+with ``async_save=True`` while the model trains on during the (held) write.
 """
 
 import pytest
@@ -28,3 +29,11 @@ def test_a_rank_whose_model_differs_fails_every_rank_with_a_checkpoint_error(ran
     assert errors[0] is not None and errors[0] == errors[1]
     assert "rank 1 cannot take rank 0's checkpoint" in errors[0]
     assert "(29, 38) float32 here, (29, 37) float32 on rank 0" in errors[0]
+
+
+def test_a_keras_async_save_restores_the_state_at_save_time_bitwise_as_the_sync_save(ranks):
+    for r in ranks:
+        a = r["async"]
+        assert a["saved"] == ranks[0]["saved"]  # the same state the synchronous save of this job wrote
+        assert a["moved_on"] and a["same_path"]
+        assert a["restored"] == a["saved"] and a["resumed"] == [2, 2, {"k": 1}]

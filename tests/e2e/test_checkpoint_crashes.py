@@ -1,7 +1,9 @@
 """Kill a checkpoint writer at random points: loading must always give the newest complete
-checkpoint and never anything partial. Real processes, real SIGKILL; no MPI needed."""
+checkpoint and never anything partial. Real processes, real SIGKILL; no MPI needed, except for the
+background (``async_save``) write killed in a real 2-rank job."""
 
 import itertools
+import json
 import os
 import random
 import signal
@@ -9,8 +11,9 @@ import subprocess
 import sys
 import time
 
+import pytest
 from checkpoint_files import read
-from helpers import PYTHON, ROOT, record_figures, run_bounded
+from helpers import PYTHON, ROOT, record_figures, run_bounded, run_ranks
 
 from hvdkit.core import CheckpointError, CheckpointStore, LocalCommunicator
 from hvdkit.core.checkpoint import verify
@@ -105,3 +108,31 @@ def test_killing_a_resave_of_the_newest_step_at_every_operation_never_loses_that
         assert store.load(read)[0] == payload(RESAVED_STEP, 2)
     assert outcomes["loaded_first_copy"] > 0 and outcomes["loaded_second_copy"] > 0  # both sides of the swap hit
     record_figures("checkpoint_resave_killed", **outcomes, steps_lost=0)
+
+
+ASYNC_KILL = str(ROOT / "tests" / "e2e" / "scripts" / "async_checkpoint_kill.py")
+
+
+@pytest.mark.dist
+def test_killing_rank_0_during_a_background_write_keeps_the_previous_checkpoint_and_resumes_from_it(tmp_path):
+    # A real 2-rank job saves steps 1 and 2 with async_save, then step 3: save() returns, the ranks
+    # train on, and rank 0's write thread SIGKILLs the process right before it would rename the
+    # finished step-3 folder into place. A fresh 2-rank job must resume from step 2, bitwise, and
+    # redo step 3 exactly as the killed job computed it.
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    out.mkdir()
+    killed = run_ranks("mpirun", 2, [ASYNC_KILL, "kill", str(ckpt), str(out)], timeout=240)
+    assert killed.returncode != 0 and "NOT KILLED" not in killed.stdout, killed.stdout[-2000:]
+    kill = json.loads((out / "kill.json").read_text())
+    assert kill["returned_path"] == "ckpt-000000000003" and kill["trained_on_to"] >= 4  # it went on training
+    in_flight = [n for n in kill["listing_at_kill"] if n.startswith(".tmp-") and "-ckpt-000000000003-" in n]
+    assert len(in_flight) == 1 and "ckpt-000000000003" not in kill["listing_at_kill"]
+    resumed = run_ranks("mpirun", 2, [ASYNC_KILL, "resume", str(ckpt), str(out)], timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    for r in (0, 1):
+        rec = json.loads((out / f"resume-rank{r}.json").read_text())
+        assert rec["before"] != kill["digests"]["2"]  # a fresh model: the restore moved it
+        assert rec["resumed"] == [2, {"step": 2}] and rec["restored"] == kill["digests"]["2"]
+        assert rec["step_after"] == kill["digests"]["3"]  # the resumed run continues exactly
+        assert rec["listing"] == [".hvdkit.lock", *(f"ckpt-00000000000{s}" for s in (1, 2, 3))]  # leftover swept
+    record_figures("checkpoint_async_write_killed", resumed_step=2, partial_loads=0, saved_checkpoints_lost=0)

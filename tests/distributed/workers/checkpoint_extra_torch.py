@@ -1,20 +1,28 @@
 """Runs on every rank of a real 2-rank job: what torch checkpoints do with ``extra`` that would not
-come back as it was at resume. Writes OUT/rank<r>.json.
+come back as it was at resume, and background saves (``async_save=True``). Writes OUT/rank<r>.json.
 
 Rank 0's ``extra`` is the bad one, rank 1 passes None: rank 0's finding must reach rank 1 too.
+``async_vs_sync``: the same state saved both ways, the async write held (write_gate) while the model
+trains on, restores bitwise alike. ``write_error``: rank 0's file-size limit (RLIMIT_FSIZE, a
+full disk as the kernel reports it) fails its background writes; every rank must raise it.
 Usage: python checkpoint_extra_torch.py OUT
 """
 
+import hashlib
+import json
 import os
 import pathlib
+import resource
+import signal
 import sys
 
 import numpy as np
 import torch
 from recording import error_of, write_rank_result
+from write_gate import hold_writes
 
 import hvdkit.torch as hk
-from hvdkit.core import ConfigError
+from hvdkit.core import CheckpointError, ConfigError
 
 BAD = {
     "np_float64": {"best_loss": np.float64(0.25)},
@@ -49,7 +57,96 @@ def main(out_dir):
         "resumed_equal": got.keys() == GOOD.keys()
         and all(torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v for k, v in GOOD.items()),
     }
+    result["async_vs_sync"] = async_vs_sync(out_dir, rank, hold_writes())
+    result["write_error"] = write_error(out_dir, rank)
     write_rank_result(out_dir, rank, result)
+
+
+def digest(model, opt):
+    h = hashlib.sha256()
+    for t in [*model.state_dict().values(), *(opt.state[p]["momentum_buffer"] for p in model.parameters())]:
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def train(model, opt, steps):
+    for i in range(steps):  # the same data on every rank: the ranks stay equal without communicating
+        x = torch.linspace(-1, 1, 4 * 16).reshape(4, 16) * (i + 1)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+
+def fresh_digest(directory, rank):
+    torch.manual_seed(100 + rank)  # other weights on each rank, no momentum
+    model = torch.nn.Linear(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    train(model, opt, 1)
+    before = digest(model, opt)
+    resumed = hk.Checkpointer(directory, model, opt).restore()
+    return {"before": before, "after": digest(model, opt), "step": resumed.step, "extra": resumed.extra}
+
+
+def arrays_sha(directory):
+    with open(os.path.join(directory, "ckpt-000000000004", "manifest.json")) as f:
+        return json.load(f)["files"]["arrays.npz"]["sha256"]
+
+
+def async_vs_sync(out_dir, rank, gate):
+    torch.manual_seed(1)
+    model = torch.nn.Linear(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    train(model, opt, 2)
+    sync_dir, async_dir = os.path.join(out_dir, "sync"), os.path.join(out_dir, "async")
+    sync = hk.Checkpointer(sync_dir, model, opt, keep=2)
+    background = hk.Checkpointer(async_dir, model, opt, keep=2, async_save=True)
+    saved = digest(model, opt)
+    sync.save(4, 1, extra={"k": 1})
+    gate.clear()  # rank 0's write waits until the model has moved on
+    path = background.save(4, 1, extra={"k": 1})
+    in_place_when_save_returned = os.path.isdir(path)
+    train(model, opt, 3)
+    moved = digest(model, opt) != saved
+    gate.set()
+    written = background.wait()
+    hk.communicator().barrier()
+    return {
+        "path": os.path.relpath(path, out_dir),
+        "written": os.path.relpath(written, out_dir),
+        "in_place_when_save_returned": in_place_when_save_returned,
+        "moved_on": moved,
+        "saved": saved,
+        "sync": fresh_digest(sync_dir, rank),
+        "async": fresh_digest(async_dir, rank),
+        "same_arrays_file": arrays_sha(sync_dir) == arrays_sha(async_dir),
+    }
+
+
+def limit_file_size(rank, limit):
+    """Rank 0: writes past ``limit`` bytes fail with EFBIG ("File too large"); None: no limit again."""
+    if rank != 0:
+        return
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the error, not the signal that would end the process
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard if limit is None else limit, hard))
+
+
+def write_error(out_dir, rank):
+    directory = os.path.join(out_dir, "full")
+    torch.manual_seed(1)
+    model = torch.nn.Linear(16, 8)
+    ckpt = hk.Checkpointer(directory, model, torch.optim.SGD(model.parameters(), lr=0.1), async_save=True)
+    ckpt.save(1, 0)
+    ckpt.wait()
+    limit_file_size(rank, 4096)  # the arrays file of every rank's RNG states alone is larger
+    ckpt.save(2, 0)  # returns: rank 0's thread meets the error
+    at_wait = error_of(ckpt.wait, CheckpointError)
+    ckpt.save(3, 0)
+    at_next_save = error_of(lambda: ckpt.save(4, 0), CheckpointError)
+    limit_file_size(rank, None)
+    ckpt.save(5, 0)
+    ckpt.wait()
+    return {"at_wait": at_wait, "at_next_save": at_next_save, "listing": sorted(os.listdir(directory))}
 
 
 if __name__ == "__main__":

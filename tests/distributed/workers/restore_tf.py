@@ -2,7 +2,9 @@
 
 TensorFlow restore sends every variable in chunks: here the chunk is shrunk to 1,000 bytes so that
 every variable of a small Keras model (odd sizes, float32 and the optimizer's int64 counter) spans
-several chunks and ends mid-chunk. The pytest side is tests/distributed/test_restore_tf.py.
+several chunks and ends mid-chunk. Then the same through a background save (``async_save=True``)
+whose write is held (write_gate) while the model trains on: the state at save time comes back.
+The pytest side is tests/distributed/test_restore_tf.py.
 Usage: python restore_tf.py OUT
 """
 
@@ -13,6 +15,7 @@ import sys
 import keras
 import numpy as np
 from recording import error_of, write_rank_result
+from write_gate import hold_writes
 
 import hvdkit.tensorflow as htf
 import hvdkit.tensorflow.comm as tf_comm
@@ -57,7 +60,31 @@ def main(out_dir):
             lambda: htf.Checkpointer(ckpt_dir, other, other.optimizer).restore(), CheckpointError
         ),
     }
+    result["async"] = async_save(out_dir, topo.rank, model, x)
     write_rank_result(out_dir, topo.rank, result)
+
+
+def async_save(out_dir, rank, model, x):
+    """The model saved with async_save, its write held until it trained on; what a restore gives back."""
+    gate = hold_writes()
+    ckpt_dir = os.path.join(out_dir, "ckpt-async")
+    ckpt = htf.Checkpointer(ckpt_dir, model, model.optimizer, async_save=True)
+    saved = digest(model)
+    gate.clear()
+    path = ckpt.save(step=2, epoch=2, extra={"k": 1})
+    model.fit(x, x[:, :3], batch_size=8, epochs=1, verbose=0)  # the variables change while the write waits
+    moved = digest(model) != saved
+    gate.set()
+    written = ckpt.wait()
+    fresh = make_model(seed=20 + rank)
+    resumed = htf.Checkpointer(ckpt_dir, fresh, fresh.optimizer).restore()
+    return {
+        "saved": saved,
+        "moved_on": moved,
+        "same_path": path == written,
+        "restored": digest(fresh),
+        "resumed": [resumed.step, resumed.epoch, resumed.extra],
+    }
 
 
 if __name__ == "__main__":
