@@ -19,7 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from ...core.errors import LaunchError
 from .. import remote
 from ..attempts import (
+    Attempt,
     Clock,
+    History,
     Launch,
     Log,
     Membership,
@@ -31,15 +33,7 @@ from ..attempts import (
 from ..execute import JobResult, RankProgress
 from ..hosts import Host, format_hosts, total_slots
 from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
-from .rules import (
-    Attempt,
-    ElasticSettings,
-    History,
-    below_min_message,
-    can_grow,
-    choose_world,
-    lost_hosts,
-)
+from .rules import ElasticSettings, below_min_message, can_grow, choose_world, lost_hosts
 
 __all__ = ["HostView", "ElasticMembership", "wait_for_world", "watch", "run_elastic"]
 

@@ -1,23 +1,21 @@
-"""Elastic training by restart: the pure rules (which world to launch, when to grow, what to report).
+"""Elastic training by restart: the pure rules (which world to launch, when to grow, why it gave up).
 
 An elastic job is a sequence of ordinary fixed-size attempts (plain mpirun or horovodrun --gloo;
 Horovod's elastic driver and its rendezvous store are never started). Between attempts the
 launcher re-discovers the hosts and relaunches on what is there, between ``--min-np`` and
 ``--max-np`` ranks; the ranks resume from their newest checkpoint. ``hvdkit.launcher.elastic.loop``
-runs the loop; everything here is pure and takes the clock's readings as numbers.
+runs the loop; everything here is pure and takes the clock's readings as numbers. The record of every
+job's attempts and its closing summary (``Attempt``, ``History``) are in ``hvdkit.launcher.attempts``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
 from ...core.errors import ConfigError
+from ..attempts import Attempt, History  # noqa: F401 - the old path hvdkit.launch.elastic offered them (until 0.3)
 from ..hosts import Host, format_hosts, total_slots
-
-if TYPE_CHECKING:
-    from ..execute import JobResult
 
 __all__ = [
     "ElasticSettings",
@@ -25,8 +23,6 @@ __all__ = [
     "choose_world",
     "lost_hosts",
     "can_grow",
-    "Attempt",
-    "History",
     "below_min_message",
     "DEFAULT_DISCOVERY_INTERVAL",
     "DEFAULT_ELASTIC_TIMEOUT",
@@ -36,9 +32,6 @@ __all__ = [
 DEFAULT_DISCOVERY_INTERVAL = 5.0  # seconds between polls of the host discovery
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds to wait for --min-np slots before giving up (horovodrun's default)
 DEFAULT_ELASTIC_MAX_RESTARTS = 10  # failures an elastic job survives unless --max-restarts says otherwise
-
-# How an attempt ended.
-FINISHED, FAILED, GROW, INTERRUPTED = "finished", "failed", "stopped to grow", "interrupted"
 
 
 @dataclass(frozen=True)
@@ -164,111 +157,3 @@ def below_min_message(
         + f"; hosts from {settings.discovery}. "
         "The newest checkpoint is kept: bring the hosts back and run the job again"
     )
-
-
-@dataclass
-class Attempt:
-    """One launch of a job (fixed-size or elastic), with the launcher's clock readings (seconds)."""
-
-    hosts: tuple
-    launched: float  # when the launcher started it
-    running: float | None = None  # when every rank had reported its start
-    noticed: float | None = None  # when the launcher saw it must end (a failure, hosts to grow into)
-    outcome: str = ""  # FINISHED, FAILED, GROW or INTERRUPTED
-    detail: str = ""  # the failure message, or the hosts that came
-    ended: float | None = None  # when its launcher (mpirun/horovodrun) had exited
-    resumed_step: int | None = None  # the step the ranks resumed at, when they report steps
-    last_step: int | None = None  # the last step they reported
-    ranks: int | None = None  # its number of ranks, when not every slot of ``hosts`` (a fixed-size job)
-
-    @property
-    def size(self) -> int:
-        return total_slots(self.hosts) if self.ranks is None else self.ranks
-
-
-@dataclass
-class History:
-    """Every attempt of a job; ``summary(final, elastic)`` is what ``hvdkit run`` prints at the end."""
-
-    attempts: list = field(default_factory=list)
-
-    def changes(self) -> list[dict[str, Any]]:
-        """One dict per relaunch: sizes, why, seconds from noticing to the new ranks running, steps recomputed."""
-        out = []
-        for before, after in zip(self.attempts, self.attempts[1:], strict=False):
-            lost = None
-            if before.noticed is not None and after.running is not None:
-                lost = round(after.running - before.noticed, 2)
-            redo = None
-            if before.last_step is not None and after.resumed_step is not None:
-                redo = max(0, before.last_step - after.resumed_step)
-            stopping = None
-            if before.noticed is not None and before.ended is not None:
-                stopping = round(max(0.0, before.ended - before.noticed), 2)
-            out.append(
-                {
-                    "from": before.size,
-                    "to": after.size,
-                    "why": before.outcome,
-                    "seconds": lost,
-                    "stopping_seconds": stopping,
-                    "steps_recomputed": redo,
-                }
-            )
-        return out
-
-    def summary(self, final: JobResult | None = None, elastic: bool = True) -> list[str]:
-        """The closing lines. Elastic: attempts, world size over time, and per change the time lost
-        and steps recomputed. Fixed-size: one line, only when something failed: what failed, how,
-        and how many restarts were used. With ``final`` (the last JobResult) an elastic summary also
-        ends with its failure, if it failed."""
-        if not elastic:
-            line = self._restarts_line(final)
-            return [line] if line else []
-        lines = self._elastic_lines()
-        if final is not None and final.exit_code != 0:
-            lines.append(final.message)
-        return lines
-
-    def _restarts_line(self, final: JobResult | None) -> str:
-        if final is None or (final.interrupted_by is not None and final.exit_code == 0):
-            return ""
-        failed = [(i, a) for i, a in enumerate(self.attempts, start=1) if a.outcome == FAILED]
-        restarts = len(self.attempts) - 1
-        used = f"{restarts} restart{'s' if restarts != 1 else ''} used"
-        if final.exit_code == 0:
-            return (
-                f"job finished after {used} ({'; '.join(f'attempt {i}: {a.detail}' for i, a in failed)})"
-                if failed
-                else ""
-            )
-        line = f"{final.message} (exit code {final.exit_code}{f'; {used}' if restarts else ''})"
-        if len(failed) > 1:
-            line += f"; earlier: {'; '.join(f'attempt {i}: {a.detail}' for i, a in failed[:-1])}"
-        return line
-
-    def _elastic_lines(self) -> list[str]:
-        sizes = " -> ".join(str(a.size) for a in self.attempts)
-        lines = [f"elastic summary: {len(self.attempts)} attempt(s), world size {sizes}"]
-        for i, a in enumerate(self.attempts, start=1):
-            took = f", {a.noticed - a.launched:.1f} s" if a.noticed is not None else ""
-            lines.append(
-                f"  attempt {i}: {a.size} rank(s) on {format_hosts(a.hosts)}{took}: {a.outcome}"
-                + (f" ({a.detail})" if a.detail else "")
-            )
-        for c in self.changes():
-            secs = "unknown" if c["seconds"] is None else f"{c['seconds']:.2f} s"
-            redo = (
-                "unknown (the ranks reported no steps)" if c["steps_recomputed"] is None else str(c["steps_recomputed"])
-            )
-            kind = "shrink" if c["to"] < c["from"] else "grow" if c["to"] > c["from"] else "relaunch"
-            stop = (
-                ""
-                if c["stopping_seconds"] is None
-                else f" ({c['stopping_seconds']:.2f} s of it for the old ranks to end)"
-            )
-            lines.append(
-                f"  {kind} {c['from']} -> {c['to']} ({c['why']}): {secs} from noticing to the new ranks running{stop}, "
-                f"steps recomputed: {redo}"
-            )
-        return lines

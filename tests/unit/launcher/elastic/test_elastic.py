@@ -18,10 +18,10 @@ from hvdkit.core.comm import LocalCommunicator
 from hvdkit.core.errors import ConfigError, LaunchError
 from hvdkit.core.preemption import PreemptionGuard
 from hvdkit.launcher import job, remote, slurm_nodes
-from hvdkit.launcher.attempts import ElasticGaveUp, StopRequest
+from hvdkit.launcher.attempts import Attempt, ElasticGaveUp, History, StopRequest
 from hvdkit.launcher.elastic.discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery, parse_discovery_output
 from hvdkit.launcher.elastic.loop import HostView, run_elastic, wait_for_world, watch
-from hvdkit.launcher.elastic.rules import ElasticSettings, History, can_grow, choose_world, lost_hosts, settings_from
+from hvdkit.launcher.elastic.rules import ElasticSettings, can_grow, choose_world, lost_hosts, settings_from
 from hvdkit.launcher.execute import JobResult, RankProgress, RankReports
 from hvdkit.launcher.hosts import Host
 
@@ -248,7 +248,7 @@ class Ranks:
 def attempts(fn):
     """A ``launch`` for run_elastic from ``fn(world, attempt, changes, stop) -> JobResult``, called when the attempt runs."""
 
-    class Attempt:
+    class FakeExecution:
         def __init__(self, *args):
             self.args = args
 
@@ -258,7 +258,7 @@ def attempts(fn):
         def run(self, stop):
             return fn(*self.args, stop)
 
-    return lambda world, attempt, changes: Attempt(world, attempt, changes)
+    return lambda world, attempt, changes: FakeExecution(world, attempt, changes)
 
 
 def _watch(view, running, polls=5, step=3, started=None):
@@ -803,8 +803,6 @@ def test_the_elastic_variables_are_read_and_the_flags_win(monkeypatch, tmp_path,
 
 def test_the_summary_says_unknown_when_ranks_report_no_steps():
     h = History()
-    from hvdkit.launcher.elastic.rules import Attempt
-
     h.attempts = [Attempt((A, B), 0.0, 1.0, 5.0, "failed", "rank 1 died"), Attempt((A,), 6.0, 7.5, 9.0, "finished")]
     h.attempts[0].ended = 5.5
     assert h.changes() == [
