@@ -30,6 +30,7 @@ __all__ = [
     "ElasticGaveUp",
     "Membership",
     "FixedMembership",
+    "world_size",
     "run_attempts",
     "behind_message",
 ]
@@ -49,7 +50,8 @@ Clock = Callable[[], float]  # time.monotonic
 Log = Callable[[str], object]  # one line for the user
 
 
-Launch = Callable[[tuple[Host, ...], int, int], Execution]  # (hosts, attempt, changes) -> the attempt, ready to run
+# (hosts, ranks, attempt, changes) -> the attempt, ready to run
+Launch = Callable[[tuple[Host, ...], int, int, int], Execution]
 
 
 @dataclass
@@ -69,7 +71,8 @@ class Attempt:
 
     @property
     def size(self) -> int:
-        return total_slots(self.hosts) if self.ranks is None else self.ranks
+        """Its number of ranks (``world_size``)."""
+        return world_size(self.hosts, self.ranks)
 
 
 @dataclass
@@ -229,10 +232,17 @@ def _ended(record: Attempt, result: JobResult, stop: StopRequest, clock: Clock, 
     return record.outcome
 
 
+def world_size(world: Sequence[Host], fixed: int | None = None) -> int:
+    """How many ranks an attempt on the hosts ``world`` runs: ``fixed``, the -np of a fixed-size job
+    (its hosts may hold more slots; ``()`` is this machine), or, for an elastic job (``fixed`` None),
+    every slot of ``world`` (``elastic.rules.choose_world`` has trimmed them to the attempt's size)."""
+    return total_slots(world) if fixed is None else fixed
+
+
 class Membership:
     """Which hosts each attempt of a job gets (``first``, then ``next`` after each attempt), how many
-    ranks a world runs (``size``), and what watches a running attempt (``watch``: a thread, or None
-    when nothing is polled, as for a fixed-size job)."""
+    ranks a world runs (``size``, by ``world_size``), and what watches a running attempt (``watch``: a
+    thread, or None when nothing is polled, as for a fixed-size job)."""
 
     elastic = False
 
@@ -264,7 +274,7 @@ class FixedMembership(Membership):
         return self.hosts
 
     def size(self, world: Sequence[Host]) -> int:
-        return self.num_proc
+        return world_size(world, self.num_proc)
 
 
 def run_attempts(
@@ -277,9 +287,10 @@ def run_attempts(
     """Run attempts until one finishes; ``(history, final JobResult)``. The one restart loop of
     every ``hvdkit run``: fixed-size jobs (FixedMembership) and elastic ones (ElasticMembership).
 
-    ``launch(hosts, attempt, changes)`` returns the attempt (``changes``: the membership changes so
-    far) ready to run: an ``execute.Execution``, whose ``run(stop)`` returns its JobResult and whose
-    ``progress()`` the watcher reads. Failures beyond ``max_restarts`` end the job; a stop to grow
+    ``launch(hosts, ranks, attempt, changes)`` returns the attempt (``ranks``: its world size, which
+    ``membership.size`` decides; ``changes``: the membership changes so far) ready to run: an
+    ``execute.Execution``, whose ``run(stop)`` returns its JobResult and whose ``progress()`` the
+    watcher reads. Failures beyond ``max_restarts`` end the job; a stop to grow
     is not a failure, nor is a signal to the launcher (it ends the job). An attempt whose ranks
     resumed below the newest step an earlier one checkpointed ends the job (exit code 1 at least):
     they would train again from an older state. Raises ElasticGaveUp when fewer than ``min_np``
@@ -299,11 +310,11 @@ def run_attempts(
             log(f"membership change {changes}: {history.attempts[-1].size} -> {size} rank(s) on {format_hosts(world)}")
         record = Attempt(hosts=world, launched=clock(), ranks=size)
         history.attempts.append(record)
-        job = launch(world, len(history.attempts) - 1, changes)
+        execution = launch(world, size, len(history.attempts) - 1, changes)
         stop, ended = StopRequest(), threading.Event()
-        watcher = membership.watch(world, stop, ended, record, job.progress, saved)
+        watcher = membership.watch(world, stop, ended, record, execution.progress, saved)
         try:
-            result = job.run(stop if watcher is not None else None)  # nothing can ask a fixed-size job to stop
+            result = execution.run(stop if watcher is not None else None)  # nothing can ask a fixed-size job to stop
         finally:
             ended.set()
             if watcher is not None:

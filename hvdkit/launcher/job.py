@@ -25,7 +25,7 @@ from typing import TextIO
 
 from ..core import env
 from . import execute, plan, remote, slurm_nodes
-from .attempts import ElasticGaveUp, FixedMembership, run_attempts
+from .attempts import ElasticGaveUp, FixedMembership, run_attempts, world_size
 from .elastic.discovery import FixedDiscovery, ScriptDiscovery
 from .elastic.horovod_driver import build_horovod_elastic
 from .elastic.loop import ElasticMembership, HostView
@@ -165,18 +165,23 @@ class _Attempts:
         self.is_root, self.cores = os.geteuid() == 0, len(os.sched_getaffinity(0))
         self.lineage = secrets.token_hex(8)  # the same for every attempt: the checkpoint lock knows its own job
 
-    def spec_of(self, world: tuple[Host, ...] | None = None, attempt: int | None = None, changes: int = 0) -> JobSpec:
-        """``spec`` as attempt ``attempt`` runs it on ``world`` after ``changes`` membership changes
-        (no attempt: as a dry run of a fixed-size job shows it)."""
+    def spec_of(
+        self,
+        world: tuple[Host, ...] | None = None,
+        size: int | None = None,
+        attempt: int | None = None,
+        changes: int = 0,
+    ) -> JobSpec:
+        """``spec`` as attempt ``attempt`` runs it with ``size`` ranks (``attempts.world_size``) on
+        ``world`` after ``changes`` membership changes (no attempt: as a dry run of a fixed-size job shows it)."""
         base = dict(self.spec.env)
         if self.options.stall_timeout:
             base[env.STALL_TIMEOUT] = f"{self.options.stall_timeout:g}"
         if attempt is None:
             return dataclasses.replace(self.spec, env=base)
         if self.options.elastic is None:
-            extra = {env.RESTART: str(attempt), env.WORLD_SIZE: str(self.spec.num_proc)}
+            extra = {env.RESTART: str(attempt), env.WORLD_SIZE: str(size)}
             return dataclasses.replace(self.spec, env={**base, **extra})
-        size = total_slots(world)
         extra = {
             env.RESTART: str(attempt),
             env.WORLD_SIZE: str(size),
@@ -185,16 +190,17 @@ class _Attempts:
         }
         return dataclasses.replace(self.spec, num_proc=size, hosts=world, env={**base, **extra})
 
-    def launch(self, world: tuple[Host, ...], attempt: int, changes: int) -> execute.Execution:
-        """Attempt ``attempt`` (0 first), ready to run: an ``execute.Execution``."""
+    def launch(self, world: tuple[Host, ...], size: int, attempt: int, changes: int) -> execute.Execution:
+        """Attempt ``attempt`` (0 first) of ``size`` ranks on ``world``, ready to run: an ``execute.Execution``."""
         job_id = secrets.token_hex(8)  # tags the reports of this attempt's rank wrappers
         if self.options.elastic is not None:
-            self.err.write(
-                f"hvdkit run: attempt {attempt + 1}: {total_slots(world)} rank(s) on {format_hosts(world)}\n"
-            )
+            self.err.write(f"hvdkit run: attempt {attempt + 1}: {size} rank(s) on {format_hosts(world)}\n")
             self.err.flush()
         built = plan.build(
-            self.spec_of(world, attempt, changes), job_id=job_id, progress=self.err.isatty(), **self._plan_options()
+            self.spec_of(world, size, attempt, changes),
+            job_id=job_id,
+            progress=self.err.isatty(),
+            **self._plan_options(),
         )
         return execute.Execution(
             built, job_id=job_id, grace=self.options.grace, forward_usr1=self.spec.controller == "mpi"
@@ -227,7 +233,8 @@ class _Attempts:
         if world is None:
             print(f"first launch: waits for {settings.min_np} slot(s)")
             return 0
-        print(f"first launch: {total_slots(world)} rank(s) on {format_hosts(world)}:")
-        built = plan.build(self.spec_of(world, 0, 0), **self._plan_options())
+        size = world_size(world)
+        print(f"first launch: {size} rank(s) on {format_hosts(world)}:")
+        built = plan.build(self.spec_of(world, size, 0, 0), **self._plan_options())
         print(" ".join(shlex.quote(a) for a in built.argv))
         return 0

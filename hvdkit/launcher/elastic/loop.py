@@ -29,9 +29,10 @@ from ..attempts import (
     _behind,
     behind_message,
     run_attempts,
+    world_size,
 )
 from ..execute import JobResult, RankProgress
-from ..hosts import Host, format_hosts, total_slots
+from ..hosts import Host, format_hosts
 from .discovery import DiscoveryError, FixedDiscovery, ScriptDiscovery
 from .rules import ElasticSettings, below_min_message, can_grow, choose_world, lost_hosts
 
@@ -266,7 +267,7 @@ class ElasticMembership(Membership):
         return world
 
     def size(self, world: Sequence[Host]) -> int:
-        return total_slots(world)
+        return world_size(world)
 
     def watch(
         self,

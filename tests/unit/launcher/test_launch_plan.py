@@ -335,8 +335,8 @@ def _ran(*results):
     results = iter(results)
 
     class Ran:
-        def __init__(self, world):
-            assert world == ()
+        def __init__(self, world, size):
+            assert (world, size) == ((), 2)  # FixedMembership((), 2): this machine, -np 2
             self.result = next(results)
 
         def progress(self):
@@ -345,7 +345,7 @@ def _ran(*results):
         def run(self, stop):
             return self.result
 
-    return lambda world, attempt, changes: Ran(world)
+    return lambda world, size, attempt, changes: Ran(world, size)
 
 
 def test_env_assignments_reach_every_rank_through_both_launchers(capsys):

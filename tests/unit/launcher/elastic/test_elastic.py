@@ -258,7 +258,11 @@ def attempts(fn):
         def run(self, stop):
             return fn(*self.args, stop)
 
-    return lambda world, attempt, changes: FakeExecution(world, attempt, changes)
+    def launch(world, size, attempt, changes):
+        assert size == sum(h.slots for h in world)  # an elastic attempt runs on every slot of its world
+        return FakeExecution(world, attempt, changes)
+
+    return launch
 
 
 def _watch(view, running, polls=5, step=3, started=None):
