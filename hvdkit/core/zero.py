@@ -1,4 +1,4 @@
-"""ZeRO-1's arithmetic, shared by ``hvdkit.torch.zero`` and ``hvdkit.keras.zero`` (no framework).
+"""ZeRO-1's contract and arithmetic, shared by ``hvdkit.torch.zero`` and ``hvdkit.keras.zero`` (no framework).
 
 A flat vector of ``length`` elements is cut into one contiguous slice per rank, the way Horovod's
 ``reducescatter`` cuts a first dimension, so the slice a rank owns is the slice the engine hands it.
@@ -6,12 +6,14 @@ A flat vector of ``length`` elements is cut into one contiguous slice per rank, 
 size, so that no round needs a temporary larger than a fixed number of elements; ``rank_parts``
 says which elements of a round's piece each rank holds, ``spans`` which tensors a run of a flat
 vector covers, ``pack_rounds`` packs consecutive items into rounds of bounded size.
+
+``ShardedState`` is what a checkpointer needs of a sharded optimizer, whichever the framework.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .errors import ConfigError
 
@@ -19,6 +21,7 @@ __all__ = [
     "CHUNK_ELEMENTS",
     "ROUND_ELEMENTS",
     "Piece",
+    "ShardedState",
     "Slice",
     "pack_rounds",
     "partition",
@@ -33,6 +36,34 @@ ROUND_ELEMENTS = 1 << 22
 # Elements of optimizer state one round of a consolidation or a scatter of the state moves (16 MiB of
 # fp32): the torch optimizer's default chunk_elements.
 CHUNK_ELEMENTS = 1 << 22
+
+
+@runtime_checkable
+class ShardedState(Protocol):
+    """An optimizer whose state is sharded over the ranks (ZeRO-1), as a checkpointer sees it.
+
+    Its state is saved and restored as the unsharded optimizer's (the same at any world size), in
+    that framework's form: torch a state dict, Keras the list of the unsharded optimizer's variables
+    as arrays. ``hvdkit.torch.zero.ShardedOptimizer`` and the optimizers of
+    ``hvdkit.keras.DistributedOptimizer(..., shard_optimizer_state=True)`` satisfy it;
+    ``isinstance(opt, ShardedState)`` is how ``hvdkit.torch.Checkpointer`` and
+    ``hvdkit.tensorflow.Checkpointer`` tell them apart. ``docs/api/names.md`` maps these names to
+    each framework's own (``consolidate_state_dict``/``state_dict``, ``consolidated_variables``).
+    """
+
+    def consolidate(self, to: int | None = 0) -> Any:
+        """Gather the unsharded state to rank ``to`` (None: every rank); return it there, None elsewhere.
+
+        Collective: every rank calls it alike. ConfigError names a ``to`` that is not a rank.
+        """
+        ...
+
+    def load_unsharded(self, state: Any) -> None:
+        """Set the state from the unsharded optimizer's (from any world size), keeping this rank's slices.
+
+        No collective.
+        """
+        ...
 
 
 class Piece(NamedTuple):

@@ -125,11 +125,15 @@ class ShardedLossScaleMixin:
         return own + self.inner_optimizer.unsharded_specs()
 
     def consolidated_variables(self, to: int | None = 0) -> list[np.ndarray] | None:
+        """The old name of ``consolidate`` (the name of ``hvdkit.core.zero.ShardedState``); the same call."""
+        return self.consolidate(to)
+
+    def consolidate(self, to: int | None = 0) -> list[np.ndarray] | None:
         """The unsharded loss-scale optimizer's variables on rank ``to`` (None: every rank); None on the others.
 
         Collective: every rank calls it alike.
         """
-        inner = self.inner_optimizer.consolidated_variables(to=to)
+        inner = self.inner_optimizer.consolidate(to=to)
         if inner is None:
             return None
         return [np.array(v.numpy()) for v in self._hvdkit_own_scale_variables()] + inner

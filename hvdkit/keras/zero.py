@@ -174,7 +174,8 @@ def is_sharded(optimizer: object) -> bool:
     """True when ``optimizer`` came from ``DistributedOptimizer(..., shard_optimizer_state=True)``.
 
     Under ``mixed_float16`` that is the loss-scale optimizer around the sharded one: it offers the same
-    sharded-state calls (``broadcastable_variables``, ``consolidated_variables``, ...).
+    sharded-state calls (``broadcastable_variables``, ``consolidate``, ...). Both satisfy
+    ``hvdkit.core.zero.ShardedState``.
     """
     return isinstance(optimizer, (ShardedMixin, ShardedLossScaleMixin))
 
@@ -366,6 +367,10 @@ class ShardedMixin:
         return specs
 
     def consolidated_variables(self, to: int | None = 0) -> list[np.ndarray] | None:
+        """The old name of ``consolidate`` (the name of ``hvdkit.core.zero.ShardedState``); the same call."""
+        return self.consolidate(to)
+
+    def consolidate(self, to: int | None = 0) -> list[np.ndarray] | None:
         """The unsharded optimizer's variables as arrays on rank ``to`` (None: every rank); None on the others.
 
         Each slot is all-gathered once (every rank holds one slot of one dtype whole while it goes by).

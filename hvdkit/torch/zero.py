@@ -538,6 +538,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
         groups = [dict(self._hyper(g), params=[index[id(p)] for p in g["params"]]) for g in self.param_groups]
         return {"state": dict(self._consolidated), "param_groups": groups}
 
+    def consolidate(self, to: int | None = 0) -> dict[str, Any] | None:
+        """``ShardedState``'s gather (``hvdkit.core.zero``): ``consolidate_state_dict(to)``, then ``state_dict()``.
+
+        Returns the unsharded optimizer's state dict on rank ``to`` (None: every rank), None on the others.
+        Collective: every rank calls it alike.
+        """
+        self.consolidate_state_dict(to)
+        return self.state_dict() if to is None or to == self._rank else None
+
+    def load_unsharded(self, state: dict[str, Any]) -> None:
+        """``hvdkit.core.zero.ShardedState``'s load: the same as ``load_state_dict(state)``. No collective."""
+        self.load_state_dict(state)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load an unsharded optimizer state dict (from any world size); keep only this rank's slice.
 
