@@ -2,6 +2,7 @@
 
     python -m hvdkit.bench.ckpt_bench OUT.json [--quick]
     hvdkit run -np 2 -- python -m hvdkit.bench.ckpt_bench OUT.json --restore [--quick] [--megabytes N]
+    python -m hvdkit.bench.ckpt_bench OUT.json --async [--quick] [--sizes 64,1024,2263] [--plot OUT.png]
 
 Variants, interleaved: ``torch_save`` (``torch.save`` to a file), ``torch_save_fsync`` (the same,
 then ``fsync`` of the file and its folder: what durable means) and ``hvdkit`` (``Checkpointer.save``:
@@ -9,6 +10,13 @@ model + optimizer + RNG, written to a temporary folder, fsynced, hashed into a m
 into place, old ones pruned in the background). Each variant's file is loaded back and compared
 before timing. Every sample starts after ``os.sync()`` and after hvdkit's background deletion of
 pruned checkpoints has finished (both untimed): what is timed is how long the training loop waits.
+
+``--async`` (one process): ``Checkpointer.save`` with ``async_save=False`` against ``async_save=True``
+at each of ``--sizes`` megabytes, interleaved. A sample is the time ``save()`` blocks the caller
+(for the async variant also the time until ``wait()`` returns, its whole write, recorded beside).
+Then the step time of a "training step" (a chain of small matmuls) while a background write of
+the largest state is in flight against the same steps with none, interleaved write by write. Both
+checkpoints are restored into a fresh model and compared bitwise before anything is timed.
 
 ``--restore`` (every rank of a job): rank 0 writes one checkpoint of a model and its SGD momentum,
 and the same state as one ``torch.save`` file, then, interleaved: ``torch_load`` (rank 0 alone:
@@ -189,6 +197,162 @@ def run_restore(megabytes, reps, root, with_pickled=False):
     }, comm.is_rank0
 
 
+ASYNC_SIZES = (64, 1024, 2263)  # MB; 2263 MiB: the 2.21 GiB of the large-resume test
+STEP_SIDE = 256  # the "training step": STEP_CHAIN matmuls of STEP_SIDE x STEP_SIDE fp32
+STEP_CHAIN = 8
+
+
+class _Layers:
+    """Two square fp32 layers of ``megabytes`` in all, filled cheaply with known values."""
+
+    def __init__(self, megabytes, salt=0.0):
+        import torch
+
+        side = int((megabytes * 2**20 / 4 / 2) ** 0.5)
+        self.model = torch.nn.Sequential(*(torch.nn.Linear(side, side, device="meta") for _ in range(2)))
+        self.model.to_empty(device="cpu")
+        with torch.no_grad():
+            for i, p in enumerate(self.model.parameters()):
+                torch.arange(p.numel(), out=p.view(-1)).mul_(1e-7 * (i + 1)).add_(salt)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.nbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def digest(self):
+        return _digest(list(self.model.state_dict().values()))
+
+
+def _matmul_step(a, b):
+    for _ in range(STEP_CHAIN):
+        a = (a @ b).tanh_()
+    return a
+
+
+def _async_size(megabytes, reps, root):
+    import torch
+
+    import hvdkit.torch as hk
+    from hvdkit.core.comm import LocalCommunicator
+
+    layers = _Layers(megabytes)
+    ckpts = {
+        mode: hk.Checkpointer(
+            os.path.join(root, f"{mode}-{megabytes}"),
+            layers.model,
+            layers.opt,
+            keep=2,
+            comm=LocalCommunicator(),
+            async_save=mode == "async",
+        )
+        for mode in ("sync", "async")
+    }
+    counter = iter(range(1, 10**6))
+    want, checks = layers.digest(), {}
+    for mode, ckpt in ckpts.items():  # also the warm-up (the async variant's host copy is made once)
+        ckpt.save(next(counter), 0)
+        ckpt.wait()
+        other = _Layers(megabytes, salt=1.0)
+        hk.Checkpointer(ckpt.store.root, other.model, comm=LocalCommunicator()).restore()
+        checks[mode] = check_close(f"{mode} checkpoint read back bitwise", [other.digest() == want], [True], 0)
+        del other
+    samples, writes = {m: Samples() for m in ckpts}, Samples()
+    for rep, mode in interleaved(list(ckpts), reps):
+        ckpt = ckpts[mode]
+        ckpt.store.wait_for_cleanup()
+        os.sync()  # untimed: no writeback of the previous sample lands on this one
+        t0 = time.perf_counter()
+        ckpt.save(next(counter), 0)
+        samples[mode].add(time.perf_counter() - t0)
+        ckpt.wait()
+        if mode == "async":
+            writes.add(time.perf_counter() - t0)
+        print(f"[bench checkpoint async] {megabytes} MB {mode} rep {rep + 1}/{reps}", file=sys.stderr, flush=True)
+    torch.manual_seed(0)
+    return (
+        layers,
+        ckpts["async"],
+        counter,
+        {
+            "payload_bytes": layers.nbytes,
+            "checks": checks,
+            "variants": {m: s.as_dict() for m, s in samples.items()},
+            "async_whole_write": writes.as_dict(),
+            "blocked_async_vs_sync": samples["async"].median / samples["sync"].median,
+        },
+    )
+
+
+def _step_times(ckpt, counter, reps):
+    """Step times while the background write of ``ckpt``'s state is in flight, and with none (interleaved)."""
+    import torch
+
+    a, b = torch.randn(STEP_SIDE, STEP_SIDE), torch.randn(STEP_SIDE, STEP_SIDE) / STEP_SIDE**0.5
+    during, quiet = Samples(), Samples()
+    for _ in range(reps):
+        ckpt.store.wait_for_cleanup()
+        os.sync()
+        ckpt.save(next(counter), 0)
+        steps = 0
+        while ckpt.store.writing:
+            t0 = time.perf_counter()
+            _matmul_step(a, b)
+            if ckpt.store.writing:  # the whole step ran during the write
+                during.add(time.perf_counter() - t0)
+                steps += 1
+        ckpt.wait()
+        for _ in range(max(steps, 20)):
+            t0 = time.perf_counter()
+            _matmul_step(a, b)
+            quiet.add(time.perf_counter() - t0)
+    return {
+        "step": f"{STEP_CHAIN} matmuls of {STEP_SIDE}x{STEP_SIDE} fp32, torch threads {torch.get_num_threads()}",
+        "during_write": during.as_dict(),
+        "no_write": quiet.as_dict(),
+        "step_time_during_vs_no_write": during.median / quiet.median if during.values else None,
+    }
+
+
+def run_async(sizes, reps, root, step_reps=3):
+    """``--async``: blocked time of sync vs async saves per size, then step times during a write."""
+    import torch
+
+    out = {"sizes_mb": list(sizes), "reps": reps, "torch_threads": torch.get_num_threads(), "results": {}}
+    step_target = None
+    for mb in sizes:
+        layers, ckpt, counter, result = _async_size(mb, reps, root)
+        out["results"][str(mb)] = result
+        if mb == max(sizes):
+            step_target = (layers, ckpt, counter)
+        else:
+            ckpt.store.close()
+            del layers, ckpt
+    layers, ckpt, counter = step_target
+    out["step_time"] = {"payload_bytes": layers.nbytes, **_step_times(ckpt, counter, step_reps)}
+    return out
+
+
+def plot_async(result, path):
+    """Blocked time per size (sync vs async, log scale) and the step-time ratio, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(result["results"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, mode in enumerate(("sync", "async")):
+        med = [result["results"][s]["variants"][mode]["median_s"] for s in sizes]
+        left.bar([j + 0.4 * i for j in range(len(sizes))], med, width=0.4, label=f"async_save={mode == 'async'}")
+    left.set_xticks([j + 0.2 for j in range(len(sizes))], [f"{s} MB" for s in sizes])
+    left.set_yscale("log")
+    left.set_ylabel("save() blocks training (s, median)")
+    left.legend()
+    st = result["step_time"]
+    right.bar(["no write", "write in flight"], [st["no_write"]["median_s"] * 1e3, st["during_write"]["median_s"] * 1e3])
+    right.set_ylabel(f"step time (ms, median; {st['payload_bytes'] / 2**20:.0f} MB being written)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
@@ -201,6 +365,9 @@ def main(argv=None):
         "--restore", action="store_true", help="time restore on every rank of the job (start it with hvdkit run)"
     )
     p.add_argument("--pickled", action="store_true", help="with --restore: also time the previous restore path (slow)")
+    p.add_argument("--async", dest="async_", action="store_true", help="sync vs async_save blocked time, step time")
+    p.add_argument("--sizes", default=",".join(map(str, ASYNC_SIZES)), help="with --async: megabytes, comma-separated")
+    p.add_argument("--plot", default=None, help="with --async: also write this PNG")
     p.add_argument(
         "--megabytes",
         type=int,
@@ -212,7 +379,10 @@ def main(argv=None):
     reps = 1 if args.quick else args.reps
     root = tempfile.mkdtemp(prefix="hvdkit-bench-ckpt-", dir=args.dir)
     try:
-        if args.restore:
+        if args.async_:
+            sizes = [QUICK_MEGABYTES] if args.quick else [int(v) for v in args.sizes.split(",")]
+            result, writer = run_async(sizes, reps, root, step_reps=1 if args.quick else 3), True
+        elif args.restore:
             result, writer = run_restore(megabytes, reps, root, args.pickled)
         else:
             result, writer = run(megabytes, reps, root), True
@@ -221,6 +391,8 @@ def main(argv=None):
     if writer:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
+        if args.async_ and args.plot:
+            plot_async(result, args.plot)
 
 
 if __name__ == "__main__":

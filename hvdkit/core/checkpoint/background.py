@@ -47,6 +47,11 @@ class BackgroundWrites:
         self._outcome: tuple[str, str] | None = None
         self._told_waiting = False
 
+    @property
+    def running(self) -> bool:
+        """Whether rank 0's write thread is still writing (rank 0; False elsewhere)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self, step: int, write: Callable[[], str]) -> None:
         """Start ``write()`` (returning the checkpoint's path) in a thread on rank 0; note ``step`` everywhere."""
         self.step = step
@@ -72,7 +77,7 @@ class BackgroundWrites:
     def _join(self, step):
         """Rank 0: wait for the thread writing ``step``; ``(outcome, seconds waited, whether it was still writing)``."""
         thread, self._thread = self._thread, None
-        busy = thread is not None and thread.is_alive()
+        busy = thread is not None and thread.is_alive()  # before it was taken: self.running is False now
         t0 = time.perf_counter()
         if busy:
             _log.debug("waiting for the background write of step %d", step)

@@ -255,6 +255,11 @@ class CheckpointStore:
             raise CheckpointError(value)
         return value
 
+    @property
+    def writing(self) -> bool:
+        """Whether a background write is running now (rank 0; False on the other ranks; no collective)."""
+        return self._writes.running
+
     def wait(self) -> str | None:
         """Wait for the background write in flight: its checkpoint's path, or None when none was in flight.
 
