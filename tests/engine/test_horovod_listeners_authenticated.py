@@ -10,20 +10,28 @@ neither serves files (HEAD). Gloo's own keys stay as they were: opaque bytes not
 """
 
 import base64
+import hashlib
+import hmac
 import http.client
 import json
 import os
 import pickle
+import secrets
+import socketserver
+import struct
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 from helpers import BIN, PYTHON, ROOT, end_job
+from other_user import NEEDS_ROOT, read_as_nobody, where
 
 pytestmark = pytest.mark.dist
 SCRIPT = ROOT / "tests" / "engine" / "scripts" / "hvd_elastic_wait.py"
+TOKEN = "tok-" + secrets.token_hex(16)
 
 
 class _Planted:
@@ -56,6 +64,7 @@ def elastic_job(tmp_path):
     argv = [str(BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "1", "--elastic-timeout", "60"]
     argv += ["--host-discovery-script", str(discover), "--gloo", PYTHON, str(SCRIPT), str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env["MY_API_TOKEN"] = TOKEN  # a secret of the launching shell: no other user may read it
     proc = subprocess.Popen(
         argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -129,3 +138,117 @@ def test_a_worker_unpickles_nothing_a_server_without_the_jobs_key_replies():
             read_data_from_kvstore("127.0.0.1", port, "runfunc", "func", secret.make_secret_key())
     finally:
         impostor.shutdown_server()
+
+
+def _sign(key, path, body):
+    return {"X-Horovod-Digest": hmac.new(key, b"PUT " + path.encode() + b"\n" + body, hashlib.sha256).hexdigest()}
+
+
+def _derived_key(job_key, worker_id):
+    """A worker's notification key as the fixed engine derives it on both sides (``secret.worker_key``)."""
+    return hmac.new(job_key, b"worker-notification " + worker_id.encode(), hashlib.sha256).digest()
+
+
+def _registration(port, its_key, nonce):
+    """A worker registration naming 127.0.0.1:``port``; ``secret_key`` is what the old engine took the
+    worker's key from (the fixed one derives it and ignores the field), ``nonce`` what the fixed one checks."""
+    addresses = {"lo": [["127.0.0.1", port]]}
+    return json.dumps(
+        {"addresses": addresses, "secret_key": base64.b64encode(its_key).decode(), "nonce": nonce}
+    ).encode()
+
+
+def _listener(reply_key, reply):
+    """A TCP listener that answers anything with ``reply`` pickled and signed with ``reply_key`` (Horovod's
+    wire format: digest, length, body): what a thief's fake worker service would send the driver."""
+    body = pickle.dumps(reply)
+    message = hmac.new(reply_key, body, hashlib.sha256).digest() + struct.pack("i", len(body)) + body
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.settimeout(5)
+            try:
+                self.request.recv(65536)
+                self.request.sendall(message)
+            except OSError:
+                pass
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _oversized_put(url, path):
+    """A PUT announcing 64 MiB and sending none of it: the fixed server refuses it before reading (413)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.putrequest("PUT", path)
+        conn.putheader("Content-Length", str(64 << 20))
+        conn.endheaders()
+        return conn.getresponse().status
+    except (http.client.RemoteDisconnected, ConnectionResetError):
+        return "closed without a reply"
+    finally:
+        conn.close()
+
+
+@NEEDS_ROOT
+def test_no_key_or_token_is_readable_by_another_user_and_a_stolen_key_runs_no_code(elastic_job):
+    """Engine fix 08. Upstream's Gloo launcher ran each worker as ``sh -c "env NAME=VALUE ... python ..."``,
+    and that shell lived as long as the worker: the job's rendezvous key and every variable of the
+    launching shell were in a command line every local user can read. With the key, a registration
+    naming the thief's own address and own key made the driver unpickle what that address replied."""
+    from horovod.runner.elastic.worker import WorkerNotificationService
+
+    proc, url, out = elastic_job
+    job = json.loads((out / "rendezvous.json").read_text())
+    key_text = job["key"]
+    assert key_text and TOKEN not in key_text
+
+    # 1. Another user reads every command line (and the environments it may read): no key, no token.
+    seen = read_as_nobody()
+    assert str(SCRIPT) in seen  # it could read the job's command lines...
+    assert key_text not in seen, where(seen, key_text)  # ...and neither secret is in them (before the fix: both were)
+    assert TOKEN not in seen, where(seen, TOKEN)
+
+    # 2. A registration signed with the (stolen) key, naming the thief's address and key: no unpickle.
+    key = base64.b64decode(key_text)
+    planted = out / "planted"
+    thief_key = secrets.token_bytes(32)
+    thief = _listener(thief_key, _Planted(planted))
+    try:
+        path = f"/worker_addresses/{job['host']}:5"
+        body = _registration(thief.server_address[1], thief_key, secrets.token_hex(16))
+        _request("PUT", url + path, body, _sign(key, path, body))
+        time.sleep(1)
+        assert not planted.exists()  # before the fix the driver unpickled the thief's reply: the file was there
+    finally:
+        thief.shutdown()
+        thief.server_close()
+
+    # 3. A genuine registration (a worker service holding the derived key) is taken once; the same bytes
+    #    again (captured and replayed) are refused.
+    worker_id = f"{job['host']}:6"
+    service = WorkerNotificationService(_derived_key(key, worker_id), "lo", None)
+    try:
+        path = f"/worker_addresses/{worker_id}"
+        body = _registration(service.get_port(), _derived_key(key, worker_id), secrets.token_hex(16))
+        first = _request("PUT", url + path, body, _sign(key, path, body))
+        replayed = _request("PUT", url + path, body, _sign(key, path, body))
+        assert (first, replayed) == (200, 403)  # before the fix the replay was taken too: (200, 200)
+    finally:
+        service.shutdown()
+
+    # 4. A digest header that is not ASCII is a mismatch (it raised in compare_digest), and a body over
+    #    the registration bound is refused before it is read (the old server waited to read it all).
+    path = f"/worker_addresses/{job['host']}:7"
+    assert _request("PUT", url + path, b"{}", {"X-Horovod-Digest": "\u00e9" * 64}) == 403
+    assert _oversized_put(url, path) == 413
+
+    (out / "go").touch()
+    output = proc.communicate(timeout=90)[0]
+    assert proc.returncode == 0, output[-3000:]  # the job itself was not disturbed
+    assert "ENDED 0" in output
+    assert not planted.exists()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import BIN, HVDKIT, PYTHON, ROOT, end_job, pid_running, record_figures, run_bounded, wait_until_gone
 from netns import NEEDS_HOSTS, open_hosts
+from other_user import read_as_nobody, where
 
 pytestmark = [
     pytest.mark.dist,
@@ -128,3 +129,38 @@ def test_ranks_on_the_remote_host_end_when_the_launcher_is_killed(hosts, shared_
         end_job(job, proc)
         proc.wait()
     record_figures(f"launcher death, two hosts ({controller})", seconds_until_every_rank_gone=round(gone_after, 2))
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_no_value_of_the_launching_shell_is_on_a_command_line_on_either_host(hosts, shared_dir, controller):
+    """Engine fix 08: a rank on another host gets its environment on ssh's stdin (upstream put every
+    variable on the ssh command line and on the remote shell's, readable by every user of both hosts)."""
+    a, b = hosts.names
+    token = "tok-" + os.urandom(16).hex()
+    env = dict(os.environ, MY_API_TOKEN=token, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    script = str(ROOT / "tests" / "e2e" / "scripts" / "wait_for_go.py")
+    argv = [HVDKIT, "run", "-np", "2", *CONTROLLERS[controller], "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0"]
+    argv += ["--", PYTHON, script, str(shared_dir)]
+    with open(shared_dir / "launcher.log", "w") as log:
+        proc = subprocess.Popen(
+            hosts.argv_on(0, argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while not all((shared_dir / f"ready.{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, (shared_dir / "launcher.log").read_text()
+            time.sleep(0.2)
+        seen = read_as_nobody()  # one PID namespace: both hosts' processes
+        assert seen.count(script) >= 2  # both ranks' command lines were readable...
+        assert token not in seen, where(seen, token)  # ...and the token is on none of them, nor on ssh's or a shell's
+        (shared_dir / "go").touch()
+        assert proc.wait(timeout=120) == 0, (shared_dir / "launcher.log").read_text()[-3000:]
+    finally:
+        (shared_dir / "go").touch()
+        end_job([], proc)

@@ -2,7 +2,8 @@
 
     horovodrun -np 1 --min-np 1 --host-discovery-script D --gloo python hvd_elastic_wait.py OUT
 
-Rank 0 writes OUT/rendezvous.json ({"addr", "port"}: where workers register), then waits (at most 120 s)
+Rank 0 writes OUT/rendezvous.json ({"addr", "port"}: where workers register; "key": the job's key, which
+only this test may read: OUT is the test's own 0700 folder), then waits (at most 120 s)
 for OUT/go, commits once and ends.
 """
 
@@ -24,6 +25,10 @@ def train(state):
         where = {
             "addr": os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
             "port": int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
+            # What a thief would want: the test checks that no other user can read it anywhere.
+            "key": os.environ.get("HOROVOD_RENDEZVOUS_KEY"),
+            "host": os.environ["HOROVOD_HOSTNAME"],
+            "local_rank": int(os.environ["HOROVOD_LOCAL_RANK"]),
         }
         with open(os.path.join(OUT, "rendezvous.tmp"), "w") as f:
             json.dump(where, f)
