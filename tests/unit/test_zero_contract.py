@@ -133,3 +133,17 @@ def test_keras_sharded_optimizers_are_sharded_states_whose_calls_match_the_keras
     # the loss-scale optimizer's own variables (iteration, learning rate, step counter, scale), then SGD's 2
     assert got["scaled"] == [[0], [0.0], [1], [32768.0], [1], [pytest.approx(0.1)]]
     assert got["reloaded"] == [[7.0]] * 2 + [[7.0] * 3] * 2
+
+
+def test_the_torch_optimizer_is_split_into_its_state_and_its_step_importing_one_way():
+    from hvdkit.torch import zero_state
+
+    assert issubclass(torch_zero.ShardedOptimizer, zero_state.ShardedOptimizerState)
+    state_calls = {"consolidate", "consolidate_state_dict", "load_state_dict", "load_unsharded", "share_state"}
+    state_calls |= {"state_dict"}
+    assert state_calls <= set(vars(zero_state.ShardedOptimizerState))
+    assert state_calls.isdisjoint(vars(torch_zero.ShardedOptimizer))  # the step does not redefine them
+    assert {"step", "amp_step", "zero_grad"} <= set(vars(torch_zero.ShardedOptimizer))
+    source = open(zero_state.__file__).read()
+    assert "from .zero import" not in source and "import zero\n" not in source  # zero imports zero_state only
+
