@@ -25,7 +25,7 @@ import torch
 
 from ..core.errors import ConfigError
 from ..core.options import check_positive_int
-from ..core.zero import CHUNK_ELEMENTS, ROUND_ELEMENTS, Slice, partition, plan_rounds, rank_parts
+from ..core.zero import CHUNK_ELEMENTS, ROUND_ELEMENTS, Piece, Slice, partition, plan_rounds, rank_parts
 from ._engine import horovod_torch
 from .zero_flat import FlatGroup
 from .zero_overlap import EarlyRounds, round_order
@@ -341,11 +341,46 @@ class ShardedOptimizer(ShardedOptimizerState):
         """The groups with trainable parameters (a group of frozen ones takes no part in collectives)."""
         return [g for g in self._groups if g.params]
 
-    def _rounds(self):
-        """The active groups and the plan of rounds over them (``hvdkit.core.zero.plan_rounds``)."""
+    # ------------------------------------------------------------ rounds (also hvdkit.torch.zero_overlap's)
+    @property
+    def flat_groups(self) -> tuple[FlatGroup, ...]:
+        """One ``FlatGroup`` per param group, in order: its flat buffers and this rank's slice (read them only)."""
+        return tuple(self._groups)
+
+    @property
+    def early_rounds(self) -> EarlyRounds:
+        """The rounds of the gradient reduce-scatter started during backward (``hvdkit.torch.zero_overlap``)."""
+        return self._early
+
+    def round_plan(self) -> tuple[list[FlatGroup], list[list[Piece]]]:
+        """The groups with trainable parameters and the rounds of the step's collectives over them.
+
+        ``hvdkit.core.zero.plan_rounds`` with ``round_elements``: the same plan on every rank, each
+        ``Piece``'s group an index into the groups returned. No collective.
+        """
         check_positive_int("round_elements", self.round_elements)
         groups = self._active()
         return groups, plan_rounds([g.offsets[-1] for g in groups], self._size, self.round_elements)
+
+    def start_round(self, groups: list[FlatGroup], round_: list[Piece], n: int) -> Any:
+        """Start round ``n`` of the gradient reduce-scatter (``round_``, ``groups``: from ``round_plan()``); no wait.
+
+        Packs every rank's part of each piece from the gradient buffers (fp16 with ``compression="fp16"``)
+        and hands them to Horovod's asynchronous grouped reduce-scatter; returns its handle, for
+        ``finish_round`` or ``drop_round``. Collective: every rank starts round ``n`` (its name is fixed
+        by ``n``), in the same order.
+        """
+        return self._hvd.grouped_reducescatter_async(
+            self._packs(groups, round_), name=f"hvdkit.zero.grads.{n}", op=self._op
+        )
+
+    def finish_round(self, groups: list[FlatGroup], round_: list[Piece], handle: Any) -> None:
+        """Wait for a round ``start_round`` started; write this rank's reduced part into its slice of the gradients."""
+        self._write_back(groups, round_, self._hvd.synchronize(handle))
+
+    def drop_round(self, handle: Any) -> None:
+        """Wait for a round ``start_round`` started and drop what it reduced (every rank started it: all must wait)."""
+        self._hvd.synchronize(handle)
 
     def _packs(self, groups, round_):
         """One temporary per piece of ``round_``: every rank's part of it, in rank order (fp16 with compression)."""
@@ -373,7 +408,7 @@ class ShardedOptimizer(ShardedOptimizerState):
         another rank has not started).
         """
         start = time.perf_counter()
-        groups, rounds = self._rounds()
+        groups, rounds = self.round_plan()
         early = self._early
         largest = 0
         for n in round_order(len(rounds)):
@@ -412,7 +447,7 @@ class ShardedOptimizer(ShardedOptimizerState):
 
     def _all_gather(self):
         """Every rank's updated slice into every rank's parameter buffers, in rounds (as ``_reduce_scatter``)."""
-        groups, rounds = self._rounds()
+        groups, rounds = self.round_plan()
         for n, round_ in enumerate(rounds):
             sends = []
             for piece in round_:

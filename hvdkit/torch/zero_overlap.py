@@ -35,6 +35,8 @@ from ..core.errors import ConfigError
 from ..core.zero import rank_parts
 
 # The optimizer these rounds belong to: a hvdkit.torch.zero.ShardedOptimizer (not imported: zero imports this).
+# What they use of it is public: flat_groups, round_plan(), start_round(), finish_round(), drop_round(),
+# early_rounds, check_trainable(), backward_passes_per_step, round_elements and overlap.
 ShardedOptimizer = Any
 
 __all__ = ["EarlyRounds", "MAX_IN_FLIGHT", "round_order"]
@@ -61,7 +63,7 @@ class EarlyRounds:
         self._rounds_of: dict[tuple[int, int], list[int]] = {}  # (group index, parameter) -> its rounds
         self.max_in_flight = MAX_IN_FLIGHT
         self.reset()
-        for g in optimizer._groups:
+        for g in optimizer.flat_groups:
             self.watch(g)
 
     def watch(self, group: Any) -> None:
@@ -86,7 +88,7 @@ class EarlyRounds:
 
     def arrived(self, optimizer: ShardedOptimizer, group: int, i: int) -> None:
         """Parameter ``i`` of param group ``group`` has a gradient: start the rounds it completes."""
-        g = optimizer._groups[group]
+        g = optimizer.flat_groups[group]
         if not g.holds(i, g.params[i].data, g.flat):
             return  # another sharded optimizer took the parameter over (rebuilt): its hooks count, not these
         if not self._passes:  # the first gradient of a step: refuse a parameter unfrozen since, before any round
@@ -120,9 +122,9 @@ class EarlyRounds:
         """Which parameters each round needs, made once per ``round_elements`` (the rounds are the step's)."""
         if optimizer.round_elements != self._plan_key:
             self._plan_key = optimizer.round_elements
-            self._layout = optimizer._rounds()
+            self._layout = optimizer.round_plan()
             groups, rounds = self._layout
-            self._by_index = {g.index: g for g in optimizer._groups}
+            self._by_index = {g.index: g for g in optimizer.flat_groups}
             self._params_of, self._rounds_of = [], {}
             self._order = round_order(len(rounds))
             for r, round_ in enumerate(rounds):
@@ -153,10 +155,7 @@ class EarlyRounds:
         while len(self._in_flight) >= self.max_in_flight:
             self.finish(optimizer, next(iter(self._in_flight)))
         groups, rounds = self._layout
-        packs = optimizer._packs(groups, rounds[r])
-        self._in_flight[r] = optimizer._hvd.grouped_reducescatter_async(
-            packs, name=f"hvdkit.zero.grads.{r}", op=optimizer._op
-        )
+        self._in_flight[r] = optimizer.start_round(groups, rounds[r], r)
         self.started += 1
         return True
 
@@ -166,15 +165,14 @@ class EarlyRounds:
 
     def finish(self, optimizer: ShardedOptimizer, r: int) -> None:
         """Wait for round ``r`` and write this rank's averaged part into the gradient buffer."""
-        outs = optimizer._hvd.synchronize(self._in_flight.pop(r))
         groups, rounds = self._layout
-        optimizer._write_back(groups, rounds[r], outs)
+        optimizer.finish_round(groups, rounds[r], self._in_flight.pop(r))
         self.finished.add(r)
 
     def drain(self, optimizer: ShardedOptimizer) -> None:
         """Wait for every round in flight and drop what they reduced (``zero_grad()`` before ``step()``)."""
         for r in list(self._in_flight):
-            optimizer._hvd.synchronize(self._in_flight.pop(r))
+            optimizer.drop_round(self._in_flight.pop(r))
         self.reset()
 
 
@@ -188,6 +186,6 @@ class _Arrived:
     def __call__(self, param: Any) -> None:
         rounds = self.rounds()
         optimizer = rounds._optimizer() if rounds is not None else None
-        if optimizer is None or not optimizer.overlap or optimizer._early is not rounds:
+        if optimizer is None or not optimizer.overlap or optimizer.early_rounds is not rounds:
             return
         rounds.arrived(optimizer, self.group, self.i)

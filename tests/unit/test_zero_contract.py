@@ -147,3 +147,21 @@ def test_the_torch_optimizer_is_split_into_its_state_and_its_step_importing_one_
     source = open(zero_state.__file__).read()
     assert "from .zero import" not in source and "import zero\n" not in source  # zero imports zero_state only
 
+
+def test_the_overlap_rounds_use_only_public_documented_members_of_the_optimizer():
+    import ast
+
+    from hvdkit.torch import zero_overlap
+
+    tree = ast.parse(open(zero_overlap.__file__).read())
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "optimizer"
+    }
+    assert {"flat_groups", "round_plan", "start_round", "finish_round", "drop_round", "early_rounds"} <= used
+    assert sorted(a for a in used if a.startswith("_")) == []
+    for name in used:
+        member = getattr(torch_zero.ShardedOptimizer, name, None)
+        if callable(member) or isinstance(member, property):
+            assert inspect.getdoc(member), name
