@@ -88,9 +88,11 @@ def _outcome(
 ) -> JobResult:
     failures = [r for r in statuses.values() if r.get("exit_code") != 0]
     extra = {"seconds": seconds, "stalled_ranks": tuple(stalled), "interrupted_by": interrupted_by}
-    if launcher_said is not None and launcher_said.get("rank") not in statuses:
-        # The launcher names a rank whose wrapper (the process it started) ended without a report: the
-        # wrapper itself was killed, and first; the other ranks' reports are of the launcher ending them.
+    if returncode != 0 and launcher_said is not None and launcher_said.get("rank") not in statuses:
+        # The launcher failed and names a rank whose wrapper (the process it started) ended without a
+        # report: the wrapper itself was killed, and first; the other ranks' reports are of the launcher
+        # ending them. A launcher that succeeded had no failed rank, whatever it said of one: Horovod's
+        # elastic driver drops a worker that ends (a removed host's exits 134) and the job goes on.
         first = launcher_said
         where = f" on {first['host']}" if first.get("host") else ""
         detail = f"{where} ({first['by']} says so; the rank's wrapper ended before it could report)"

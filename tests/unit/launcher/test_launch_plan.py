@@ -248,6 +248,15 @@ def test_a_rank_whose_wrapper_was_killed_is_named_from_the_launchers_report():
     assert (reported.exit_code, reported.failed_rank, reported.signal) == (4, 1, None)
 
 
+def test_a_worker_the_launcher_names_is_no_failure_when_the_launcher_succeeded():
+    # hvdkit run --horovod-elastic: Horovod's driver drops a worker whose host was removed (it exits
+    # 134: "has been removed from elastic job", horovodrun prints "Process 1 exit with status code
+    # 134.") and the job goes on; horovodrun exits 0, and so must hvdkit run (it exited 134)
+    said = execute.launcher_report("Process 1 exit with status code 134.\n")
+    result = execute._outcome(0, {}, 1.0, launcher_said=said)
+    assert (result.exit_code, result.failed_rank, result.message) == (0, None, "")
+
+
 def test_rank_reports_of_this_job_are_read_from_the_stream_and_others_are_not():
     from hvdkit.launcher.rankwrap import report_line
 
