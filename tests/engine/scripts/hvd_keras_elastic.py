@@ -3,9 +3,10 @@
     horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script DISCOVER --gloo python hvd_keras_elastic.py OUT [events]
 
 The same events as hvd_torch_elastic.py, in the same order (see elastic_hosts.py for OUT/hosts):
-  1. at 2 ranks, after global step ``REMOVE_AT``, rank 0 removes the host ``127.0.0.1``;
+  1. at 2 ranks, after global step ``REMOVE_AT``, rank 0 removes the other host (of ``localhost`` and
+     ``127.0.0.1``, the one it does not run on; its name goes to OUT/removed_host);
   2. at 1 rank, after 2 more steps, it adds that host back (a new worker joins);
-  3. at 2 ranks again, the worker on ``127.0.0.1`` kills itself (SIGKILL) once, after its step and
+  3. at 2 ranks again, the worker on that host kills itself (SIGKILL) once, after its step and
      before the commit: the survivor's next allreduce fails and it goes back to the last commit.
 ``hvd.elastic.KerasState`` holds the model, its SGD-with-momentum optimizer and ``epoch``, ``batch``,
 ``steps``; the callbacks commit after every batch. OUT/log gets one JSON line from every rank each
@@ -83,13 +84,16 @@ class Record(keras.callbacks.Callback):
 def events():
     size = hvd.size()
     if hvd.rank() == 0 and size == 2 and state.steps >= REMOVE_AT and not happened("removed"):
-        set_hosts("localhost:1\n", "removed")
+        # the other host (Horovod orders hosts it discovers together by a set's order: rank 0 may be on either)
+        with open(path("removed_host"), "w") as f:
+            f.write("127.0.0.1" if HOST == "localhost" else "localhost")
+        set_hosts(f"{HOST}:1\n", "removed")
     if hvd.rank() == 0 and size == 1 and happened("removed") and not happened("added"):
         if not hasattr(state, "added_after"):
             state.added_after = state.steps + 2
         if state.steps >= state.added_after:
             set_hosts("localhost:1\n127.0.0.1:1\n", "added")
-    if size == 2 and happened("added") and HOST == "127.0.0.1" and not happened("killed"):
+    if size == 2 and happened("added") and HOST == open(path("removed_host")).read() and not happened("killed"):
         mark("killed")
         os.kill(os.getpid(), signal.SIGKILL)
     pending = (happened("removed") and size == 2 and not happened("added")) or (

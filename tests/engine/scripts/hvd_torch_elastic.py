@@ -4,9 +4,11 @@
 
 ``OUT/hosts`` is what the discovery script prints (elastic_hosts.py); with ``events`` the script changes it itself at
 fixed points so that the job goes through every elastic event in one run, in this order:
-  1. at 2 ranks, after step ``REMOVE_AT``, rank 0 removes the host ``127.0.0.1`` (its worker ends);
+  1. at 2 ranks, after step ``REMOVE_AT``, rank 0 removes the other host (of ``localhost`` and ``127.0.0.1``,
+     the one it does not run on: Horovod orders hosts it discovers together by a set's order, which
+     changes with each process's hash seed), and that host's worker ends;
   2. at 1 rank, after 2 more steps, it adds that host back (a new worker joins);
-  3. at 2 ranks again, the worker on ``127.0.0.1`` kills itself (SIGKILL) once: the job goes on at 1 rank.
+  3. at 2 ranks again, the worker on that host kills itself (SIGKILL) once: the job goes on at 1 rank.
 Every step commits. Each sample's value is added, summed over the ranks, to ``state.total``: when
 every sample is processed exactly once per epoch (the ``ElasticSampler`` resumes mid-epoch from the
 last commit, the lost step is redone), the final total is ``EPOCHS * sum(range(SAMPLES))``.
@@ -70,17 +72,28 @@ def train(state):
         state.commit()
 
 
+def other_host():
+    return "127.0.0.1" if HOST == "localhost" else "localhost"
+
+
+def removed_host():
+    with open(path("removed_host")) as f:
+        return f.read()
+
+
 def events(state):
     size = hvd.size()
     if hvd.rank() == 0 and size == 2 and state.steps >= REMOVE_AT and not os.path.exists(path("removed")):
-        set_hosts("localhost:1\n", "removed")
+        with open(path("removed_host"), "w") as f:
+            f.write(other_host())
+        set_hosts(f"{HOST}:1\n", "removed")
         state.removed_at = state.steps
     if hvd.rank() == 0 and size == 1 and os.path.exists(path("removed")) and not os.path.exists(path("added")):
         if not hasattr(state, "added_after"):
             state.added_after = state.steps + 2
         if state.steps >= state.added_after:
             set_hosts("localhost:1\n127.0.0.1:1\n", "added")
-    if size == 2 and os.path.exists(path("added")) and HOST == "127.0.0.1" and not os.path.exists(path("killed")):
+    if size == 2 and os.path.exists(path("added")) and HOST == removed_host() and not os.path.exists(path("killed")):
         open(path("killed"), "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
     pending = (os.path.exists(path("removed")) and size == 2 and not os.path.exists(path("added"))) or (
