@@ -33,6 +33,28 @@ def hosts():
     yield from open_hosts(private_tmp=True)
 
 
+def _start_on_a(hosts, argv, env, shared_dir):
+    """``argv`` started on host a, in a session of its own, its output in ``shared_dir/launcher.log``."""
+    with open(shared_dir / "launcher.log", "w") as log:
+        return subprocess.Popen(
+            hosts.argv_on(0, argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+
+
+def _wait_for(files, proc, shared_dir, bound=240):
+    """Until every one of ``files`` exists; fails with the launcher's output if it ends or ``bound`` s pass."""
+    deadline = time.monotonic() + bound
+    while not all(f.exists() for f in files):
+        assert proc.poll() is None and time.monotonic() < deadline, (shared_dir / "launcher.log").read_text()
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def shared_dir():
     """A folder every host and the test see (a host's /tmp is its own)."""
@@ -99,23 +121,11 @@ def test_ranks_on_the_remote_host_end_when_the_launcher_is_killed(hosts, shared_
         str(shared_dir),
         str(os.getpid()),
     ]
-    with open(shared_dir / "launcher.log", "w") as log:
-        proc = subprocess.Popen(
-            hosts.argv_on(0, argv),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=ROOT,
-            start_new_session=True,
-        )
+    proc = _start_on_a(hosts, argv, env, shared_dir)
     job = set()
     try:
-        deadline = time.monotonic() + 240
         files = [shared_dir / f"rank-{r}.json" for r in (0, 1)]
-        while not all(f.exists() for f in files):
-            assert proc.poll() is None and time.monotonic() < deadline, (shared_dir / "launcher.log").read_text()
-            time.sleep(0.2)
+        _wait_for(files, proc, shared_dir)
         local, remote = (json.loads(f.read_text()) for f in files)
         assert proc.pid in local["pids"] and not remote["reached_launcher"]  # rank 1 runs under sshd on b
         # rank 0, its wrapper and mpirun/horovodrun on a; rank 1 and its wrapper on b (above them
@@ -141,21 +151,9 @@ def test_no_value_of_the_launching_shell_is_on_a_command_line_on_either_host(hos
     script = str(ROOT / "tests" / "e2e" / "scripts" / "wait_for_go.py")
     argv = [HVDKIT, "run", "-np", "2", *CONTROLLERS[controller], "-H", f"{a}:1,{b}:1", "--network-interface", "hvd0"]
     argv += ["--", PYTHON, script, str(shared_dir)]
-    with open(shared_dir / "launcher.log", "w") as log:
-        proc = subprocess.Popen(
-            hosts.argv_on(0, argv),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=ROOT,
-            start_new_session=True,
-        )
+    proc = _start_on_a(hosts, argv, env, shared_dir)
     try:
-        deadline = time.monotonic() + 240
-        while not all((shared_dir / f"ready.{r}").exists() for r in (0, 1)):
-            assert proc.poll() is None and time.monotonic() < deadline, (shared_dir / "launcher.log").read_text()
-            time.sleep(0.2)
+        _wait_for([shared_dir / f"ready.{r}" for r in (0, 1)], proc, shared_dir)
         seen = read_as_nobody()  # one PID namespace: both hosts' processes
         assert seen.count(script) >= 2  # both ranks' command lines were readable...
         assert token not in seen, where(seen, token)  # ...and the token is on none of them, nor on ssh's or a shell's
