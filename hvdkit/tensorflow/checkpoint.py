@@ -16,6 +16,7 @@ from ..core.checkpoint.arrays import ArrayFile
 from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.checkpoint.store import Resumed
 from ..core.errors import CheckpointError
+from ..core.zero import ShardedState
 from ._engine import horovod_tf
 from .runtime import communicator
 from .variables import broadcast_variables
@@ -122,7 +123,7 @@ class Checkpointer(CheckpointerBase):
         self.wait()  # before anything else: every rank learns how the previous write went
         if self._sharded():
             self._prepare()
-            self._consolidated = self.optimizer.consolidated_variables(to=0)
+            self._consolidated = self.optimizer.consolidate(to=0)
         try:
             return CheckpointerBase.save(self, step, epoch, extra)
         finally:
@@ -132,7 +133,7 @@ class Checkpointer(CheckpointerBase):
     wait = CheckpointerBase.wait
 
     def _sharded(self):
-        return callable(getattr(self.optimizer, "consolidated_variables", None))
+        return isinstance(self.optimizer, ShardedState)
 
     def _prepare(self):
         self._opt_vars = self._optimizer_variables()  # builds the optimizer on every rank alike

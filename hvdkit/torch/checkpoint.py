@@ -17,6 +17,7 @@ from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.checkpoint.store import Resumed
 from ..core.checkpoint.tree import reseed_rng
 from ..core.errors import CheckpointError
+from ..core.zero import ShardedState
 from .runtime import communicator
 from .state import share_state
 
@@ -109,9 +110,8 @@ class Checkpointer(CheckpointerBase):
         Collective: every rank calls it.
         """
         self.wait()  # before anything else: every rank learns how the previous write went
-        consolidate = getattr(self.optimizer, "consolidate_state_dict", None)
-        if consolidate is not None:  # hk.DistributedOptimizer(..., shard_optimizer_state=True): gather it first
-            consolidate(to=0)  # only rank 0 calls state_dict() (in store.save's check)
+        if isinstance(self.optimizer, ShardedState):  # hk.DistributedOptimizer(..., shard_optimizer_state=True)
+            self.optimizer.consolidate(to=0)  # gathered first; only rank 0 calls state_dict() (in store.save's check)
         return super().save(step, epoch, extra)
 
     restore = CheckpointerBase.restore

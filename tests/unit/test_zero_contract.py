@@ -165,3 +165,14 @@ def test_the_overlap_rounds_use_only_public_documented_members_of_the_optimizer(
         member = getattr(torch_zero.ShardedOptimizer, name, None)
         if callable(member) or isinstance(member, property):
             assert inspect.getdoc(member), name
+
+
+def test_both_checkpointers_know_a_sharded_optimizer_by_the_contract_alone():
+    from hvdkit.tensorflow import checkpoint as tf_checkpoint
+    from hvdkit.torch import checkpoint as torch_checkpoint
+
+    for module in (torch_checkpoint, tf_checkpoint):
+        source = open(module.__file__).read()
+        assert module.ShardedState is ShardedState
+        assert "isinstance(self.optimizer, ShardedState)" in source
+        assert "consolidated_variables" not in source and 'consolidate_state_dict"' not in source
