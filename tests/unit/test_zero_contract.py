@@ -176,3 +176,14 @@ def test_both_checkpointers_know_a_sharded_optimizer_by_the_contract_alone():
         assert module.ShardedState is ShardedState
         assert "isinstance(self.optimizer, ShardedState)" in source
         assert "consolidated_variables" not in source and 'consolidate_state_dict"' not in source
+
+
+def test_the_docs_map_the_contract_to_each_frameworks_names():
+    from helpers import ROOT
+
+    names = (ROOT / "docs" / "api" / "names.md").read_text()
+    section = names[names.index("## ZeRO-1: one contract") :]
+    for name in [*_members(), "consolidate_state_dict", "consolidated_variables", "load_state_dict", "share_state"]:
+        assert f"`{name}(" in section, name
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    assert "## One sharded step (ZeRO-1)" in architecture and "| ZeRO-1 (" in architecture
