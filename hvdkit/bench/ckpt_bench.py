@@ -281,33 +281,53 @@ def _async_size(megabytes, reps, root):
     )
 
 
+def _steps_during_write(ckpt, counter, a, b, into):
+    """Steps timed (into ``into``) while one background write is in flight; how many ran."""
+    ckpt.store.wait_for_cleanup()
+    os.sync()
+    ckpt.save(next(counter), 0)
+    steps = 0
+    while ckpt.store.writing:
+        t0 = time.perf_counter()
+        _matmul_step(a, b)
+        if ckpt.store.writing:  # the whole step ran during the write
+            into.add(time.perf_counter() - t0)
+            steps += 1
+    ckpt.wait()
+    return steps
+
+
 def _step_times(ckpt, counter, reps):
-    """Step times while the background write of ``ckpt``'s state is in flight, and with none (interleaved)."""
+    """Step times while the background write of ``ckpt``'s state is in flight (the writer at its low
+    priority, ``background.WRITER_NICE``, and at training's), and with none; interleaved."""
     import torch
 
+    from ..core.checkpoint import background
+
     a, b = torch.randn(STEP_SIDE, STEP_SIDE), torch.randn(STEP_SIDE, STEP_SIDE) / STEP_SIDE**0.5
-    during, quiet = Samples(), Samples()
+    during, same_priority, quiet = Samples(), Samples(), Samples()
+    low = background.WRITER_NICE
     for _ in range(reps):
-        ckpt.store.wait_for_cleanup()
-        os.sync()
-        ckpt.save(next(counter), 0)
-        steps = 0
-        while ckpt.store.writing:
-            t0 = time.perf_counter()
-            _matmul_step(a, b)
-            if ckpt.store.writing:  # the whole step ran during the write
-                during.add(time.perf_counter() - t0)
-                steps += 1
-        ckpt.wait()
+        steps = _steps_during_write(ckpt, counter, a, b, during)
+        try:
+            background.WRITER_NICE = 0  # what a write at training's own priority costs each step
+            steps = max(steps, _steps_during_write(ckpt, counter, a, b, same_priority))
+        finally:
+            background.WRITER_NICE = low
         for _ in range(max(steps, 20)):
             t0 = time.perf_counter()
             _matmul_step(a, b)
             quiet.add(time.perf_counter() - t0)
     return {
         "step": f"{STEP_CHAIN} matmuls of {STEP_SIDE}x{STEP_SIDE} fp32, torch threads {torch.get_num_threads()}",
+        "writer_nice": low,
         "during_write": during.as_dict(),
+        "during_write_same_priority": same_priority.as_dict(),
         "no_write": quiet.as_dict(),
         "step_time_during_vs_no_write": during.median / quiet.median if during.values else None,
+        "step_time_during_same_priority_vs_no_write": (
+            same_priority.median / quiet.median if same_priority.values else None
+        ),
     }
 
 
@@ -347,7 +367,10 @@ def plot_async(result, path):
     left.set_ylabel("save() blocks training (s, median)")
     left.legend()
     st = result["step_time"]
-    right.bar(["no write", "write in flight"], [st["no_write"]["median_s"] * 1e3, st["during_write"]["median_s"] * 1e3])
+    bars = {"no write": st["no_write"], f"write (nice {st.get('writer_nice', 0)})": st["during_write"]}
+    if st.get("during_write_same_priority", {}).get("median_s") is not None:
+        bars["write (nice 0)"] = st["during_write_same_priority"]
+    right.bar(list(bars), [v["median_s"] * 1e3 for v in bars.values()])
     right.set_ylabel(f"step time (ms, median; {st['payload_bytes'] / 2**20:.0f} MB being written)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -14,6 +14,7 @@ safe then (the ranks may be exiting for different reasons).
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
@@ -30,6 +31,22 @@ __all__ = ["BackgroundWrites"]
 
 _log = get_logger("checkpoint")
 _UNSHARED: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # writes whose outcome no rank asked for
+
+
+# The write thread (and the hashing/syncing threads it starts, which inherit it) runs at this nice
+# value: on a machine whose cores training keeps busy, the write takes what training leaves instead of
+# slowing every step (Linux schedules threads as tasks, each with its own nice value).
+WRITER_NICE = 19
+
+
+def _yield_to_training() -> None:
+    """Lower the calling thread's scheduling priority to ``WRITER_NICE`` (Linux; elsewhere nothing)."""
+    try:
+        tid = threading.get_native_id()
+        if os.getpriority(os.PRIO_PROCESS, tid) < WRITER_NICE:
+            os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
+    except (AttributeError, OSError):  # no per-thread priority here: the write still happens, at full priority
+        pass
 
 
 class BackgroundWrites:
@@ -65,6 +82,7 @@ class BackgroundWrites:
         self._thread.start()
 
     def _run(self, step, write):
+        _yield_to_training()
         try:
             self._outcome = ("ok", write())
         except Exception as e:  # noqa: BLE001 - any failure must reach every rank at the next settle

@@ -3,6 +3,7 @@
 import logging
 import os
 import threading
+import time
 
 import pytest
 from checkpoint_files import read, writer
@@ -69,6 +70,9 @@ def test_a_save_waits_for_the_write_in_flight_and_says_so_once(tmp_path, checkpo
     path = store.save(gated_writer(b"one", gate, events, "write 1"), 1, 0, background=True)
     assert path == os.path.join(store.root, "ckpt-000000000001")
     assert store.candidates() == []  # nothing in place yet: the write is held at the gate
+    deadline = time.monotonic() + BOUND_S  # the write thread runs at a low priority: let it begin first
+    while "write 1 begins" not in events and time.monotonic() < deadline:
+        time.sleep(0.01)
     threading.Thread(target=release_when_step_2_waits, daemon=True).start()
     open_gate = threading.Event()
     open_gate.set()
@@ -122,3 +126,26 @@ def test_close_finishes_the_write_in_flight_before_releasing_the_folder(tmp_path
     store.close()
     assert events == ["write begins", "write ends"]
     assert os.path.isdir(os.path.join(store.root, "ckpt-000000000001"))
+
+
+def _nice_of_this_thread():
+    with open(f"/proc/self/task/{threading.get_native_id()}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of stat: nice
+
+
+def test_the_write_and_the_threads_it_starts_yield_the_cores_to_training(tmp_path):
+    # On 2 busy cores a write at training's priority made each step 4.6x slower (docs/bench/ckpt-async-2026-11-28)
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3)
+    seen, before = {}, _nice_of_this_thread()
+
+    def write(folder):
+        seen["writer"] = _nice_of_this_thread()
+        helper = threading.Thread(target=lambda: seen.update(helper=_nice_of_this_thread()))
+        helper.start()
+        helper.join()
+        writer(b"x")(folder)
+
+    store.save(write, 1, 0, background=True)
+    store.wait()
+    assert seen == {"writer": 19, "helper": 19}
+    assert _nice_of_this_thread() == before  # the training thread keeps its priority
