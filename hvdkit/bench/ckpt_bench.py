@@ -297,37 +297,42 @@ def _steps_during_write(ckpt, counter, a, b, into):
     return steps
 
 
-def _step_times(ckpt, counter, reps):
-    """Step times while the background write of ``ckpt``'s state is in flight (the writer at its low
-    priority, ``background.WRITER_NICE``, and at training's), and with none; interleaved."""
-    import torch
+YIELDING_NICE = 19  # the writer's nice value in the "yields to training" variant
 
+
+def _steps_at_nice(nice, ckpt, counter, a, b, into):
     from ..core.checkpoint import background
 
+    kept = background.WRITER_NICE
+    try:
+        background.WRITER_NICE = nice
+        return _steps_during_write(ckpt, counter, a, b, into)
+    finally:
+        background.WRITER_NICE = kept
+
+
+def _step_times(ckpt, counter, reps):
+    """Step times while the background write of ``ckpt``'s state is in flight (the writer at training's
+    priority, the default, and at ``YIELDING_NICE``), and with none; interleaved."""
+    import torch
+
     a, b = torch.randn(STEP_SIDE, STEP_SIDE), torch.randn(STEP_SIDE, STEP_SIDE) / STEP_SIDE**0.5
-    during, same_priority, quiet = Samples(), Samples(), Samples()
-    low = background.WRITER_NICE
+    during, yielding, quiet = Samples(), Samples(), Samples()
     for _ in range(reps):
-        steps = _steps_during_write(ckpt, counter, a, b, during)
-        try:
-            background.WRITER_NICE = 0  # what a write at training's own priority costs each step
-            steps = max(steps, _steps_during_write(ckpt, counter, a, b, same_priority))
-        finally:
-            background.WRITER_NICE = low
+        steps = _steps_at_nice(0, ckpt, counter, a, b, during)
+        steps = max(steps, _steps_at_nice(YIELDING_NICE, ckpt, counter, a, b, yielding))
         for _ in range(max(steps, 20)):
             t0 = time.perf_counter()
             _matmul_step(a, b)
             quiet.add(time.perf_counter() - t0)
     return {
         "step": f"{STEP_CHAIN} matmuls of {STEP_SIDE}x{STEP_SIDE} fp32, torch threads {torch.get_num_threads()}",
-        "writer_nice": low,
         "during_write": during.as_dict(),
-        "during_write_same_priority": same_priority.as_dict(),
+        "yielding_nice": YIELDING_NICE,
+        "during_write_yielding": yielding.as_dict(),
         "no_write": quiet.as_dict(),
         "step_time_during_vs_no_write": during.median / quiet.median if during.values else None,
-        "step_time_during_same_priority_vs_no_write": (
-            same_priority.median / quiet.median if same_priority.values else None
-        ),
+        "step_time_during_yielding_vs_no_write": yielding.median / quiet.median if yielding.values else None,
     }
 
 
@@ -367,9 +372,9 @@ def plot_async(result, path):
     left.set_ylabel("save() blocks training (s, median)")
     left.legend()
     st = result["step_time"]
-    bars = {"no write": st["no_write"], f"write (nice {st.get('writer_nice', 0)})": st["during_write"]}
-    if st.get("during_write_same_priority", {}).get("median_s") is not None:
-        bars["write (nice 0)"] = st["during_write_same_priority"]
+    bars = {"no write": st["no_write"], "write (nice 0)": st["during_write"]}
+    if st.get("during_write_yielding", {}).get("median_s") is not None:
+        bars[f"write (nice {st['yielding_nice']})"] = st["during_write_yielding"]
     right.bar(list(bars), [v["median_s"] * 1e3 for v in bars.values()])
     right.set_ylabel(f"step time (ms, median; {st['payload_bytes'] / 2**20:.0f} MB being written)")
     fig.tight_layout()

@@ -4,13 +4,15 @@ Writes OUT/rank<r>.json: the history, and with ``--val-size`` the single-process
 of the final model over the whole validation subset (for the exact-metric check).
 
 ``--signal-at N``: rank 0 sends itself SIGTERM (preemption) or, with ``--kill``, SIGKILL at its
-N-th training micro-batch, once per ``--once`` marker file. Usage: python trainer_torch.py OUT [options]
+N-th training micro-batch, once per ``--once`` marker file (a SIGKILL only once the background
+checkpoint write in flight, if any, is done: a kill during a write is tests/e2e/test_checkpoint_crashes.py's). Usage: python trainer_torch.py OUT [options]
 """
 
 import argparse
 import os
 import signal
 import sys
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +64,10 @@ def signalling(loss_fn, args):
         if hk.rank() == 0 and calls[0] == args.signal_at and not (args.once and os.path.exists(args.once)):
             if args.once:
                 open(args.once, "w").close()
+            if args.kill:  # killed after the checkpoints saved so far are on disk, whatever the write's speed
+                for thread in threading.enumerate():
+                    if thread.name.startswith("hvdkit-ckpt-write-"):
+                        thread.join()
             os.kill(os.getpid(), signal.SIGKILL if args.kill else signal.SIGTERM)
         return loss_fn(out, y)
 
