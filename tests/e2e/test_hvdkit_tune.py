@@ -6,11 +6,11 @@ preemption path (its two ranks checkpoint and exit) and recorded PRUNED."""
 import csv
 import json
 import os
-import signal
 import subprocess
 
 import pytest
 from helpers import HVDKIT, PYTHON, ROOT
+from tune_jobs import interrupt_after_complete
 
 pytestmark = pytest.mark.dist
 optuna = pytest.importorskip("optuna")
@@ -37,26 +37,6 @@ def _trial_processes(out):
 def _rows(out):
     with open(out / "trials.csv", newline="") as f:
         return list(csv.DictReader(f))
-
-
-def _interrupt_after_two_complete(argv):
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    lines, complete = [], 0
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            complete += line.startswith("trial ") and " COMPLETE " in line
-            if complete == 2:
-                proc.send_signal(signal.SIGINT)
-                break
-        lines += proc.stdout.readlines()
-        return proc.wait(timeout=120), "".join(lines)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _most_at_once(out):
@@ -92,7 +72,7 @@ def test_two_trials_at_once_a_failed_one_retried_and_an_interrupted_study_resume
     ]
     flags = ("--trials", "3", "--parallel", "2", "-np", "1", "--retries", "1", "--pruner", "none", "--seed", "0")
     argv = _argv(out, space, *flags, command=command)
-    code, first = _interrupt_after_two_complete(argv)
+    code, first = interrupt_after_complete(argv, 2)
     assert code == 130, first
     assert "interrupted by SIGINT: run the same command again to resume" in first
     assert _trial_processes(out) == []  # every trial's hvdkit run and ranks ended

@@ -9,10 +9,10 @@ import io
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 from helpers import HVDKIT, PYTHON, ROOT
+from tune_jobs import interrupt_after_complete, wait_group_gone
 
 from hvdkit.tune.config import TuneConfig
 from hvdkit.tune.runner import LocalRunner
@@ -25,25 +25,6 @@ optuna = pytest.importorskip("optuna")
 TINY = "tests/e2e/scripts/tune_tiny_trial.py"
 
 
-def _interrupt_after_first_complete(argv):
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("trial ") and " COMPLETE " in line:
-                proc.send_signal(signal.SIGINT)
-                break
-        lines += proc.stdout.readlines()
-        return proc.wait(timeout=120), "".join(lines)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def test_a_seeded_study_resumed_after_sigint_draws_no_parameter_set_again(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("x: {type: float, low: 1.0, high: 2.0}\n")
@@ -51,7 +32,7 @@ def test_a_seeded_study_resumed_after_sigint_draws_no_parameter_set_again(tmp_pa
     argv = [HVDKIT, "tune", "--space", str(space), "--metric", "loss", "--mode", "min", "--out", str(out)]
     argv += ["--trials", "3", "--pruner", "none", "--seed", "0", "--", PYTHON, TINY, "--epochs", "2"]
     argv += ["--trial-dir", "{trial_dir}"]
-    code, first = _interrupt_after_first_complete(argv)
+    code, first = interrupt_after_complete(argv, 1)
     assert code == 130, first
     second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
@@ -76,17 +57,6 @@ class _SigintAtLaunch(LocalRunner):
         return job
 
 
-def _wait_gone(pgid, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"process group {pgid} still runs after {timeout} s")
-
-
 def test_a_sigint_while_a_trial_is_launched_stops_that_trial(tmp_path):
     cfg = TuneConfig(
         space=parse_space({"x": {"type": "float", "low": 1.0, "high": 2.0}}),
@@ -103,6 +73,6 @@ def test_a_sigint_while_a_trial_is_launched_stops_that_trial(tmp_path):
     trials = driver.study.get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "WAITING"], stream.getvalue()  # stopped, queued again
     assert trials[0].user_attrs["hvdkit_error"].startswith("interrupted by SIGINT sent to hvdkit tune")
-    _wait_gone(trials[0].user_attrs[JOB_ATTR])
+    wait_group_gone(trials[0].user_attrs[JOB_ATTR])
     assert not (tmp_path / "o" / "trials" / "0000" / "done.rank0").exists()  # it did not run to its end
     assert "interrupted by SIGINT: run the same command again to resume" in stream.getvalue()

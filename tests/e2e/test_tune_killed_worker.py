@@ -11,20 +11,10 @@ import time
 
 import pytest
 from helpers import HVDKIT, PYTHON, ROOT
+from tune_jobs import wait_group_gone
 
 pytestmark = pytest.mark.dist
 optuna = pytest.importorskip("optuna")
-
-
-def _wait_gone(pgid, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"process group {pgid} still runs after {timeout} s")
 
 
 def _processes_with(text):
@@ -69,7 +59,7 @@ def test_a_rerun_requeues_the_trial_of_a_worker_killed_with_sigkill(tmp_path):
     assert first.state.name == "RUNNING" and first.user_attrs[WORKER_ATTR].endswith(f":{proc.pid}")
     job = first.user_attrs[JOB_ATTR]
     os.killpg(job, signal.SIGKILL)  # the trial's hvdkit run outlives its worker: end it (it is this test's)
-    _wait_gone(job)
+    wait_group_gone(job)
     assert _processes_with(str(out)) == []  # its ranks were in its group
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-3000:]
