@@ -1,6 +1,7 @@
 """Fixtures shared by every test."""
 
 import os
+import sys
 
 import pytest
 
@@ -49,3 +50,13 @@ def pytest_terminal_summary(terminalreporter):
         count = _FOLDER_TESTS.get(folder, 0)
         terminalreporter.write_line(f"{seconds:8.1f} s  {share:5.1f} %  {count:5d} tests  {folder}")
     terminalreporter.write_line(f"{total:8.1f} s  100.0 %  {sum(_FOLDER_TESTS.values()):5d} tests  (all)")
+    pool = sys.modules.get("pool")
+    if pool is not None and hasattr(pool, "summary"):
+        terminalreporter.write_line(pool.summary())
+
+
+def pytest_sessionfinish(session):
+    """End the pool's long-lived jobs (tests/support/pool.py), if a test used it: no process outlives the session."""
+    pool = sys.modules.get("pool")
+    if pool is not None and hasattr(pool, "close_all"):
+        pool.close_all()
