@@ -1,4 +1,4 @@
-"""``python -m benchmarks suite|network|predict|zero|tune|elastic [...]``: the lab's commands, one module each.
+"""``python -m benchmarks suite|network|predict|zero|tune|elastic|chaos [...]``: the lab's commands, one module each.
 
 Run from the repository root (``benchmarks`` is not installed); ``python -m benchmarks COMMAND -h``
 lists a command's flags.
@@ -16,6 +16,7 @@ COMMANDS = {
     "zero": "section (h) alone: ZeRO-1 memory, step time, bytes on the wire (docs/bench/zero-*)",
     "tune": "hvdkit tune: trials per hour at --parallel 1 vs 2, search vs grid (docs/bench/tune-*)",
     "elastic": "recovery times: hvdkit run --min-np (restarts) vs Horovod's hvd.elastic.run (docs/bench/elastic-*)",
+    "chaos": "a Trainer job under a SIGKILL every S s: useful throughput per way of recovering (docs/bench/chaos-*)",
 }
 
 
