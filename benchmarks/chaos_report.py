@@ -184,19 +184,20 @@ def useful_series(records: Sequence[Mapping], schedule: Schedule, t0: float, t1:
     """Useful throughput over ``[t0, t1)`` in bins of ``bin_s`` seconds: ``[{"t", "samples_per_s"}, ...]``.
 
     A bin's useful samples are those of the steps the training reached beyond the highest step
-    reached before the bin (a step taken again adds nothing); ``t`` is the bin's end, from ``t0``.
+    reached before the bin (a step taken again adds nothing); ``t`` is the bin's end, from ``t0``
+    (the last bin ends at ``t1``, and may be shorter).
     """
     events = sorted((r["t"], r["step"]) for r in records if r["t"] < t1)
-    out, reached, i = [], 0, 0
-    edges = np.arange(t0, t1 + 1e-9, bin_s)[1:] if t1 > t0 else []
-    for edge in edges:
+    out, reached, i, start = [], 0, 0, t0
+    for k in range(1, max(0, math.ceil((t1 - t0) / bin_s - 1e-6)) + 1):
+        edge = min(t0 + k * bin_s, t1)
         before = schedule.samples_through(reached)
         while i < len(events) and events[i][0] < edge:
             reached = max(reached, events[i][1])
             i += 1
-        out.append(
-            {"t": round(float(edge - t0), 3), "samples_per_s": (schedule.samples_through(reached) - before) / bin_s}
-        )
+        rate = (schedule.samples_through(reached) - before) / (edge - start)
+        out.append({"t": round(edge - t0, 3), "samples_per_s": round(rate, 3)})
+        start = edge
     return out
 
 

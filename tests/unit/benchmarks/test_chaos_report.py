@@ -140,6 +140,17 @@ def test_useful_throughput_counts_a_step_taken_again_once():
     ]
 
 
+def test_the_bins_of_a_window_read_on_todays_clock_end_at_its_end():
+    t0 = 1_795_000_000.123456  # float arange lost the last bin of such a window
+    assert [p["t"] for p in report.useful_series([], DIGITS, t0, t0 + 0.4 * 60, 4.0)] == [4.0 * i for i in range(1, 7)]
+    series = report.useful_series([{"t": t0 + 9, "step": 1}], report.Schedule(640, 64, 2), t0, t0 + 10, 4.0)
+    assert series == [
+        {"t": 4.0, "samples_per_s": 0.0},
+        {"t": 8.0, "samples_per_s": 0.0},
+        {"t": 10.0, "samples_per_s": 32.0},
+    ]
+
+
 def _way(way, rate, faults=0, ok=True, median=None):
     return {
         "way": way,
