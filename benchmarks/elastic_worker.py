@@ -1,11 +1,12 @@
-"""The training script of ``python -m benchmarks elastic``: one small torch model, two ways to be elastic.
+"""The training script of ``python -m benchmarks elastic``: one small torch model, three ways to be elastic.
 
-    python elastic_worker.py horovod OUT   under horovodrun --min-np/--max-np (hvd.elastic.run, TorchState)
-    python elastic_worker.py hvdkit OUT    under hvdkit run --min-np/--max-np (Checkpointer, PreemptionGuard)
+    python elastic_worker.py horovod OUT            under horovodrun --min-np/--max-np (hvd.elastic.run, TorchState)
+    python elastic_worker.py hvdkit OUT             under hvdkit run --min-np/--max-np (Checkpointer, PreemptionGuard)
+    python elastic_worker.py hvdkit-in-process OUT  under hvdkit run --recovery in-process (hk.Trainer, commit_every=1)
 
-Both commit (Horovod) or checkpoint (hvdkit) after every step and append one JSON line per step and
-rank to OUT/steps.jsonl: ``{"t", "host", "pid", "size", "step"}`` (``t``: time.time() after the
-step). They stop, every rank after the same step, once OUT/stop exists.
+All commit (Horovod, hk.Trainer in memory) or checkpoint (hvdkit) after every step and append one
+JSON line per step and rank to OUT/steps.jsonl: ``{"t", "host", "pid", "size", "step"}`` (``t``:
+time.time() after the step). They stop, every rank after the same step, once OUT/stop exists.
 """
 
 import json
@@ -83,5 +84,37 @@ def hvdkit_main():
             return
 
 
+class PacedLog:
+    """The Trainer's callback: log each step, sleep PACE, stop every rank after the step once OUT/stop exists."""
+
+    def on_train_begin(self, trainer):
+        self.trainer = trainer
+
+    def on_train_batch_end(self, step, logs):
+        log(self.trainer.comm.size, step)
+        time.sleep(PACE)
+        if stop_requested():
+            self.trainer.stop_training = True
+
+
+def trainer_main():
+    import hvdkit.torch as hk
+
+    model, x, y = model_and_data()
+    # 32 samples per rank and step, as the other ways (which train on the same 32 every step)
+    data = torch.utils.data.TensorDataset(x.repeat(200, 1), y.repeat(200))
+    trainer = hk.Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        torch.nn.functional.cross_entropy,
+        batch_size=32,
+        compression="none",
+        progress=False,
+        commit_every=1,
+        callbacks=[PacedLog()],
+    )
+    trainer.fit(data, epochs=10**6)
+
+
 if __name__ == "__main__":
-    {"horovod": horovod_main, "hvdkit": hvdkit_main}[MODE]()
+    {"horovod": horovod_main, "hvdkit": hvdkit_main, "hvdkit-in-process": trainer_main}[MODE]()
