@@ -10,10 +10,8 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from types import ModuleType
@@ -21,10 +19,21 @@ from typing import Any
 
 from ..core.errors import LaunchError
 from ..diagnostics.doctor import local_versions
+from ..launcher.child import run_child
 from ..launcher.plan import find_tool
 from .stats import Samples, check_close, interleaved
 
-__all__ = ["NETNS", "Suite", "TUNING", "busy_warning", "machine", "netns_wrapper", "publish", "run_job", "say"]
+__all__ = [
+    "NETNS",
+    "Suite",
+    "TUNING",
+    "busy_warning",
+    "machine",
+    "netns_wrapper",
+    "publish",
+    "run_job",
+    "say",
+]
 
 # Horovod settings compared by the tuning section: (label, extra environment for the job).
 TUNING = (
@@ -83,29 +92,10 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _stream(cmd: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[int, str]:
-    """Run ``cmd``; show its progress lines (``[bench ...]``) as they come; (exit code, all output)."""
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    timer.start()
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if "[bench " in line:
-                print("  " + line.split("[bench ", 1)[1].rstrip().replace("] ", ": ", 1), file=sys.stderr, flush=True)
-        rc = proc.wait()
-    finally:
-        timer.cancel()
-    return rc, "".join(lines)
+def _progress(line: str) -> None:
+    """Show a job's progress line (``[bench ...]``) as it comes."""
+    if "[bench " in line:
+        print("  " + line.split("[bench ", 1)[1].rstrip().replace("] ", ": ", 1), file=sys.stderr, flush=True)
 
 
 def busy_warning(load: float, cores: int) -> str | None:
@@ -133,9 +123,11 @@ def run_job(
     it comes; the JSON it wrote to ``path``. A failure raises ``error`` with the command line
     (``shown``, default ``argv``) and the end of the output; ``where`` says where it ran."""
     t0 = time.perf_counter()
-    rc, output = _stream(argv, {**os.environ, **(env or {})}, timeout)
+    done = run_child(argv, env={**os.environ, **(env or {})}, timeout=timeout, on_line=_progress)
+    rc, output = done.exit_code, done.output
     if rc != 0:
-        raise error(f"benchmark job {name!r}{where} failed (exit {rc}): {' '.join(shown or argv)}\n{output[-4000:]}")
+        how = f"exit {rc}" + (f", stopped after its timeout of {timeout:g} s" if done.timed_out else "")
+        raise error(f"benchmark job {name!r}{where} failed ({how}): {' '.join(shown or argv)}\n{output[-4000:]}")
     with open(path, encoding="utf-8") as f:
         result = json.load(f)
     say(f"{name}: done in {time.perf_counter() - t0:.0f} s")

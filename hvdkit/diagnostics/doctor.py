@@ -18,12 +18,12 @@ import platform
 import re
 import shlex
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, TextIO
 
+from ..launcher.child import run_child
 from ..launcher.hosts import format_hosts
 from ..launcher.plan import find_tool
 from ..launcher.remote import is_this_machine, remote_json
@@ -56,15 +56,17 @@ def _version(*names):
 
 
 def _run(argv, timeout):
+    """``(exit code, output)`` of ``argv``; 127, 126 or 124 (with what happened) when it is not
+    there, cannot run, or ran past ``timeout`` seconds (then it and all it started are stopped)."""
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        done = run_child(argv, timeout=timeout, grace=5)
     except FileNotFoundError:
         return 127, f"{argv[0]}: not found"
-    except subprocess.TimeoutExpired:
-        return 124, f"timed out after {timeout} s"
     except OSError as e:  # found but not runnable: a folder, no permission, not a program
         return 126, f"cannot run {argv[0]} ({e.strerror})"
-    return p.returncode, p.stdout + p.stderr
+    if done.timed_out:
+        return 124, f"timed out after {timeout} s"
+    return done.exit_code, done.output
 
 
 def _tool_fix(name, python, rc, text, fix):

@@ -9,15 +9,13 @@ backends (Ray placement groups, SLURM steps) implement the same three calls.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..core import env as _env
+from ..launcher.child import Child
 
 __all__ = ["TrialLaunch", "TrialJob", "TrialRunner", "LocalRunner", "hvdkit_run_argv"]
 
@@ -63,7 +61,8 @@ def hvdkit_run_argv(launch: TrialLaunch, python: str | None = None) -> list[str]
 
 
 class LocalProcess:
-    """A trial's ``hvdkit run`` on this machine, the leader of its own process group."""
+    """A trial's ``hvdkit run`` on this machine: a ``Child`` (the leader of its own process group)
+    whose output goes to the trial's log."""
 
     def __init__(self, launch: TrialLaunch, base_env: Mapping[str, str] | None = None) -> None:
         env = dict(os.environ if base_env is None else base_env)
@@ -71,44 +70,30 @@ class LocalProcess:
         env[_env.TUNE_REPORT] = launch.report_path
         env[_env.TUNE_TRIAL] = str(launch.number)
         self._log = open(launch.log_path, "ab")  # noqa: SIM115 - closed when the process has ended
-        self.proc = subprocess.Popen(
-            hvdkit_run_argv(launch),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its own process group: ended by its id, never by a name
-        )
-        self.pid = self.proc.pid
-        self.stopped_at: float | None = None
+        self.child = Child(hvdkit_run_argv(launch), env=env, output=self._log)
+        self.pid = self.child.pid
+
+    @property
+    def stopped_at(self) -> float | None:
+        """``time.monotonic()`` when ``stop()`` was first called, or None."""
+        return self.child.stopped_at
 
     def poll(self) -> int | None:
-        code = self.proc.poll()
+        code = self.child.poll()
         if code is not None and not self._log.closed:
             self._log.close()
         return code
 
     def stop(self) -> None:
         """SIGTERM to ``hvdkit run``: its ranks get SIGTERM, checkpoint at the next step and exit
-        (``hvdkit run --grace-period`` bounds it)."""
-        if self.stopped_at is None and self.proc.poll() is None:
-            self.stopped_at = time.monotonic()
-            self._signal(signal.SIGTERM, group=False)
+        (``hvdkit run --grace-period`` bounds it). Returns at once: the caller kills it later if need be."""
+        if self.stopped_at is None and self.child.poll() is None:
+            self.child.terminate(group=False)
 
     def kill(self) -> None:
         """SIGKILL to the trial's process group (``hvdkit run`` then takes its ranks down: they watch it)."""
-        self._signal(signal.SIGKILL, group=True)
-        self.proc.wait()
+        self.child.kill()
         self.poll()
-
-    def _signal(self, sig: int, group: bool) -> None:
-        try:
-            if group:
-                os.killpg(self.pid, sig)
-            else:
-                os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 class LocalRunner:
