@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from hvdkit.bench.jobs import Suite, busy_warning, machine, publish, run_job, say
+from hvdkit.bench.jobs import Suite, busy_warning, machine, publish, run_bench_job, say
 from hvdkit.bench.stats import Samples, interleaved
 from hvdkit.core.errors import ConfigError
 from hvdkit.core.horovod_settings import HOROVOD_DEFAULTS  # Horovod 0.28.1's: a job setting them runs as plain Horovod
@@ -113,7 +113,7 @@ class Network:
             *(["--quick"] if self.quick else []),
             *extra,
         ]
-        return run_job(
+        return run_bench_job(
             name, self.hosts.argv_on(0, run), path, env, timeout, shown=run, error=ConfigError, where=" across hosts"
         )
 

@@ -3,7 +3,8 @@
     python -m benchmarks suite --out docs/bench --docs docs/benchmarks.md [--quick] [-np 2] [--no-tune]
 
 ``make bench`` runs it. The measuring is ``hvdkit.bench.suite.run_suite`` (OUT/results.json,
-results.md, the plots, the table); this module adds only the page's ``bench:results`` section.
+results.md, the plots, the table), the flags ``hvdkit.cli.bench``'s; this module adds only the page's
+``bench:results`` section.
 """
 
 import argparse
@@ -11,8 +12,8 @@ import os
 import sys
 
 from hvdkit.bench import report
-from hvdkit.bench.suite import parser as bench_parser
 from hvdkit.bench.suite import run_suite
+from hvdkit.cli.bench import parser as bench_parser
 
 from . import docs
 

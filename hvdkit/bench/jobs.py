@@ -31,7 +31,7 @@ __all__ = [
     "machine",
     "netns_wrapper",
     "publish",
-    "run_job",
+    "run_bench_job",
     "say",
 ]
 
@@ -109,7 +109,7 @@ def busy_warning(load: float, cores: int) -> str | None:
     )
 
 
-def run_job(
+def run_bench_job(
     name: str,
     argv: Sequence[str],
     path: str,
@@ -158,7 +158,7 @@ class Suite:
         cmd = [self.python, "-m", f"hvdkit.bench.{worker}", path, *(["--quick"] if self.quick else []), *extra]
         if ranks:
             cmd = [self.hvdkit, "run", "-np", str(self.np), *(["--gloo"] if gloo else []), "--", *cmd]
-        return run_job(name, [*wrap, *cmd], path, env, timeout)
+        return run_bench_job(name, [*wrap, *cmd], path, env, timeout)
 
     def zero(self) -> dict[str, Any]:
         """(h) ZeRO-1: ``zero_bench`` timed (both variants interleaved, MPI), then each variant alone

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.horovod_settings import HOROVOD_DEFAULTS
 from .breakdown import PHASES
-from .jobs import machine, run_job, say
+from .jobs import machine, run_bench_job, say
 
 __all__ = ["SweepJob", "plan", "run_sweep", "table", "plot", "report", "main"]
 
@@ -163,7 +163,7 @@ def run_sweep(
         j0 = time.monotonic()
         try:
             timeout = 600 if left is None else max(10, left)
-            entry["result"] = run_job(f"step sweep {n + 1}/{len(jobs)} {job.label}", argv, job_path, env, timeout)
+            entry["result"] = run_bench_job(f"step sweep {n + 1}/{len(jobs)} {job.label}", argv, job_path, env, timeout)
         except Exception as e:  # noqa: BLE001 - a failed job is a result; the next one runs
             entry["error"] = str(e)[-3000:]
             say(f"step sweep: {job.label} failed: {str(e)[-300:]}")

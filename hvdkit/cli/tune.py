@@ -20,7 +20,6 @@ EXAMPLE = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hvdkit tune`` to the sub-command parsers ``sub``."""
-    from ..tune.ray_backend import add_backend_arguments
     from ..tune.storage import PRUNERS
 
     t = sub.add_parser(
@@ -86,7 +85,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t.add_argument(
         "--status-interval", type=float, default=30.0, metavar="SECONDS", help="status line period (default 30)"
     )
-    add_backend_arguments(t)
+    t.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="where trials run: local (this machine's cores, default) or ray (Ray Tune; pip install 'hvdkit[ray]')",
+    )
+    t.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        default=None,
+        help="--backend ray: the Ray cluster to join (e.g. 10.0.0.1:6379); default: a local Ray on this machine",
+    )
     t.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
 
 

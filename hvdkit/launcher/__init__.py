@@ -2,7 +2,8 @@
 
 ``spec`` (JobSpec: what to run) -> ``plan`` (the exact argv and environment; pure) -> ``job``
 (``run_job``: attempts, restarts, elastic membership, the summary and exit code) -> ``execute``
-(the one place that starts processes). ``hosts`` and ``elastic/`` say where ranks run,
+(the one place that starts a job's launcher; ``child`` runs every other command: tune trials,
+benchmark jobs, doctor's checks). ``hosts`` and ``elastic/`` say where ranks run,
 ``render/`` writes cluster files from the same description.
 """
 

@@ -1,4 +1,5 @@
-"""The one place that starts processes: run a Plan, stream rank-tagged output, report the outcome."""
+"""The one place that starts a job's launcher: run a Plan, stream rank-tagged output, report the outcome
+(every other command hvdkit runs goes through ``child``)."""
 
 from __future__ import annotations
 

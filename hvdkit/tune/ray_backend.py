@@ -29,23 +29,7 @@ from .slots import local_cores, plan_slots
 from .space import SearchSpace
 from .storage import import_optuna
 
-__all__ = ["add_backend_arguments", "run_ray_study", "import_ray", "scheduler_for", "trial_resources"]
-
-
-def add_backend_arguments(parser: Any) -> None:
-    """``--backend local|ray`` and ``--ray-address`` on ``hvdkit tune``'s parser (cheap: imports nothing)."""
-    parser.add_argument(
-        "--backend",
-        choices=("local", "ray"),
-        default="local",
-        help="where trials run: local (this machine's cores, default) or ray (Ray Tune; pip install 'hvdkit[ray]')",
-    )
-    parser.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        default=None,
-        help="--backend ray: the Ray cluster to join (e.g. 10.0.0.1:6379); default: a local Ray on this machine",
-    )
+__all__ = ["run_ray_study", "import_ray", "scheduler_for", "trial_resources"]
 
 
 def import_ray() -> Any:

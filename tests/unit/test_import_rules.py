@@ -173,3 +173,88 @@ def test_the_installed_package_never_imports_the_benchmark_lab():
 def test_the_circle_finder_finds_a_lazy_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# docs/architecture.md, "Flags and processes": the files allowed to define flags or start processes, named
+# one by one, so that a new one is a decision made here and in the page, not a habit.
+FLAG_FILES = {
+    # the command's own flags: one module per sub-command
+    *(f"hvdkit/cli/{p.name}" for p in (PACKAGE / "cli").glob("*.py")),
+    # the workers' own command lines (`python -m hvdkit.bench.X`, each in its `if __name__ == "__main__"`)
+    "hvdkit/bench/breakdown.py",
+    "hvdkit/bench/ckpt_bench.py",
+    "hvdkit/bench/comm_bench.py",
+    "hvdkit/bench/gpu_bench.py",
+    "hvdkit/bench/keras_bench.py",
+    "hvdkit/bench/step_sweep.py",
+    "hvdkit/bench/train_bench.py",
+    "hvdkit/bench/zero_bench.py",
+    "hvdkit/engine/recipe/engine_plan.py",  # the recipe's script, run by the target environment's python
+}
+POPEN_FILES = {
+    "hvdkit/launcher/execute.py",  # a job's launcher (mpirun / horovodrun)
+    "hvdkit/launcher/child.py",  # every other command run to its end: tune trials, benchmark jobs, doctor
+    "hvdkit/launcher/rankwrap.py",  # each rank's wrapper starts the rank
+    "hvdkit/launcher/elastic/discovery.py",  # the host discovery script, its own group ended on a timeout
+    "hvdkit/engine/__init__.py",  # the engine build: the engine is below the launcher, it cannot import it
+}
+_FLAG_CALLS = {"ArgumentParser", "add_argument", "add_parser", "add_argument_group", "add_mutually_exclusive_group"}
+
+
+def _calls(tree, names):
+    """The names in ``names`` that ``tree`` calls (``f(...)`` or ``x.f(...)``) or imports by name."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in names:
+                found.add(name)
+        elif isinstance(node, ast.ImportFrom):
+            found |= {a.name for a in node.names if a.name in names}
+    return found
+
+
+def _has_main_block(tree):
+    return any(
+        isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test)
+        for node in tree.body
+    )
+
+
+def files_calling(names, paths=MODULES):
+    """``{path relative to the repository: names called}`` of every module of ``paths`` calling one of ``names``."""
+    found = {}
+    for path in paths:
+        called = _calls(ast.parse(path.read_text(), str(path)), names)
+        if called:
+            found[str(path.relative_to(ROOT))] = called
+    return found
+
+
+def test_flags_are_defined_only_by_the_cli_and_the_workers_own_command_lines():
+    defining = set(files_calling(_FLAG_CALLS))
+    assert defining - FLAG_FILES == set(), "flags belong in hvdkit/cli/ (docs/architecture.md: Flags and processes)"
+    workers = {f for f in FLAG_FILES if not f.startswith("hvdkit/cli/")}
+    assert workers <= defining, "a worker named in FLAG_FILES defines no flags any more: take it off the list"
+    for rel in workers:
+        assert _has_main_block(ast.parse((ROOT / rel).read_text())), f"{rel} defines flags but is no program"
+
+
+def test_processes_are_started_only_by_the_launchers_execution_and_child_helper():
+    starting = set(files_calling({"Popen"}))
+    assert starting == POPEN_FILES, "start a command with hvdkit.launcher.child (docs/architecture.md)"
+    page = DOC.read_text()
+    assert all(f"`{rel.removeprefix('hvdkit/')}`" in page for rel in POPEN_FILES), "name each one in the page"
+
+
+def test_the_flag_and_process_checker_catches_a_parser_and_a_popen_outside_their_homes(tmp_path):
+    (tmp_path / "worker.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('-x')\n")
+    (tmp_path / "runner.py").write_text("from subprocess import Popen\nimport subprocess\nsubprocess.Popen(['true'])\n")
+    (tmp_path / "fine.py").write_text("import subprocess\nsubprocess.run(['true'])\nparse = None\n")
+    trees = {p.name: ast.parse(p.read_text()) for p in tmp_path.iterdir()}
+    assert _calls(trees["worker.py"], _FLAG_CALLS) == {"ArgumentParser", "add_argument"}
+    assert _calls(trees["runner.py"], {"Popen"}) == {"Popen"}
+    assert _calls(trees["fine.py"], _FLAG_CALLS | {"Popen"}) == set()
+    assert not _has_main_block(trees["worker.py"])
+    assert _has_main_block(ast.parse("if __name__ == '__main__':\n    main()\n"))

@@ -145,7 +145,7 @@ def test_after_a_failed_first_job_the_rest_are_skipped_and_a_job_that_would_not_
         calls.append(name)
         raise RuntimeError("benchmark job failed (exit 1): no GPU")
 
-    monkeypatch.setattr(step_sweep, "run_job", failing)
+    monkeypatch.setattr(step_sweep, "run_bench_job", failing)
     r = step_sweep.run_sweep(str(tmp_path), device="cpu", quick=True)
     assert calls == ["step sweep 1/2 hvdkit defaults"]
     assert "no GPU" in r["jobs"][0]["error"] and r["jobs"][1]["skipped"] == "the first job failed (see its error)"
@@ -158,7 +158,7 @@ def test_after_a_failed_first_job_the_rest_are_skipped_and_a_job_that_would_not_
         return {"models": {}}
 
     calls.clear()
-    monkeypatch.setattr(step_sweep, "run_job", slow)
+    monkeypatch.setattr(step_sweep, "run_bench_job", slow)
     r = step_sweep.run_sweep(str(tmp_path), device="cpu", quick=True, budget=5.4)  # the second needs 1.1 x 0.3 + 5
     assert calls == ["step sweep 1/2 hvdkit defaults"] and "left, a job like it took" in r["jobs"][1]["skipped"]
     assert json.loads((tmp_path / "step_sweep.json").read_text())["jobs"][1]["skipped"]

@@ -9,7 +9,7 @@ import pytest
 from helpers import ROOT
 
 from benchmarks import docs, env_with_root
-from hvdkit.bench.suite import parser as bench_parser
+from hvdkit.cli.bench import parser as bench_parser
 from hvdkit.core.errors import ConfigError
 
 
