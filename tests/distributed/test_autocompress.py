@@ -1,7 +1,9 @@
 """compression="auto" on 2 real ranks: one choice everywhere, logged once on rank 0, overridable.
 
-torch runs under mpirun and horovodrun --gloo, Keras/TensorFlow (``fit`` and the tape inside a
-``tf.function``) under mpirun. What auto chose is read from rank 0's log line and checked against
+torch and Keras/TensorFlow (``fit`` and the tape inside a ``tf.function``) run in the pool's jobs
+under mpirun. One controller suffices: the controller changes which compression the timing picks,
+not the contract (one choice, logged once, applied on every rank), and the collectives that spread
+the choice are the ones test_torch_contracts checks under mpirun and Gloo. What auto chose is read from rank 0's log line and checked against
 the training itself: "none" must match one process on the global batch to 1e-6 and "fp16" must
 not (fp16 rounding moves these weights by ~2e-5), so a choice that was logged but not applied, or
 applied differently on one rank, fails.
@@ -9,25 +11,24 @@ applied differently on one rank, fails.
 
 import re
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
-WORKERS = ROOT / "tests" / "distributed" / "workers"
 EXACT = 1e-6
 CHOICE = re.compile(r"^compression='auto' -> '(none|fp16)'")
 
 
-@pytest.fixture(scope="module", params=LAUNCHERS)
+@pytest.fixture(scope="module", params=["mpirun"])
 def torch_ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"autocompress-torch-{request.param}")
-    return run_contract_worker(request.param, WORKERS / "autocompress_torch.py", out, timeout=400)
+    return pool.run_worker(request.param, "torch", "autocompress_torch", out, timeout=400)
 
 
 @pytest.fixture(scope="module")
 def keras_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("autocompress-keras")
-    return run_contract_worker("mpirun", WORKERS / "autocompress_keras.py", out, timeout=500)
+    return pool.run_worker("mpirun", "keras", "autocompress_keras", out, timeout=500)
 
 
 def choice_logged(run):

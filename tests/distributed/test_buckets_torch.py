@@ -7,18 +7,17 @@ two ranks as averaging each gradient alone, so the parameters must match bitwise
 ranks.
 """
 
+import pool
 import pytest
-from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "buckets_torch.py"
 CASES = ("sgd", "adam_accumulate", "fp16", "unused")
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("buckets")
-    results = run_contract_worker("horovodrun-gloo", WORKER, out, timeout=400)
+    results = pool.run_worker("horovodrun-gloo", "torch", "buckets_torch", out, timeout=400)
     for r in results:
         assert "failure" not in r, r["failure"]
     return results

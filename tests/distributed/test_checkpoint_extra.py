@@ -6,16 +6,15 @@ Background saves (``async_save=True``) in the same job: the state at ``save`` ti
 bitwise as a synchronous save's, although the model trained on while the write was held; a write
 that fails on rank 0 is raised on both ranks by ``wait`` and by the next ``save``."""
 
+import pool
 import pytest
-from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "checkpoint_extra_torch.py"
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_contract_worker("mpirun", WORKER, tmp_path_factory.mktemp("extra"), timeout=300)
+    return pool.run_worker("mpirun", "torch", "checkpoint_extra_torch", tmp_path_factory.mktemp("extra"), timeout=300)
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ apart without an error. Both ranks must end bitwise identical and equal (to roun
 on the concatenated batch with the same clipping.
 """
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_contract_worker
+from helpers import LAUNCHERS
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "clipping_unused_torch.py"
 MAX_NORM = 0.05  # as in the worker
 TOL = 1e-6
 
@@ -19,7 +19,7 @@ TOL = 1e-6
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"clip-unused-{request.param}")
-    return run_contract_worker(request.param, WORKER, out, timeout=400)
+    return pool.run_worker(request.param, "torch", "clipping_unused_torch", out, timeout=400)
 
 
 def test_the_branch_really_has_no_gradient_on_rank_0_before_step(ranks):

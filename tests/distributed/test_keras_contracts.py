@@ -1,25 +1,25 @@
 """The TensorFlow and Keras 3 adapters' contracts on 2 real ranks, under mpirun and horovodrun --gloo.
 
-One real job per launcher runs tests/distributed/workers/keras_contracts.py; each test reads what the
+The pool's Keras job of each launcher (tests/support/pool.py) runs tests/distributed/workers/keras_contracts.py; each test reads what the
 ranks recorded and asserts one contract.
 """
 
 import os
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_contract_worker
+from helpers import LAUNCHERS
 
 from hvdkit.core.checkpoint import verify
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "keras_contracts.py"
 FP16_TOL = 2e-3  # as for torch: fp16 rounding of the averaged gradients over a few SGD steps
 
 
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"keras-{request.param}")
-    results = run_contract_worker(request.param, WORKER, out, timeout=400)
+    results = pool.run_worker(request.param, "keras", "keras_contracts", out, timeout=400)
     return {"out": out, "r": results}
 
 

@@ -10,11 +10,11 @@ averaging gives a measurably different model (so these tests can fail). The LR s
 import json
 import math
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_contract_worker
+from helpers import LAUNCHERS
 
 pytestmark = pytest.mark.dist
-WORKERS = ROOT / "tests" / "distributed" / "workers"
 MAX_NORM = 0.05  # as in the workers
 TOL = 1e-6  # fp32 rounding over a few steps; per-rank clipping moves the weights by ~2.5e-3
 LR = 0.1
@@ -22,7 +22,7 @@ LR = 0.1
 
 def run(framework, launcher, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"lr-clip-{framework}-{launcher}")
-    results = run_contract_worker(launcher, WORKERS / f"lr_clipping_{framework}.py", out, timeout=400)
+    results = pool.run_worker(launcher, framework, f"lr_clipping_{framework}", out, timeout=400)
     c = results[0]["clipping"]
     print(
         json.dumps(

@@ -1,20 +1,20 @@
 """A restore whose rank-0-only steps fail ends with a clear CheckpointError on every rank, not a hang.
 
-One real 2-rank job per launcher runs tests/distributed/workers/restore_errors.py, bounded in time:
-a rank left waiting for rank 0 would hang the job and fail the fixture.
+The pool's torch job of each launcher runs tests/distributed/workers/restore_errors.py, bounded in time:
+a rank left waiting for rank 0 would hang the case and fail the fixture naming it.
 """
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_contract_worker
+from helpers import LAUNCHERS
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "restore_errors.py"
 
 
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"restore-errors-{request.param}")
-    return run_contract_worker(request.param, WORKER, out, timeout=240)
+    return pool.run_worker(request.param, "torch", "restore_errors", out, timeout=240)
 
 
 @pytest.mark.parametrize("how, reason", [("file", "Not a directory"), ("loop", "Too many levels of symbolic links")])

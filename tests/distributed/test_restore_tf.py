@@ -1,19 +1,18 @@
 """TensorFlow restore on 2 real ranks sends each variable in chunks: bitwise on every rank.
 
-One job (mpirun) runs tests/distributed/workers/restore_tf.py with 1,000-byte chunks; it also saves
+The pool's Keras job under mpirun runs tests/distributed/workers/restore_tf.py with 1,000-byte chunks; it also saves
 with ``async_save=True`` while the model trains on during the (held) write.
 """
 
+import pool
 import pytest
-from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "restore_tf.py"
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_contract_worker("mpirun", WORKER, tmp_path_factory.mktemp("restore-tf"), timeout=400)
+    return pool.run_worker("mpirun", "keras", "restore_tf", tmp_path_factory.mktemp("restore-tf"), timeout=400)
 
 
 def test_every_rank_restores_the_saved_weights_and_optimizer_bitwise_through_many_chunks(ranks):

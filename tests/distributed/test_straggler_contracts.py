@@ -1,6 +1,8 @@
 """Straggler reports on 2 real ranks: rank 1 is slowed on purpose (a sleep per step) in one epoch only.
 
-torch runs under mpirun and horovodrun --gloo, Keras under mpirun. Each job has a balanced epoch
+torch and Keras run in the pool's jobs under mpirun (tests/support/pool.py). One controller suffices:
+the verdict comes from each rank's own timings of sleeps, gathered by the same allgather that
+test_torch_contracts checks under both mpirun and Gloo. Each job has a balanced epoch
 (both ranks sleep 20 ms per step) and a slowed one (rank 1 sleeps 50 ms more); the report must name
 rank 1 above the threshold in the slowed epoch only, on every rank, and rank 0 must log a WARNING
 naming it. The threshold (1.5) is loose and the "compute" is a sleep, so a noisy shared machine
@@ -9,23 +11,22 @@ does not flip the verdict: the slowed rank is expected near 3.5x, the balanced j
 
 import json
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
-WORKERS = ROOT / "tests" / "distributed" / "workers"
 THRESHOLD = 1.5
 
 
 @pytest.fixture(
     scope="module",
-    params=[("torch", launcher) for launcher in LAUNCHERS] + [("keras", "mpirun")],
+    params=[("torch", "mpirun"), ("keras", "mpirun")],
     ids=lambda p: "-".join(p),
 )
 def ranks(request, tmp_path_factory):
     framework, launcher = request.param
     out = tmp_path_factory.mktemp(f"straggler-{framework}-{launcher}")
-    results = run_contract_worker(launcher, WORKERS / f"straggler_{framework}.py", out, timeout=300)
+    results = pool.run_worker(launcher, framework, f"straggler_{framework}", out, timeout=300)
     # What the job measured, in the test output (pytest -s, or -rA on failure).
     print(
         json.dumps(

@@ -1,19 +1,19 @@
 """The torch adapter's contracts on 2 real ranks, under mpirun and under horovodrun --gloo.
 
-One real job per launcher runs tests/distributed/workers/torch_contracts.py; each test reads what the
+The pool's torch job of each launcher (tests/support/pool.py) runs tests/distributed/workers/torch_contracts.py; each test reads what the
 ranks recorded and asserts one contract.
 """
 
 import math
 import os
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_contract_worker
+from helpers import LAUNCHERS
 
 from hvdkit.core.checkpoint import verify
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "torch_contracts.py"
 # fp16 compression rounds each averaged gradient to ~3 significant digits; over 5 SGD steps the
 # parameters stay within this of the fp32 reference. A wrong reduction moves them far more (the
 # test checks that too), so the tolerance still catches a sum-instead-of-mean or a missing rank.
@@ -23,7 +23,7 @@ FP16_TOL = 2e-3
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
-    results = run_contract_worker(request.param, WORKER, out, timeout=300)
+    results = pool.run_worker(request.param, "torch", "torch_contracts", out, timeout=300)
     return {"launcher": request.param, "out": out, "r": results}
 
 

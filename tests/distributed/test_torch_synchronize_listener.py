@@ -1,23 +1,24 @@
 """hk.DistributedOptimizer reports every synchronize() to its listeners, without instance patching.
 
-One mpirun job of 2 real ranks (`workers/synchronize_listener_torch.py`): rank 1 sleeps inside
+The pool's torch job under mpirun (2 real ranks; `workers/synchronize_listener_torch.py`): rank 1 sleeps inside
 every step, so rank 0 waits in synchronize(); two straggler monitors and a plain listener watch the
 same optimizer. The monitors used to reassign ``opt.synchronize`` on the instance.
 """
 
 import json
 
+import pool
 import pytest
-from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "synchronize_listener_torch.py"
 STEPS, SLEEP = 4, 0.15
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    results = run_contract_worker("mpirun", WORKER, tmp_path_factory.mktemp("sync-listener"), timeout=300)
+    results = pool.run_worker(
+        "mpirun", "torch", "synchronize_listener_torch", tmp_path_factory.mktemp("sync-listener"), timeout=300
+    )
     print(json.dumps(results))
     return results
 

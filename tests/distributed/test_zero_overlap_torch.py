@@ -11,18 +11,20 @@ one order (the last round first), so none waits in a hook for a round another ra
 Worker: workers/zero_overlap_torch.py.
 """
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_contract_worker
+from helpers import LAUNCHERS
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_overlap_torch.py"
 CASES = ("sgd", "adam_accumulate_fp16", "unused", "asymmetric", "branches")
 
 
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"zero-overlap-{request.param}")
-    results = run_contract_worker(request.param, WORKER, out, timeout=240)  # a deadlock fails, not hangs
+    results = pool.run_worker(
+        request.param, "torch", "zero_overlap_torch", out, timeout=240
+    )  # a deadlock fails, not hangs
     for r, res in enumerate(results):
         assert "failure" not in res, f"rank {r}: {res['failure']}"
     return results

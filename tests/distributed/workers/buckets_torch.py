@@ -90,8 +90,7 @@ CASES = {
 }
 
 
-def main():
-    out = sys.argv[1]
+def main(out):
     rank = hk.init().rank
     result = {}
     try:
@@ -105,4 +104,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])

@@ -106,5 +106,9 @@ def section_lr(rank, size):
     return out
 
 
+def main(out_dir):
+    run_sections(hk.init, out_dir, clipping=section_clipping, lr=section_lr)
+
+
 if __name__ == "__main__":
-    run_sections(hk.init, sys.argv[1], clipping=section_clipping, lr=section_lr)
+    main(sys.argv[1])

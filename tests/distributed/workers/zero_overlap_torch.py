@@ -164,8 +164,7 @@ def too_many_passes(overlap, rank):
     return {"error": error, "digest": params_digest(model)}
 
 
-def main():
-    out = sys.argv[1]
+def main(out):
     topo = hk.init()
     rank = topo.rank
     result = {}
@@ -190,4 +189,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])

@@ -378,8 +378,7 @@ def resumed(out, rank, size, shard):
     }
 
 
-def main():
-    out, mode = sys.argv[1], sys.argv[2]
+def main(out, mode):
     topo = hk.init()
     rank, size = topo.rank, topo.size
     if mode == "train":
@@ -405,4 +404,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1], sys.argv[2])
