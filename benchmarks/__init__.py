@@ -10,6 +10,10 @@ which this lab builds on; ``hvdkit`` never imports ``benchmarks``.
   (``network``, raw TCP reference ``tcp_stream``) and their report (``network_report``).
 - ``predict``: the scaling model (``model``) checked against Horovod's published figures,
   calibrated on the suite's results and extrapolated (``predict``).
+
+Run by hand as ``python -m benchmarks.X``: ``gpu_bench`` (Horovod-NCCL vs DDP-NCCL on this machine's
+GPUs; ``scripts/gpu-proof.sh``) and ``keras_overlap`` (a worker under ``hvdkit run``: the Keras
+allreduce split into groups).
 """
 
 import os

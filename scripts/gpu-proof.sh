@@ -76,11 +76,11 @@ rm -f "$OUT/doctor.tmp"
 step "benchmark: hvdkit/Horovod-NCCL vs DDP-NCCL, allreduce bandwidth"
 bench_s=$(($(left) - 15))
 step "benchmark gets $bench_s s"
-timeout "$bench_s" "$PY" -m hvdkit.bench.gpu_bench "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
+timeout "$bench_s" "$PY" -m benchmarks.gpu_bench "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
 bench_rc=$?
 step "benchmark exit $bench_rc"
 if [[ $bench_rc -ne 0 && -f $OUT/gpu_bench.json ]]; then  # cut off: the table and plot of what it measured
-  timeout 30 "$PY" -m hvdkit.bench.gpu_bench --report "$OUT/gpu_bench.json" >> "$OUT/bench.txt" 2>&1
+  timeout 30 "$PY" -m benchmarks.gpu_bench --report "$OUT/gpu_bench.json" >> "$OUT/bench.txt" 2>&1
 fi
 tail -40 "$OUT/bench.txt"
 step "done"

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+from ..core.devices import shared_gpu_env
 from ..core.errors import LaunchError
 from ..diagnostics.doctor import local_versions
 from ..launcher.child import run_child
@@ -28,6 +29,7 @@ __all__ = [
     "Suite",
     "TUNING",
     "busy_warning",
+    "gpu_job_env",
     "machine",
     "netns_wrapper",
     "publish",
@@ -62,6 +64,19 @@ def netns_wrapper() -> tuple[tuple[str, ...] | None, str]:
     if probe.returncode != 0:
         return None, f"unshare -n failed (exit {probe.returncode}): {probe.stderr.strip()[-300:]}"
     return NETNS, ""
+
+
+def gpu_job_env(np_: int, gpus: int, nccl: tuple[int, ...]) -> tuple[dict[str, str], bool]:
+    """This environment for a job of ``np_`` ranks on ``gpus`` GPUs with NCCL ``nccl``, plus what ranks
+    sharing a GPU need (``hvdkit.core.devices.shared_gpu_env``); (env, whether they share)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    shared = np_ > gpus
+    if shared:
+        extra, per_rank = shared_gpu_env(nccl)
+        env.update(extra)
+        if per_rank:
+            env["HVDKIT_PER_RANK_HOSTID"] = "1"
+    return env, shared
 
 
 def say(msg: str) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MODELS", "ModelSpec"]
+__all__ = ["MODELS", "ModelSpec", "resnet50"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,51 @@ def _features(width: int, classes: int) -> Callable[[int, Any, int], tuple[Any, 
     return batch
 
 
+def resnet50(num_classes: int = 1000) -> torch.nn.Module:
+    """ResNet-50 (He et al. 2015, bottleneck v1.5) in plain torch: 25.6 M parameters."""
+    import torch.nn as nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = width * 4
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, width, 1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride != 1 or cin != cout
+                else nn.Identity()
+            )
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.relu(self.body(x) + self.skip(x))
+
+    layers, cin = [], 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = width * 4
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+        *layers,
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(cin, num_classes),
+    )
+
+
 def _images(side: int, classes: int) -> Callable[[int, Any, int], tuple[Any, Any]]:
     def batch(n, device, rank):
         import torch
@@ -60,8 +105,6 @@ def _images(side: int, classes: int) -> Callable[[int, Any, int], tuple[Any, Any
 
 def _resnet(num_classes: int, tiny: bool) -> torch.nn.Module:
     import torch.nn as nn
-
-    from .gpu_bench import resnet50
 
     if not tiny:
         return resnet50(num_classes)

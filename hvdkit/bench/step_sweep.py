@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.horovod_settings import HOROVOD_DEFAULTS
 from .breakdown import PHASES
-from .jobs import machine, run_bench_job, say
+from .jobs import gpu_job_env, machine, run_bench_job, say
 
 __all__ = ["SweepJob", "plan", "run_sweep", "table", "plot", "report", "main"]
 
@@ -90,14 +90,12 @@ def _base_env(device: str, np_: int) -> tuple[dict[str, str], bool]:
         return {**env, "HVDKIT_DEVICE": "cpu"}, False
     import torch
 
-    from .gpu_bench import _env_for
-
     gpus = torch.cuda.device_count()
     try:
         nccl = torch.cuda.nccl.version()
     except (AttributeError, RuntimeError):  # a CPU build of torch (a dry run): NCCL 2.28's rules
         nccl = (2, 28, 0)
-    extra, shared = _env_for(np_, gpus, nccl)
+    extra, shared = gpu_job_env(np_, gpus, nccl)
     return {**env, **{k: v for k, v in extra.items() if os.environ.get(k) != v}}, shared
 
 

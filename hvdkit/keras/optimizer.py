@@ -39,7 +39,7 @@ class _AveragingMixin(OuterScalingWatch):
     _hvdkit_compression = "none"
     _hvdkit_name = "hvdkit.optimizer.grads"
     _hvdkit_wait = None
-    _hvdkit_groups = 1  # allreduce_gradients(groups=...): 1 grouped op; hvdkit.bench.keras_overlap measures others
+    _hvdkit_groups = 1  # allreduce_gradients(groups=...): 1 grouped op; benchmarks.keras_overlap measures others
 
     @property
     def compression(self) -> str:

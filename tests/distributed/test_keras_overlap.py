@@ -1,4 +1,4 @@
-"""The Keras optimizer's allreduce split into groups (hvdkit.bench.keras_overlap measures it), on 2 real ranks.
+"""The Keras optimizer's allreduce split into groups (benchmarks.keras_overlap measures it), on 2 real ranks.
 
 Every split must give the same training as one grouped allreduce: weights bitwise identical on
 both ranks and within 1e-6 of one process on the ranks' batches together (training moves them by

@@ -184,7 +184,6 @@ FLAG_FILES = {
     "hvdkit/bench/breakdown.py",
     "hvdkit/bench/ckpt_bench.py",
     "hvdkit/bench/comm_bench.py",
-    "hvdkit/bench/gpu_bench.py",
     "hvdkit/bench/keras_bench.py",
     "hvdkit/bench/step_sweep.py",
     "hvdkit/bench/train_bench.py",

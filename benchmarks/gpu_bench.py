@@ -1,6 +1,8 @@
 """GPU benchmark: hvdkit/Horovod-NCCL against torch DDP-NCCL on one model, and allreduce bus bandwidth.
 
-    python -m hvdkit.bench.gpu_bench OUT_DIR [--np 1,2] [--batch 64] [--steps 30] [--reps 2]
+    python -m benchmarks.gpu_bench OUT_DIR [--np 1,2] [--batch 64] [--steps 30] [--reps 2]
+
+Run from the repository root (``benchmarks`` is not installed; ``scripts/gpu-proof.sh`` runs it).
 
 Runs, on this machine's GPUs, real jobs of a ResNet-50-sized convolutional network written in plain
 torch (25.6 M parameters, 224x224 synthetic images, bf16 autocast, SGD with momentum):
@@ -25,12 +27,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+from hvdkit.bench.jobs import gpu_job_env
+from hvdkit.bench.step_models import resnet50
 
-__all__ = ["resnet50", "table", "plot", "report", "main"]
+from . import env_with_root
+
+__all__ = ["table", "plot", "report", "main"]
 
 MB = 1 << 20
 ALLREDUCE_MIB = (1, 4, 16, 64, 256)
@@ -38,51 +41,6 @@ ALLREDUCE_MIB = (1, 4, 16, 64, 256)
 
 def _iters(mb):
     return max(3, min(20, 512 // mb))
-
-
-def resnet50(num_classes: int = 1000) -> torch.nn.Module:
-    """ResNet-50 (He et al. 2015, bottleneck v1.5) in plain torch: 25.6 M parameters."""
-    import torch.nn as nn
-
-    class Bottleneck(nn.Module):
-        def __init__(self, cin, width, stride):
-            super().__init__()
-            cout = width * 4
-            self.body = nn.Sequential(
-                nn.Conv2d(cin, width, 1, bias=False),
-                nn.BatchNorm2d(width),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(width, width, 3, stride, 1, bias=False),
-                nn.BatchNorm2d(width),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(width, cout, 1, bias=False),
-                nn.BatchNorm2d(cout),
-            )
-            self.skip = (
-                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                if stride != 1 or cin != cout
-                else nn.Identity()
-            )
-            self.relu = nn.ReLU(inplace=True)
-
-        def forward(self, x):
-            return self.relu(self.body(x) + self.skip(x))
-
-    layers, cin = [], 64
-    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
-        for i in range(blocks):
-            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
-            cin = width * 4
-    return nn.Sequential(
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
-        nn.BatchNorm2d(64),
-        nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, 2, 1),
-        *layers,
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(cin, num_classes),
-    )
 
 
 # ---- workers (one process per rank) ----------------------------------------------------------------
@@ -237,7 +195,7 @@ def _job(kind, np_, args, work, env):
     me = [
         sys.executable,
         "-m",
-        "hvdkit.bench.gpu_bench",
+        "benchmarks.gpu_bench",
         "--worker",
         kind,
         "--work",
@@ -259,17 +217,9 @@ def _job(kind, np_, args, work, env):
     return [json.load(open(os.path.join(work, f"{kind}-rank{r}.json"))) for r in range(np_)]
 
 
-def _env_for(np_, gpus, nccl):
-    from hvdkit.core.devices import shared_gpu_env
-
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    shared = np_ > gpus
-    if shared:
-        extra, per_rank = shared_gpu_env(nccl)
-        env.update(extra)
-        if per_rank:
-            env["HVDKIT_PER_RANK_HOSTID"] = "1"
-    return env, shared
+def _job_env(np_, gpus, nccl):
+    env, shared = gpu_job_env(np_, gpus, nccl)
+    return env_with_root(env), shared  # the ranks run `python -m benchmarks.gpu_bench`
 
 
 def _allreduce_rows(np_, horovod, ddp):
@@ -325,7 +275,7 @@ def drive(args):
     with tempfile.TemporaryDirectory() as work:
         # The allreduce sweep first: short jobs, and the figure a cut-off run must not lose.
         np_ = max(args.np)
-        env, shared = _env_for(np_, gpus, nccl)
+        env, shared = _job_env(np_, gpus, nccl)
         horovod = _job("allreduce", np_, args, work, env)
         ddp = _job("allreduce_ddp", np_, args, work, env) if np_ > 1 else None
         results["allreduce"] = {"np": np_, "shared_gpu": shared, "rows": _allreduce_rows(np_, horovod, ddp)}
@@ -340,7 +290,7 @@ def drive(args):
                 flush=True,
             )
         for np_ in args.np:
-            env, shared = _env_for(np_, gpus, nccl)
+            env, shared = _job_env(np_, gpus, nccl)
             entry = {"np": np_, "shared_gpu": shared, "horovod_step_s": [], "ddp_step_s": []}
             results["training"].append(entry)
             for rep in range(args.reps):
@@ -414,7 +364,7 @@ def plot(results: dict, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import save_figure
+    from hvdkit.bench.report import save_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     done = _done(results)

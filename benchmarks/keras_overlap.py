@@ -1,6 +1,8 @@
-"""Benchmark worker: can the Keras adapter overlap its allreduce with the backward pass? Grouped vs bucketed.
+"""Lab worker: can the Keras adapter overlap its allreduce with the backward pass? Grouped vs bucketed.
 
-    hvdkit run -np 2 -- python -m hvdkit.bench.keras_overlap OUT.json [--quick] [--reps 11]
+    hvdkit run -np 2 -- python -m benchmarks.keras_overlap OUT.json [--quick] [--reps 11]
+
+(from the repository root: ``benchmarks`` is not installed)
 
 Keras 3 calls ``optimizer.apply(grads)`` after ``tape.gradient`` has returned every gradient, so in
 eager mode nothing can start earlier. Inside the ``tf.function`` that ``fit`` traces, though, TF runs
@@ -20,8 +22,8 @@ import statistics
 
 import numpy as np
 
-from .keras_bench import KerasJob, build_model, job_main
-from .stats import check_close
+from hvdkit.bench.keras_bench import KerasJob, build_model, job_main
+from hvdkit.bench.stats import check_close
 
 GROUPS = {"grouped_1": 1, "groups_4": 4, "per_tensor": 0}
 
