@@ -10,11 +10,11 @@ with ``NCCL_MULTI_RANK_GPU_ENABLE=1``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["choose_gpu", "gpus_shared", "per_rank_hostid_argv", "shared_gpu_env", "wants_cpu"]
+__all__ = ["choose_gpu", "gpus_shared", "shared_gpu_env", "wants_cpu"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -66,8 +66,9 @@ def shared_gpu_env(nccl_version: Sequence[int]) -> tuple[dict[str, str], bool]:
 
     NCCL >= 2.30 (``nccl_version`` a tuple) allows it with ``NCCL_MULTI_RANK_GPU_ENABLE=1``. Older NCCL
     refuses two ranks whose host and GPU match; with ``per_rank`` True every rank must also get its
-    own ``NCCL_HOSTID`` (``per_rank_hostid_argv``), so that NCCL treats the ranks as separate hosts
-    and connects them over sockets on loopback: slower than one GPU per rank, correct all the same.
+    own ``NCCL_HOSTID`` (``HVDKIT_PER_RANK_HOSTID=1`` asks the benchmark and doctor ranks to set it),
+    so that NCCL treats the ranks as separate hosts and connects them over sockets on loopback:
+    slower than one GPU per rank, correct all the same.
     """
     env = {"HVDKIT_SHARE_GPUS": "1"}
     if tuple(nccl_version) >= (2, 30):
@@ -83,9 +84,3 @@ def shared_gpu_env(nccl_version: Sequence[int]) -> tuple[dict[str, str], bool]:
         }
     )
     return env, True
-
-
-def per_rank_hostid_argv(argv: Iterable[object]) -> list[str]:
-    """``argv`` run with ``NCCL_HOSTID`` set from the launcher's rank variable (horovodrun, mpirun, torchrun)."""
-    script = 'export NCCL_HOSTID="hvdkit-rank-${HOROVOD_RANK:-${OMPI_COMM_WORLD_RANK:-${RANK:-0}}}"; exec "$@"'
-    return ["bash", "-c", script, "hvdkit-rank", *map(str, argv)]

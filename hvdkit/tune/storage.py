@@ -22,7 +22,6 @@ __all__ = [
     "check_journal",
     "make_sampler",
     "make_pruner",
-    "describe_storage",
 ]
 
 PRUNERS = ("median", "asha", "none")
@@ -44,13 +43,6 @@ def import_optuna() -> Any:
 def is_rdb_url(storage: str) -> bool:
     """True for an SQLAlchemy URL (``sqlite:///x.db``, ``postgresql://...``); else a journal file path."""
     return "://" in storage
-
-
-def describe_storage(storage: str | None, out: str) -> str:
-    """The storage in words, for the first line ``hvdkit tune`` prints."""
-    if storage is None:
-        return f"journal file {os.path.join(out, DEFAULT_JOURNAL)}"
-    return f"database {storage.split('://', 1)[0]}://..." if is_rdb_url(storage) else f"journal file {storage}"
 
 
 def open_storage(storage: str | None, out: str) -> Any:

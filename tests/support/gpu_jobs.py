@@ -5,7 +5,13 @@ import json
 import pytest
 from helpers import BIN, PYTHON, run_bounded
 
-from hvdkit.core.devices import per_rank_hostid_argv, shared_gpu_env
+from hvdkit.core.devices import shared_gpu_env
+
+
+def per_rank_hostid_argv(argv):
+    """``argv`` run with ``NCCL_HOSTID`` set from the launcher's rank variable (horovodrun, mpirun, torchrun)."""
+    script = 'export NCCL_HOSTID="hvdkit-rank-${HOROVOD_RANK:-${OMPI_COMM_WORLD_RANK:-${RANK:-0}}}"; exec "$@"'
+    return ["bash", "-c", script, "hvdkit-rank", *map(str, argv)]
 
 
 def gpu_or_skip():

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["first_unsupported", "unsupported_error", "check_json_plain"]
+__all__ = ["first_unsupported", "unsupported_error"]
 
 JSON_SCALARS = (type(None), bool, int, float, str)
 
@@ -90,18 +90,3 @@ def unsupported_error(found: tuple[str, Any, str], reader: str, fix: str | None 
     else:
         subject = f"{path} is {article} {kind}"
     return ConfigError(f"{subject}, which {reader}; {fix or _hint(value)} (nothing was written)")
-
-
-def check_json_plain(obj: Any, name: str) -> None:
-    """Raise ConfigError unless ``obj`` comes back from JSON equal and of the same types.
-
-    Allowed: None, bool, int, float, str, lists, and dicts with string keys. Tuples (they come back
-    as lists), other keys (they come back as strings) and every other type are rejected.
-    """
-    found = first_unsupported(
-        obj, name, lambda v: type(v) in JSON_SCALARS, containers=(dict, list), key_ok=lambda k: type(k) is str
-    )
-    if found and found[2] == "key":
-        raise unsupported_error(found, "the checkpoint manifest (JSON) would give back as a string", "use string keys")
-    if found:
-        raise unsupported_error(found, "the checkpoint manifest (JSON) cannot give back as it was")

@@ -2,10 +2,11 @@
 
 import pytest
 import torch
+from gpu_jobs import per_rank_hostid_argv
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hvdkit.core.devices import choose_gpu, gpus_shared, per_rank_hostid_argv, shared_gpu_env
+from hvdkit.core.devices import choose_gpu, gpus_shared, shared_gpu_env
 from hvdkit.core.errors import ConfigError
 
 # torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test

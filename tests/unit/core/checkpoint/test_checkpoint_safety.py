@@ -10,12 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-from checkpoint_files import read, writer
+from checkpoint_files import check_json_plain, read, writer
 
 from hvdkit.core import CheckpointError, ConfigError, LocalCommunicator, env
 from hvdkit.core.checkpoint import CheckpointStore, verify
 from hvdkit.core.checkpoint.lock import LOCK_FILE
-from hvdkit.core.checkpoint.plain_data import check_json_plain
 
 
 def newest_loadable(store):
