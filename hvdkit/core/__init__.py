@@ -1,6 +1,15 @@
-"""Framework-free core: topology, errors, logging, communicators, metrics, checkpoints, tracking.
+"""Framework-free core: what the adapters, the launcher and the tools share, in four groups.
 
-Imports the standard library only (numpy at most), never a framework or Horovod.
+- Ground: ``errors``, ``env`` (every variable), ``options``, ``log``, ``engine_import``,
+  ``horovod_settings``, ``deprecation``.
+- The rank's process: ``topology``, ``devices``, ``comm`` (the ``Communicator`` interface),
+  ``runtime``, ``preemption``.
+- Training arithmetic: ``metrics``, ``lr``, ``data``, ``zero``, ``autocompress``.
+- Channels, what leaves a running job: ``checkpoint`` (to disk and back), ``monitoring`` (progress,
+  stragglers, tracking), ``tune_channel`` (to ``hvdkit tune``).
+
+Imports the standard library only (numpy at most), never a framework or Horovod
+(docs/architecture.md, "The core in four groups").
 """
 
 from .checkpoint.store import CheckpointInfo, CheckpointStore

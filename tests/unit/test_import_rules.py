@@ -257,3 +257,41 @@ def test_the_flag_and_process_checker_catches_a_parser_and_a_popen_outside_their
     assert _calls(trees["fine.py"], _FLAG_CALLS | {"Popen"}) == set()
     assert not _has_main_block(trees["worker.py"])
     assert _has_main_block(ast.parse("if __name__ == '__main__':\n    main()\n"))
+
+
+def layer_arrows():
+    """``{(importer, imported)}`` between layers, by short name (``bench``), core and the entry points left out."""
+    table, arrows = rules(), set()
+    for path in MODULES:
+        source = layer_of(module_name(path)[0])
+        for target in (t for t in imports(path) if t.split(".")[0] == "hvdkit"):
+            layer = layer_of(target)
+            if layer != source and source in table and layer in table and layer != "hvdkit.core":
+                arrows.add((source.removeprefix("hvdkit."), layer.removeprefix("hvdkit.")))
+    return arrows
+
+
+def page_arrows(text):
+    """The arrows the page's "Arrows (...)" paragraph lists: ``cli`` -> ``bench``, ``tune``; ..."""
+    paragraph = " ".join(text.split("\nArrows (", 1)[1].split("\n\n", 1)[0].split())
+    found = set()
+    for source, targets in re.findall(r"`([\w.]+)` -> ((?:`[\w.]+`(?:, )?)+)", paragraph):
+        found |= {(source, t) for t in re.findall(r"`([\w.]+)`", targets)}
+    return found
+
+
+def test_the_diagrams_arrows_are_the_imports_between_layers():
+    assert page_arrows(DOC.read_text()) == layer_arrows()
+    assert page_arrows("x\nArrows (a): `a` -> `b`, `c`; `d` -> `e`.\n\nnext") == {("a", "b"), ("a", "c"), ("d", "e")}
+
+
+def test_the_page_and_the_cores_docstring_name_every_core_module_in_its_four_groups():
+    core = PACKAGE / "core"
+    names = {p.stem for p in core.glob("*.py") if p.stem not in ("__init__", "_deprecated")}
+    names |= {p.name for p in core.iterdir() if (p / "__init__.py").is_file()}
+    section = DOC.read_text().split("## The core in four groups", 1)[1].split("\n## ", 1)[0]
+    docstring = ast.get_docstring(ast.parse((core / "__init__.py").read_text()))
+    for text in (section, docstring):
+        assert all(g in text for g in ("Ground", "The rank's process", "Training arithmetic", "Channels"))
+        named = set(re.findall(r"`+(\w+)/?`+", text))
+        assert names - named == set(), "a core module in no group"
