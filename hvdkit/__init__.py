@@ -3,7 +3,7 @@
 ``import hvdkit`` is cheap and framework-free; ``import hvdkit.torch`` loads torch and Horovod.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the release whose moved paths hvdkit._deprecated serves (MOVED_IN)
 
 from . import _deprecated
 

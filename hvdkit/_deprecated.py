@@ -16,6 +16,7 @@ import warnings
 
 __all__ = ["MOVED", "new_path", "install"]
 
+MOVED_IN = "0.2"  # the release these paths moved in: hvdkit.__version__ is a 0.2 release
 REMOVED_IN = "0.3"
 
 # old module -> new module (a package prefix: every module below it moved alike)

@@ -8,7 +8,10 @@ import sys
 import pytest
 from helpers import ROOT
 
+import hvdkit
+from hvdkit import _deprecated
 from hvdkit._deprecated import MOVED, new_path
+from hvdkit.core import deprecation
 
 PROBE = """
 import importlib, json, sys, warnings
@@ -66,3 +69,15 @@ def test_a_name_deprecated_before_its_module_moved_still_works_from_the_old_path
         timeout=120,
     )
     assert out.stdout.split() == ["True", "True", "False"], out.stderr[-2000:]
+
+
+def _release(version):
+    return tuple(int(part) for part in version.split(".")[:2])
+
+
+def test_the_version_is_the_release_the_paths_moved_in_and_the_hook_says_so():
+    assert _release(hvdkit.__version__) == _release(_deprecated.MOVED_IN) == (0, 2)
+    assert _release(hvdkit.__version__) < _release(_deprecated.REMOVED_IN)
+    assert _deprecated.REMOVED_IN == deprecation.REMOVED_IN  # the old names and the old paths go together
+    assert f"moved in hvdkit {_deprecated.MOVED_IN}," in _deprecated.__doc__
+    assert f"removed in {_deprecated.REMOVED_IN}" in _deprecated.__doc__

@@ -12,6 +12,7 @@ pytest.importorskip("tensorboard")
 import tensorboard.compat  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
+import hvdkit  # noqa: E402
 from hvdkit.core import ConfigError, LocalCommunicator, MissingDependencyError  # noqa: E402
 from hvdkit.core.monitoring.tracking import Tracker, crc32c, masked_crc32c  # noqa: E402
 
@@ -130,7 +131,7 @@ def test_mlflow_run_in_local_sqlite_holds_params_metrics_and_ends_finished(tmp_p
     assert run.info.run_name == tmp_path.name
     assert client.get_experiment(run.info.experiment_id).name == "hvdkit"
     p = run.data.params
-    assert (p["lr"], p["batch"], p["world_size"], p["hvdkit_version"]) == ("0.1", "32", "2", "0.1.0")
+    assert (p["lr"], p["batch"], p["world_size"], p["hvdkit_version"]) == ("0.1", "32", "2", hvdkit.__version__)
     history = client.get_metric_history(tr.mlflow_run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(0, 1.0), (1, 0.5), (2, 1.0 / 3)]
     assert run.data.metrics["val_loss"] == pytest.approx(2.0 / 3, rel=1e-15)
