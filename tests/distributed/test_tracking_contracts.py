@@ -1,7 +1,8 @@
 """Experiment tracking on 2 real ranks with uneven shards: rank 0 alone writes the job-wide metrics.
 
-tests/distributed/workers/tracking_contracts.py trains with torch (under mpirun and horovodrun --gloo)
-and with Keras ``fit`` (under mpirun); every rank gives the tracker the same directory. Each test
+tests/distributed/workers/tracking_contracts.py trains with torch and with Keras ``fit``, in the pool's
+jobs under mpirun; every rank gives the tracker the same directory. One controller suffices: rank 0
+alone writes, and the averaging it writes is the one test_torch_contracts checks under mpirun and Gloo. Each test
 reads TensorBoard's event file (with TensorBoard's own reader) or the MLflow store back and compares
 with the metrics over all ten samples, computed without the averaging under test.
 """
@@ -9,8 +10,8 @@ with the metrics over all ten samples, computed without the averaging under test
 import json
 import os
 
+import pool
 import pytest
-from helpers import LAUNCHERS, ROOT, run_ranks
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")
@@ -18,7 +19,6 @@ import tensorboard.compat  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 pytestmark = pytest.mark.dist
-WORKER = ROOT / "tests" / "distributed" / "workers" / "tracking_contracts.py"
 EPOCHS = 3
 # TensorBoard reads records with TensorFlow's reader when TensorFlow is installed; importing it
 # sets environment variables, so do it at collection, not inside a test.
@@ -28,15 +28,14 @@ assert tensorboard.compat.tf.__version__
 def run_job(framework, launcher, out):
     # as inside a trial of `hvdkit tune`: every rank's tracker also reports to this file (rank 0 only writes)
     env = {"HVDKIT_TUNE_REPORT": str(out / "tune-reports.jsonl")}
-    proc = run_ranks(launcher, 2, [str(WORKER), framework, str(out)], timeout=120, env=env)
-    assert proc.returncode == 0, f"{launcher} job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    pool.run_case(launcher, framework, "tracking_contracts:main", args=[framework, str(out)], timeout=300, env=env)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     acc = EventAccumulator(str(out / "runs"))
     acc.Reload()
     return {"out": out, "r": ranks, "tb": acc}
 
 
-@pytest.fixture(scope="module", params=LAUNCHERS)
+@pytest.fixture(scope="module", params=["mpirun"])
 def torch_job(request, tmp_path_factory):
     return run_job("torch", request.param, tmp_path_factory.mktemp(f"track-torch-{request.param}"))
 
