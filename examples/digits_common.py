@@ -68,25 +68,37 @@ def parse_args(description, default_checkpoint_dir, argv=None):
 class SampleLog:
     """``--sample-log PATH``: rank r appends one JSON line per optimizer step to ``PATH.rank<r>``.
 
-    ``{"epoch": e, "step": s, "rank": r, "size": n, "indices": [...]}``: the dataset indices
+    ``{"epoch": e, "step": s, "rank": r, "size": n, "time": t, "indices": [...]}``: the dataset indices
     (into the training split) this rank trained on in optimizer step ``s`` (counted over the whole
-    run, 1 for the first) of epoch ``e`` (0-based). Lines are appended, so the logs of a run that
-    was stopped and resumed, at any world size, add up to the whole training.
+    run, 1 for the first) of epoch ``e`` (0-based), at wall-clock time ``t``. Lines are appended, so
+    the logs of a run that was stopped and resumed, at any world size, add up to the whole training.
+    ``rank`` and ``size`` may be functions, asked at every write (under in-process recovery they
+    change in the same process; steps redone after a recovery are logged again, later in time).
     """
 
     def __init__(self, path, rank, size):
-        self.path = f"{path}.rank{rank}" if path else None
+        self.base = path
         self.rank, self.size = rank, size
 
+    @property
+    def path(self):
+        return f"{self.base}.rank{_now(self.rank)}" if self.base else None
+
     def write(self, epoch, step, indices):
-        if self.path is None:
+        if self.base is None:
             return
         import json
+        import time
 
-        line = {"epoch": int(epoch), "step": int(step), "rank": self.rank, "size": self.size}
+        rank, size = _now(self.rank), _now(self.size)
+        line = {"epoch": int(epoch), "step": int(step), "rank": rank, "size": size, "time": time.time()}
         line["indices"] = [int(i) for i in indices]
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def _now(value):
+    return value() if callable(value) else value
 
 
 def result_line(world_size, args, start_epoch, steps, val_accuracy, val_loss, preempted=False, compression=None):

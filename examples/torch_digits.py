@@ -55,8 +55,8 @@ class LoggedSamples(Dataset):
         self.read.append(i)
         return self.dataset[i]
 
-    def on_train_begin(self, trainer):
-        self.trainer = trainer
+    def on_train_begin(self, trainer):  # again after an in-process recovery: what the cut step read is void
+        self.trainer, self.read = trainer, []
 
     def on_train_batch_end(self, step, logs):
         self.log.write(self.trainer.epoch, step, self.read)
@@ -73,7 +73,7 @@ def train(args):
     train_ds, val_ds = torch_datasets(args.seed)
     callbacks = [StopAtStep(args.stop_at_step)] if args.stop_at_step is not None else []
     if args.sample_log:
-        train_ds = LoggedSamples(train_ds, SampleLog(args.sample_log, topo.rank, topo.size))
+        train_ds = LoggedSamples(train_ds, SampleLog(args.sample_log, hk.rank, hk.size))
         callbacks.append(train_ds)
     model = torch_model()
     trainer = hk.Trainer(

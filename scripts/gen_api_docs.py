@@ -20,6 +20,7 @@ PAGES = {
     "tensorflow.md": ("hvdkit.tensorflow", "TensorFlow custom loops: `import hvdkit.tensorflow as htf`"),
     "core.md": ("hvdkit.core", "Framework-free core: `import hvdkit.core`"),
     "tune.md": ("hvdkit.tune", "Hyperparameter search (`hvdkit tune`): `import hvdkit.tune`"),
+    "torch-elastic.md": ("hvdkit.torch.elastic", "In-process recovery (`--recovery in-process`): `hk.elastic`"),
 }
 
 

@@ -134,7 +134,7 @@ def _env_option(
 
 
 def _elastic_options(r: argparse.ArgumentParser) -> None:
-    from ..launcher.elastic.rules import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT
+    from ..launcher.elastic.rules import DEFAULT_DISCOVERY_INTERVAL, DEFAULT_ELASTIC_TIMEOUT, RECOVERY_WAYS
 
     g = r.add_argument_group(
         "elastic training by restart",
@@ -191,6 +191,16 @@ def _elastic_options(r: argparse.ArgumentParser) -> None:
         "--slots-per-host/--elastic-timeout, and --timeline and --stall-timeout; the surviving workers go on "
         "in-process from the last commit, no restarts: --max-restarts and --discovery-interval are refused)",
     )
+    g.add_argument(
+        "--recovery",
+        choices=RECOVERY_WAYS,
+        default=None,
+        help="how an hvdkit job (hk.Trainer, or a loop under hk.elastic.run) survives a lost worker: 'restart' "
+        "(default: relaunch the job, the ranks resume from their newest checkpoint; MPI or Gloo, any script with "
+        "hk.Checkpointer/PreemptionGuard) or 'in-process' (Horovod's elastic driver over Gloo: the survivors go "
+        "back to their last in-memory commit and go on at the smaller size in the same processes; a new worker "
+        "joins at the next commit). docs/elastic.md says which to use",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -233,13 +243,25 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
     if not script:
         hosts.check_slots(found, num_proc, origin)
     restarts_given = env.given(args.max_restarts)
-    if args.horovod_elastic:
-        _refuse_under_horovod_elastic(restarts_given, env.given(args.discovery_interval))
-    env.resolve(args)  # flag > HVDKIT_* variable > default
-    elastic_settings = _elastic_settings(args, num_proc, found, origin)
-    if args.horovod_elastic and elastic_settings is None:
+    in_process = args.recovery == "in-process"
+    if in_process and args.horovod_elastic:
         raise ConfigError(
-            "--horovod-elastic runs Horovod's elastic driver, which needs the elastic bounds: add --min-np and "
+            "--recovery in-process and --horovod-elastic both run Horovod's elastic driver, for different scripts: "
+            "--recovery in-process for hvdkit scripts (hk.Trainer, hk.elastic.run), --horovod-elastic for scripts "
+            "written with hvd.elastic.run; give one of them"
+        )
+    if args.horovod_elastic or in_process:
+        flag = "--recovery in-process" if in_process else "--horovod-elastic"
+        _refuse_under_horovod_elastic(restarts_given, env.given(args.discovery_interval), flag)
+    env.resolve(args)  # flag > HVDKIT_* variable > default
+    if (args.horovod_elastic or in_process) and not found and not script:
+        # Horovod's driver replaces a lost worker on the same host (engine fix 09): one machine is enough
+        found, origin = (hosts.Host("localhost", num_proc),), "this machine"
+    elastic_settings = _elastic_settings(args, num_proc, found, origin)
+    if (args.horovod_elastic or in_process) and elastic_settings is None:
+        flag = "--recovery in-process" if in_process else "--horovod-elastic"
+        raise ConfigError(
+            f"{flag} runs Horovod's elastic driver, which needs the elastic bounds: add --min-np and "
             "--max-np (e.g. --min-np 1 --max-np 2), and --host-discovery-script when hosts come and go"
         )
     restarts = args.max_restarts
@@ -252,7 +274,7 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
         num_proc=num_proc,
         controller="gloo" if args.gloo else "mpi",
         hosts=() if script else found,
-        env=parse_env_vars(args.env_vars, os.environ),
+        env={**parse_env_vars(args.env_vars, os.environ), **(_in_process_env() if in_process else {})},
         network_interface=args.network_interface,
         timeline=args.timeline,
         timeline_mark_cycles=args.timeline_mark_cycles,
@@ -265,24 +287,39 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
         discovery_script=script,
         default_slots=env.discovered_host_slots(args.slots_per_host),
         dry_run=args.dry_run,
-        horovod_elastic=args.horovod_elastic,
+        horovod_elastic=args.horovod_elastic or in_process,
     )
     return spec, options
 
 
-def _refuse_under_horovod_elastic(restarts_given: bool, interval_given: bool) -> None:
-    """ConfigError for an option of hvdkit's restart loop that Horovod's elastic driver has no use for
-    (the others it takes: --timeline, --stall-timeout, --slots-per-host, --elastic-timeout, ...)."""
+IN_PROCESS_GLOO_TIMEOUT = 120  # seconds; Horovod's default, 30, is shorter than a joining worker's start under load
+
+
+def _in_process_env() -> dict[str, str]:
+    """What the ranks of ``--recovery in-process`` get: HVDKIT_RECOVERY, and a Gloo timeout of
+    ``IN_PROCESS_GLOO_TIMEOUT`` s unless HOROVOD_GLOO_TIMEOUT_SECONDS is set: the ranks wait inside Gloo's
+    rendezvous while a joining worker imports its framework and starts Horovod (5-37 s measured here under
+    load), and a rank that waits longer than the timeout aborts the job."""
+    out = {env.RECOVERY: "in-process"}
+    if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ:
+        out["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(IN_PROCESS_GLOO_TIMEOUT)
+    return out
+
+
+def _refuse_under_horovod_elastic(restarts_given: bool, interval_given: bool, flag: str) -> None:
+    """ConfigError for an option of hvdkit's restart loop that Horovod's elastic driver (``flag``: --horovod-elastic
+    or --recovery in-process) has no use for (it takes --timeline, --stall-timeout, --slots-per-host,
+    --elastic-timeout, ...)."""
     if restarts_given:
         raise ConfigError(
-            f"--max-restarts (or {env.MAX_RESTARTS}) does not apply with --horovod-elastic: Horovod's elastic "
-            "driver does not restart the job, it goes on in the surviving workers after a failure (its hosts "
-            f"are dropped); remove --max-restarts and unset {env.MAX_RESTARTS}, or drop --horovod-elastic to "
-            "have hvdkit restart the job from its checkpoints"
+            f"--max-restarts (or {env.MAX_RESTARTS}) does not apply with {flag}: Horovod's elastic "
+            "driver does not restart the job, it goes on in the surviving workers after a failure; remove "
+            f"--max-restarts and unset {env.MAX_RESTARTS}, or drop {flag} to have hvdkit restart the job from "
+            "its checkpoints"
         )
     if interval_given:
         raise ConfigError(
-            f"--discovery-interval (or {env.DISCOVERY_INTERVAL}) does not apply with --horovod-elastic: Horovod's "
+            f"--discovery-interval (or {env.DISCOVERY_INTERVAL}) does not apply with {flag}: Horovod's "
             f"elastic driver runs the discovery script every second, which it does not let you change; remove "
             f"--discovery-interval and unset {env.DISCOVERY_INTERVAL}"
         )

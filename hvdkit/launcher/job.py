@@ -18,6 +18,7 @@ import os
 import secrets
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -115,22 +116,43 @@ def run_job(
 
 
 def _run_horovod_elastic(spec: JobSpec, options: RunOptions, err: TextIO) -> int:
-    """``hvdkit run --horovod-elastic``: one horovodrun job in Horovod's elastic mode; its exit code."""
-    built = build_horovod_elastic(
-        spec,
-        options.elastic,
-        options.discovery_script,
-        stall_timeout=options.stall_timeout,
-        slots_per_host=options.default_slots,
-    )
-    if options.dry_run:
-        print(" ".join(shlex.quote(a) for a in built.argv))
-        return 0
-    err.write(
-        f"hvdkit run: Horovod's elastic driver runs this job ({options.elastic.min_np}..{options.elastic.max_np} "
-        "ranks): a worker or host that goes is dropped and the others go on from the last state.commit(), in "
-        "the same processes; hvdkit's restarts and checkpoints are not used\n"
-    )
+    """``hvdkit run --horovod-elastic`` (or ``--recovery in-process``): one horovodrun job in Horovod's elastic
+    mode; its exit code. horovodrun refuses one fixed host (``-H localhost:2``) in elastic mode: that host is
+    listed by a discovery script written for the job instead (a lost worker is replaced there, engine fix 09)."""
+    with tempfile.TemporaryDirectory(prefix="hvdkit-discovery-") as folder:
+        script = options.discovery_script
+        if script is None and len(spec.hosts) == 1:
+            script = os.path.join(folder, "discover.sh")
+            with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700), "w") as f:
+                f.write(f"#!/bin/sh\necho {shlex.quote(format_hosts(spec.hosts))}\n")
+            spec = dataclasses.replace(spec, hosts=())
+        built = build_horovod_elastic(
+            spec,
+            options.elastic,
+            script,
+            stall_timeout=options.stall_timeout,
+            slots_per_host=options.default_slots,
+        )
+        if options.dry_run:
+            print(" ".join(shlex.quote(a) for a in built.argv))
+            return 0
+        return _run_elastic_driver(built, spec, options, err)
+
+
+def _run_elastic_driver(built: plan.Plan, spec: JobSpec, options: RunOptions, err: TextIO) -> int:
+    bounds = f"{options.elastic.min_np}..{options.elastic.max_np} ranks"
+    if spec.env.get(env.RECOVERY) == "in-process":
+        err.write(
+            f"hvdkit run: in-process recovery ({bounds}, Horovod's elastic driver over Gloo): the ranks left after a "
+            "lost worker go back to their last in-memory commit and go on in the same processes; a new worker "
+            "joins at the next commit\n"
+        )
+    else:
+        err.write(
+            f"hvdkit run: Horovod's elastic driver runs this job ({bounds}): a worker or host that goes is dropped "
+            "and the others go on from the last state.commit(), in the same processes; hvdkit's restarts and "
+            "checkpoints are not used\n"
+        )
     err.flush()
     return exit_code(execute.Execution(built, grace=options.grace, forward_usr1=False).run())
 

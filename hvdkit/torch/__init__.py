@@ -17,6 +17,7 @@ horovod_torch()  # fail here, loudly, when torch or Horovod's torch support is m
 # These imports come after that check (E402). The runtime's names (its __all__, star-imported) are
 # exported through `*_RUNTIME` in `__all__`.
 from ..core.metrics import MetricTracker  # noqa: E402
+from . import elastic as elastic  # noqa: E402 - hk.elastic.State, hk.elastic.run (docs/api/torch-elastic.md)
 from ._deprecated import scale_lr  # noqa: E402
 from .checkpoint import Checkpointer, Resumed  # noqa: E402
 from .data import EvalSampler, TrainLoader, TrainSampler, eval_loader, train_loader, train_sampler  # noqa: E402

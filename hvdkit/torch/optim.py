@@ -12,7 +12,7 @@ from ..core.errors import ConfigError, MissingDependencyError
 from ..core.log import get_logger
 from ..core.lr import check_warmup_steps, lr_scale, warmup_factor
 from ..core.options import check_positive_int
-from . import autocompress, buckets, zero
+from . import autocompress, buckets, elastic, zero
 from ._engine import horovod_torch
 
 __all__ = ["DistributedOptimizer", "ScaledLRScheduler", "amp_step", "autocast"]
@@ -155,6 +155,7 @@ class _SynchronizeListeners:
         self._synchronize_listeners.append(listener)
 
     def synchronize(self):
+        elastic.check_inside_run("the optimizer's step()")  # under --recovery in-process: a loop it can recover
         start = time.perf_counter()
         try:
             return super().synchronize()

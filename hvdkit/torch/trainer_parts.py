@@ -170,6 +170,12 @@ def check_options(o: Mapping[str, Any]) -> dict[str, Any]:
     out["callbacks"] = check_callbacks(o["callbacks"])
     check_int_at_least("seed", o["seed"], 0)
     check_int_at_least("num_workers", o["num_workers"], 0)
+    if o["commit_every"] != "auto":
+        check_positive_int(
+            "commit_every",
+            o["commit_every"],
+            "pass 'auto' (commits cost at most 2 % of the time) or a number of optimizer steps, e.g. 50",
+        )
     tracking = o["tracking"]
     if tracking is not None and not isinstance(tracking, (str, os.PathLike, Tracker)):
         raise ConfigError(

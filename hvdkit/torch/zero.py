@@ -26,6 +26,7 @@ import torch
 from ..core.errors import ConfigError
 from ..core.options import check_positive_int
 from ..core.zero import CHUNK_ELEMENTS, ROUND_ELEMENTS, Piece, Slice, partition, plan_rounds, rank_parts
+from . import elastic
 from ._engine import horovod_torch
 from .zero_flat import FlatGroup
 from .zero_overlap import EarlyRounds, round_order
@@ -227,6 +228,28 @@ class ShardedOptimizer(ShardedOptimizerState):
         self._inner.add_param_group(dict(self._hyper(group), params=[flat.shard]))
         self._trained.update(id(p) for p in flat.params)
 
+    def resize(self) -> None:
+        """Cut the slices anew for the ranks of the job now (``hvdkit.torch.elastic``, after a recovery or a join).
+
+        The flat buffers, this rank's slices and the inner optimizer are rebuilt; the optimizer state is
+        dropped: load the unsharded state next (``load_state_dict`` on the rank that holds it, then
+        ``share_state``). Rounds of a step cut short are forgotten (Horovod was restarted). The gradient
+        hooks of the old buffers stay registered and do nothing. No collective.
+        """
+        self._rank, self._size = self._hvd.rank(), self._hvd.size()
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        self._groups = [FlatGroup(g["params"], self._rank, self._size, i) for i, g in enumerate(self.param_groups)]
+        self._early = EarlyRounds(self)
+        self._inner = type(self._inner)(
+            [dict(self._hyper(g), params=[s.shard]) for g, s in zip(self.param_groups, self._groups, strict=True)]
+        )
+        self.state = self._inner.state
+        self._trained = {id(p) for g in self._groups for p in g.params}
+        self._consolidated, self._consolidated_to = {}, None
+        self.last_rounds = None
+
     def check_trainable(self) -> None:
         """Raise ConfigError naming a parameter that requires a gradient now but did not when its group was added.
 
@@ -282,6 +305,7 @@ class ShardedOptimizer(ShardedOptimizerState):
 
         Collective: every rank calls it the same number of times.
         """
+        elastic.check_inside_run("the optimizer's step()")  # under --recovery in-process: a recoverable loop
         self.check_trainable()
         loss = None
         if closure is not None:

@@ -140,6 +140,15 @@ class CheckpointStore:
             self._sweep_dead_jobs()
         return None
 
+    def _become_rank0(self):
+        """A rank that is rank 0 now but was not when the store was built (in-process recovery after rank 0
+        was lost: ``hvdkit.torch.elastic``) takes the folder's lock first; CheckpointError when it cannot."""
+        if self._lock is None:
+            error = self._preflight()
+            if error:
+                raise CheckpointError(error)
+            _log.info("rank 0 is this process now: it holds %s and writes the checkpoints", self.root)
+
     def close(self) -> None:
         """Release the folder's lock (rank 0; no collective). The store must not be used after.
 
@@ -236,6 +245,7 @@ class CheckpointStore:
         result = None
         if self.comm.is_rank0:
             try:
+                self._become_rank0()
                 if check is not None:
                     check()
                 if background:
@@ -389,6 +399,7 @@ class CheckpointStore:
         outcome, state = None, None
         if self.comm.is_rank0:
             try:
+                self._become_rank0()
                 outcome, state = self._open_newest(read, describe)
             except CheckpointError as e:
                 outcome = ("error", str(e))

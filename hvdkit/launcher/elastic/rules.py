@@ -31,6 +31,7 @@ __all__ = [
 
 DEFAULT_DISCOVERY_INTERVAL = 5.0  # seconds between polls of the host discovery
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds to wait for --min-np slots before giving up (horovodrun's default)
+RECOVERY_WAYS = ("restart", "in-process")  # hvdkit run --recovery: relaunch from checkpoints, or Horovod's driver
 DEFAULT_ELASTIC_MAX_RESTARTS = 10  # failures an elastic job survives unless --max-restarts says otherwise
 
 

@@ -1,0 +1,481 @@
+"""In-process recovery (``hvdkit run --recovery in-process``): training state committed in memory, restored
+in the processes that are left after a worker is lost, without a restart or a disk read.
+
+The job runs under Horovod's own elastic driver (Gloo). ``hk.Trainer`` uses this module by itself; a
+hand-written loop puts its state in an ``hk.elastic.State`` and its loop in a function under
+``@hk.elastic.run``::
+
+    state = hk.elastic.State(model, opt, objects={"sched": sched}, epoch=0, step=0, samples_done=0)
+
+    @hk.elastic.run
+    def train(state):                       # called again after every recovery, from the last commit
+        loader = hk.train_loader(train_set, 32, global_batch_size=64, seed=0)   # at this world size
+        hk.elastic.set_accumulation(opt, loader.accumulation)
+        for epoch in range(state.epoch, EPOCHS):
+            loader.sampler.set_epoch(epoch, start=state.samples_done)
+            for i, (x, y) in enumerate(loader, 1):
+                ...                         # backward of loss / loader.accumulation
+                if i % loader.accumulation == 0:
+                    opt.step(); opt.zero_grad(); state.step += 1
+                    state.samples_done = loader.position(i // loader.accumulation)
+                    state.commit_every(50)  # in memory; also where a new worker joins
+            state.epoch, state.samples_done = epoch + 1, 0
+            state.commit()
+
+    train(state)
+
+What a commit holds: the model, the optimizer, every object of ``objects`` (anything with
+``state_dict()``/``load_state_dict()``: schedulers, ``hk.ScaledLRScheduler``, a GradScaler), the plain
+values given as keywords (attributes of the state); the RNGs are re-seeded from ``(seed, step, rank)``
+after a recovery, as a restart at another world size does. Every rank keeps its own
+copy in host memory (the model and optimizer are the same on every rank); a sharded optimizer
+(ZeRO-1) is gathered to every rank at each commit (a collective; host memory: the whole optimizer
+state on every rank), and after a recovery cut into slices for the new size (``resize()``).
+After a lost worker the others go back to their last commit, Horovod re-forms the ring at the smaller size, ``on_resize(size)`` rebuilds what depends
+on the world size, and the rank with the newest commit gives it to every rank (a new worker too).
+Outside ``--recovery in-process`` the same script runs as a plain job: ``run`` calls the function once.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import os
+import queue
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..core import env as _env
+from ..core.checkpoint.tree import reseed_rng
+from ..core.errors import ConfigError
+from ..core.log import get_logger
+from ..core.zero import ShardedState
+from . import runtime
+from ._engine import horovod_torch
+from .state import share_state
+
+__all__ = ["CommitSchedule", "State", "check_inside_run", "in_process", "inside_run", "run", "set_accumulation"]
+
+_log = get_logger("elastic")
+_inside = [0]  # how many hk.elastic.run calls this thread is in
+
+
+def in_process(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``hvdkit run --recovery in-process`` started this rank (HVDKIT_RECOVERY=in-process)."""
+    return (os.environ if environ is None else environ).get(_env.RECOVERY) == "in-process"
+
+
+def inside_run() -> bool:
+    """True inside a function that ``hk.elastic.run`` runs (``hk.Trainer.fit`` under in-process recovery too)."""
+    return _inside[0] > 0
+
+
+def check_inside_run(what: str) -> None:
+    """ConfigError when this rank runs under ``--recovery in-process`` but trains outside ``hk.elastic.run``.
+
+    Such a script would run as a fixed-size job under Horovod's elastic driver: the first lost worker
+    would end it with nothing to go back to. ``what`` names the call that found it (e.g. ``step()``).
+    """
+    if in_process() and not inside_run():
+        raise ConfigError(
+            f"{what} was called outside hk.elastic.run, but this job was started by `hvdkit run --recovery "
+            "in-process`, which recovers only training state it knows: train with hk.Trainer (no change needed), "
+            "or put the loop in a function decorated with @hk.elastic.run and its state in an hk.elastic.State "
+            "(README, 'In-process recovery'); or start the job with --recovery restart"
+        )
+
+
+class State:
+    """What a training loop needs to go back to after a lost worker, committed in host memory.
+
+    ``model`` (a ``torch.nn.Module``) and ``optimizer`` (``hk.DistributedOptimizer``'s result, sharded or
+    not; or None), ``objects`` (``{name: obj}`` with ``state_dict()``/``load_state_dict()``, loaded after
+    the optimizer in this order, so an ``hk.ScaledLRScheduler`` re-applies its rule at the new size),
+    ``seed`` (the RNGs are re-seeded from ``(seed, step, rank)`` after a recovery, as a restart at another
+    world size does; ``step`` is the value named ``step``, else 0) and ``on_resize(size)`` (called on
+    every rank after each recovery, before the state is shared: rebuild the data loader and what else
+    depends on the world size). Keyword ``values`` become attributes (``state.epoch``); they must be
+    picklable, and are committed and restored by value.
+
+    ``on_start()`` (optional) runs once on every rank before the first commit, when no rank has one:
+    restore a checkpoint or broadcast rank 0's state there (the default broadcasts model and optimizer).
+    Collective: ``commit``, ``commit_every``, ``sync`` are called by every rank alike.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        objects: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        on_resize: Callable[[int], Any] | None = None,
+        on_start: Callable[[], Any] | None = None,
+        **values: Any,
+    ) -> None:
+        for name in values:
+            if name.startswith("_") or hasattr(type(self), name):
+                raise ConfigError(f"State value {name!r} would hide an attribute of hk.elastic.State; rename it")
+        self.model = model
+        self.optimizer = optimizer
+        self.objects = dict(objects or {})
+        self.seed = seed
+        self.on_resize = on_resize
+        self.on_start = on_start
+        self._names = tuple(values)
+        for name, value in values.items():
+            setattr(self, name, value)
+        self._commit: dict[str, Any] | None = None
+        self._commit_id = 0
+        self._since_commit = 0
+        self._messages: queue.Queue = queue.Queue()
+        self._last_update = 0
+        self.recoveries: list[dict[str, Any]] = []  # one entry per recovery: cause, sizes, step, seconds
+        self.commit_seconds = 0.0  # time spent in commits, this process
+        self.commits = 0
+
+    # ------------------------------------------------------------------ commits
+    @property
+    def values(self) -> dict[str, Any]:
+        """The keyword values, as now (not as committed)."""
+        return {name: getattr(self, name) for name in self._names}
+
+    def commit(self) -> None:
+        """Copy the state into host memory, then let a waiting worker join (it may raise Horovod's
+        ``HostsUpdatedInterrupt``, which ``run`` handles). Collective: every rank calls it alike."""
+        self.save()
+        self.check_host_updates()
+
+    def commit_every(self, steps: int) -> bool:
+        """Count a step; every ``steps``-th call commits (``commit()``). True when it committed. Collective."""
+        self._since_commit += 1
+        if self._since_commit < steps:
+            return False
+        self.commit()
+        return True
+
+    def save(self) -> None:
+        """Copy the state into host memory (no host check). Collective only with a sharded optimizer."""
+        t0 = time.perf_counter()
+        optimizer = None
+        if self.optimizer is not None:
+            if isinstance(self.optimizer, ShardedState):  # ZeRO-1: every rank keeps the whole state
+                optimizer = _host_copy(self.optimizer.consolidate(to=None), self._old("optimizer"))
+            else:
+                optimizer = _host_copy(self.optimizer.state_dict(), self._old("optimizer"))
+        self._commit_id += 1
+        self._commit = {
+            "id": self._commit_id,
+            "size": runtime.size(),
+            "model": _host_copy(self.model.state_dict(), self._old("model")) if self.model is not None else None,
+            "optimizer": optimizer,
+            "objects": {name: copy.deepcopy(obj.state_dict()) for name, obj in self.objects.items()},
+            "values": copy.deepcopy(self.values),
+        }
+        self._since_commit = 0
+        self.commits += 1
+        self.commit_seconds += time.perf_counter() - t0
+
+    def _old(self, key):
+        return None if self._commit is None else self._commit.get(key)
+
+    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
+        """Horovod's worker notification service: the driver has workers to add or remove."""
+        self._messages.put((timestamp, update_res))
+
+    def check_host_updates(self) -> None:
+        """Raise ``HostsUpdatedInterrupt`` on every rank alike when the driver said hosts changed. Collective."""
+        from horovod.common.exceptions import HostsUpdatedInterrupt
+        from horovod.runner.elastic.worker import HostUpdateResult
+
+        newest, update = self._last_update, HostUpdateResult.no_update
+        while not self._messages.empty():
+            timestamp, result = self._messages.get()
+            if timestamp > newest:
+                newest, update = timestamp, update | result
+        # any rank may have heard of it: the newest timestamp over all ranks decides, on every rank alike
+        comm = runtime.communicator()
+        seen = comm.allgather_object((newest, int(update)), name="hvdkit.elastic.hosts")
+        latest = max(t for t, _ in seen)
+        if latest > self._last_update:
+            self._last_update = latest
+            merged = 0
+            for _, u in seen:
+                merged |= u
+            raise HostsUpdatedInterrupt(merged == int(HostUpdateResult.removed))
+
+    # ------------------------------------------------------------------ recovery
+    def restore(self) -> None:
+        """Go back to the last commit, in this process (no collective): model, optimizer, objects, values."""
+        if self._commit is None:
+            return
+        self._load_local(self._commit)
+
+    def _load_local(self, commit, resized=False):
+        if self.model is not None and commit["model"] is not None:
+            self.model.load_state_dict(commit["model"])
+        if self.optimizer is not None and commit["optimizer"] is not None:
+            _zero_grads(self.optimizer)
+            if not isinstance(self.optimizer, ShardedState):
+                self.optimizer.load_state_dict(commit["optimizer"])
+            elif resized:  # sharded: only once its slices fit this size (sync() after resize())
+                self.optimizer.load_unsharded(commit["optimizer"])
+        for name, obj in self.objects.items():
+            if name in commit["objects"]:
+                obj.load_state_dict(copy.deepcopy(commit["objects"][name]))
+        for name, value in copy.deepcopy(commit["values"]).items():
+            setattr(self, name, value)
+
+    def sync(self) -> None:
+        """Make every rank hold the newest commit of any rank (a new worker too), at this world size. Collective.
+
+        Calls ``on_resize(size)`` first; when no rank has a commit yet (the job's start), ``on_start()``
+        (or a broadcast of rank 0's model and optimizer) and a first commit instead.
+        """
+        comm = runtime.communicator()
+        if self.on_resize is not None:
+            self.on_resize(comm.size)
+        if isinstance(self.optimizer, ShardedState):  # ZeRO-1: slices for this size; the state arrives below
+            self.optimizer.resize()
+        ids = comm.allgather_object(self._commit["id"] if self._commit is not None else -1, name="hvdkit.elastic.ids")
+        newest = max(ids)
+        if newest < 0:  # the job's start: nothing committed anywhere
+            if self.on_start is not None:
+                self.on_start()
+            else:
+                share_state(comm, self.model, self.optimizer, root=0)
+            self.save()
+            return
+        root = ids.index(newest)
+        header = None
+        if comm.rank == root:
+            self._load_local(self._commit, resized=True)  # restore() did it after a failure; a host update not
+            header = {k: self._commit[k] for k in ("objects", "values", "size")}
+        header = share_state(comm, self.model, self.optimizer, extra=header, root=root)
+        if comm.rank != root:
+            self._commit = None  # a stale commit of its own, or none: the root's is now the state
+            for name, obj in self.objects.items():
+                if name in header["objects"]:
+                    obj.load_state_dict(copy.deepcopy(header["objects"][name]))
+            for name, value in copy.deepcopy(header["values"]).items():
+                setattr(self, name, value)
+        if self.optimizer is not None:
+            _zero_grads(self.optimizer)
+        step = int(getattr(self, "step", 0) or 0)
+        _reseed(self.seed, step, comm.rank)
+        self._commit_id = newest
+        self.save()  # every rank (a new worker too) holds the state it goes on from
+
+    def on_reset(self) -> None:
+        """After Horovod re-formed the ring (``run`` calls it): forget host messages of the old ring."""
+        self._messages = queue.Queue()
+
+
+def _zero_grads(optimizer):
+    """Drop gradients and the counts of a step cut short (its allreduces were finished by engine fix 76; a
+    sharded optimizer's rounds are forgotten by its ``resize()``)."""
+    if isinstance(optimizer, ShardedState):
+        torch.optim.Optimizer.zero_grad(optimizer, set_to_none=True)
+        return
+    optimizer.zero_grad(set_to_none=True)
+    delay = getattr(optimizer, "_allreduce_delay", None)
+    if isinstance(delay, dict):
+        for p in delay:
+            delay[p] = optimizer.backward_passes_per_step
+
+
+def set_accumulation(optimizer: torch.optim.Optimizer, backward_passes_per_step: int) -> None:
+    """Make ``hk.DistributedOptimizer``'s result average every ``backward_passes_per_step`` passes from now on
+    (the accumulation of a new world size after a recovery). No collective."""
+    optimizer.backward_passes_per_step = backward_passes_per_step
+    delay = getattr(optimizer, "_allreduce_delay", None)
+    if isinstance(delay, dict):
+        for p in delay:
+            delay[p] = backward_passes_per_step
+
+
+def _reseed(seed, step, rank):
+    value = reseed_rng(seed, step, rank)
+    torch.manual_seed(value)
+    return value
+
+
+def _host_copy(tree, old=None):
+    """``tree`` (a state dict) with every tensor copied to host memory; reuses ``old``'s tensors of the same
+    shape and dtype (the previous commit's), so a commit allocates nothing in the steady state."""
+    if isinstance(tree, torch.Tensor):
+        t = tree.detach()
+        if isinstance(old, torch.Tensor) and old.shape == t.shape and old.dtype == t.dtype and not old.is_cuda:
+            old.copy_(t)
+            return old
+        return t.to("cpu", copy=True)
+    if isinstance(tree, dict):
+        out = type(tree)() if not hasattr(tree, "_metadata") else copy.copy(tree)
+        for k, v in tree.items():
+            out[k] = _host_copy(v, old.get(k) if isinstance(old, dict) else None)
+        if hasattr(tree, "_metadata"):
+            out._metadata = copy.deepcopy(tree._metadata)
+        return out
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        olds = old if isinstance(old, (list, tuple)) and len(old) == len(tree) else [None] * len(tree)
+        return type(tree)(_host_copy(v, o) for v, o in zip(tree, olds, strict=True))
+    return copy.deepcopy(tree)
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate the training function ``func(state, ...)`` so that it survives lost workers in-process.
+
+    Under ``hvdkit run --recovery in-process``: the state is synced (the start: ``on_start``; later the
+    newest commit) and ``func`` called; when a collective fails because a worker was lost, every
+    rank left goes back to its last commit, Horovod re-forms the ring without the lost worker, and
+    ``func`` is called again from there (at the smaller size: ``on_resize``); when the driver has a
+    new worker, the ranks stop at their next commit and ``func`` goes on with it. Rank 0 logs each
+    recovery with its time. Outside in-process recovery, ``func`` runs once after the start's sync.
+    Collective: every rank calls the decorated function with its ``State``.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(state, State):
+            raise ConfigError(
+                f"@hk.elastic.run needs an hk.elastic.State as the first argument (got {type(state).__name__})"
+            )
+        runtime.init()
+        if not in_process():
+            _inside[0] += 1
+            try:
+                state.sync()
+                return func(state, *args, **kwargs)
+            finally:
+                _inside[0] -= 1
+        return _run_in_process(func, state, args, kwargs)
+
+    return wrapper
+
+
+def _run_in_process(func, state, args, kwargs):
+    from horovod.common.elastic import notification_manager
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+    hvd = horovod_torch()
+    notification_manager.init()
+    notification_manager.register_listener(state)
+    _inside[0] += 1
+    try:
+        while True:
+            try:
+                state.sync()
+                _say_recovered(state)
+                return func(state, *args, **kwargs)
+            except HorovodInternalError as e:
+                _begin_recovery(state, "a worker was lost", e)
+                state.restore()
+            except HostsUpdatedInterrupt:
+                _begin_recovery(state, "workers join", None)
+            hvd.shutdown()
+            hvd.init()
+            runtime.init()  # rank-prefixed logging and threads for this rank and size
+            state.on_reset()
+    finally:
+        _inside[0] -= 1
+        notification_manager.remove_listener(state)
+
+
+def _begin_recovery(state, cause, error):
+    size = horovod_torch().size()
+    state.recoveries.append(
+        {"cause": cause, "from_size": size, "t0": time.monotonic(), "step": getattr(state, "step", None)}
+    )
+    if error is not None:
+        _log.warning("rank %d: %s (%s); going back to the last commit", horovod_torch().rank(), cause, error)
+
+
+def _say_recovered(state):
+    if not state.recoveries or "seconds" in state.recoveries[-1]:
+        return
+    last = state.recoveries[-1]
+    last["seconds"] = time.monotonic() - last["t0"]
+    last["to_size"] = runtime.size()
+    last["resumed_step"] = getattr(state, "step", None)
+    if runtime.is_rank0():
+        _log.info(
+            "%s: %d -> %d ranks, going on from step %s (committed in memory) after %.2f s",
+            last["cause"],
+            last["from_size"],
+            last["to_size"],
+            last["resumed_step"],
+            last["seconds"],
+        )
+
+
+AUTO_BUDGET = 0.02  # commit_every="auto": commits may cost this share of the training time
+AUTO_PROBE = 5  # ... measured over this many steps, each committed
+AUTO_MOST = 1000  # never fewer commits than one per this many steps
+
+
+class CommitSchedule:
+    """Which steps commit: every ``every`` steps, or ``"auto"``: every step for the first ``AUTO_PROBE``
+    steps while the time of a step and of a commit are measured, then every ``n`` steps where ``n`` is the
+    fewest that keeps commits under ``AUTO_BUDGET`` of the time (the largest over ranks; at most
+    ``AUTO_MOST``), logged on rank 0. Collective: every rank calls ``due`` after every step alike, and
+    ``commit`` when it says so.
+    """
+
+    def __init__(self, every: int | str) -> None:
+        self.every = None if every == "auto" else int(every)
+        self._count = 0
+        self._probe: list[float] = []  # step seconds while probing, commits left out
+        self._commits: list[float] = []  # commit seconds while probing
+        self._last = None
+
+    def due(self) -> bool:
+        """After a step: True when this step commits (then call ``commit``)."""
+        now = time.perf_counter()
+        self._count += 1
+        if self.every is not None:
+            return self._count % self.every == 0
+        if self._last is not None:
+            self._probe.append(now - self._last)
+        self._last = now
+        return True  # probing: every step commits
+
+    def commit(self, fn: Callable[[], Any]) -> None:
+        """Run the commit ``fn`` (collective), timed; at the end of the probe, decide ``n`` (collective)."""
+        t0 = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - t0
+        if self.every is not None:
+            return
+        self._commits.append(seconds)
+        if self._last is not None:
+            self._last += seconds  # a step's time leaves the commit out
+        if len(self._probe) < AUTO_PROBE:
+            return
+        step = sum(self._probe) / len(self._probe)
+        commit = sum(self._commits) / len(self._commits)
+        wanted = max(1, min(AUTO_MOST, math.ceil(commit / max(AUTO_BUDGET * step, 1e-9))))
+        comm = runtime.communicator()
+        self.every = max(comm.allgather_object(wanted, name="hvdkit.elastic.every"))
+        if comm.is_rank0:
+            _log.info(
+                "in-process recovery: a commit takes %.1f ms, a step %.1f ms: committing every %d step(s) "
+                "(at most %g%% of the time; set commit_every to choose)",
+                1e3 * commit,
+                1e3 * step,
+                self.every,
+                100 * AUTO_BUDGET,
+            )
+        self._count = 0
+
+    def restart(self) -> None:
+        """After every sync (the start, a recovery, a join): count from the commit every rank now holds, with
+        the ``n`` the ranks that had decided it use (a new worker takes it; none decided: all probe anew).
+        Collective."""
+        decided = max(runtime.communicator().allgather_object(self.every or 0, name="hvdkit.elastic.every"))
+        if decided:
+            self.every = decided
+        self._probe, self._commits, self._count, self._last = [], [], 0, None

@@ -1,0 +1,53 @@
+"""Run a training example under `hvdkit run --recovery in-process`; SIGKILL the process that is rank R
+when it reaches a point, once per job.
+
+    kill_in_process.py MARKER R step:N SCRIPT [ARGS...]     # at its N-th optimizer step (SGD.step)
+    kill_in_process.py MARKER R commit:N SCRIPT [ARGS...]   # inside its N-th commit (hk.elastic.State.save)
+
+MARKER is a file made with O_EXCL by the process that kills itself, so exactly one process of the job
+is killed: a worker that joins later (or the same rank after a recovery) runs unharmed. The example
+itself is unchanged: the kill wraps the framework's own step, or hvdkit's commit.
+"""
+
+import os
+import runpy
+import signal
+import sys
+
+
+def _kill_at(original, at, rank, marker):
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        import horovod.torch as hvd
+
+        calls["n"] += 1
+        if calls["n"] >= at and hvd.rank() == rank and not os.path.exists(marker):
+            try:
+                os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                return original(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(*args, **kwargs)
+
+    return wrapped
+
+
+def main():
+    marker, rank, where, script, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+    kind, at = where.split(":")
+    if kind == "step":
+        import torch
+
+        torch.optim.SGD.step = _kill_at(torch.optim.SGD.step, int(at), rank, marker)
+    else:
+        from hvdkit.torch import elastic
+
+        elastic.State.save = _kill_at(elastic.State.save, int(at), rank, marker)
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""In-process recovery (`hvdkit run --recovery in-process`): a worker killed mid-run, the job goes on in the
+processes that are left, from their last in-memory commit, with the maths of an uninterrupted run.
+
+Real ranks: Horovod's elastic driver over Gloo, the unchanged Trainer example (examples/torch_digits.py,
+global batch 64 so that the maths does not depend on the world size), one host (`localhost:2`; engine
+fix 09 replaces a lost worker there). Each job is bounded in time and leaves no process behind.
+"""
+
+import json
+import re
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from helpers import PYTHON, hvdkit_run, read_sample_logs
+
+from hvdkit.core.checkpoint.state import read_newest
+
+pytestmark = pytest.mark.dist
+TORCH = "examples/torch_digits.py"
+KILL = "tests/e2e/scripts/kill_in_process.py"
+LOOP = "tests/e2e/scripts/elastic_loop.py"
+EPOCHS = 3
+TRAIN_SAMPLES = 1437
+STEPS_PER_EPOCH = 23  # global batch 64
+ARGS = ("--epochs", str(EPOCHS), "--global-batch-size", "64", "--compression", "none")
+BOUND = 1e-5  # the bound a restart at another world size holds (tests/distributed/test_world_size_change_torch.py)
+IN_PROCESS = ("-np", "2", "--min-np", "1", "--max-np", "2", "--recovery", "in-process")
+
+
+def final_line(out):
+    """The example's JSON result line: printed by whichever process is rank 0 at the end."""
+    lines = [line[line.index("{") :] for line in out.splitlines() if '{"preempted"' in line]
+    assert len(lines) == 1, out[-3000:]
+    return json.loads(lines[0])
+
+
+def params(ckpt_dir):
+    return read_newest(ckpt_dir).state["model"]
+
+
+def assert_close(a, b, bound):
+    assert sorted(a) == sorted(b)
+    worst = max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) for k in a)
+    assert worst <= bound, f"largest difference {worst:g} > {bound:g}"
+    return worst
+
+
+def last_generation(records):
+    """The records of each (epoch, step) as finally trained: a step redone after a recovery is logged again,
+    later, by every rank of the new size; the earlier records of it were rolled back."""
+    by_step = defaultdict(list)
+    for r in records:
+        by_step[(r["epoch"], r["step"])].append(r)
+    final = {}
+    for key, rs in by_step.items():
+        rs.sort(key=lambda r: r["time"])
+        size = rs[-1]["size"]
+        final[key] = rs[-size:]
+        assert sorted(r["rank"] for r in final[key]) == list(range(size)), (key, rs)
+    return final
+
+
+def assert_every_sample_once_per_epoch(records):
+    final = last_generation(records)
+    for epoch in range(EPOCHS):
+        seen = [i for (e, _), rs in final.items() if e == epoch for r in rs for i in r["indices"]]
+        assert sorted(seen) == list(range(TRAIN_SAMPLES)), (
+            f"epoch {epoch}: {len(seen)} samples, {len(set(seen))} distinct"
+        )
+    assert sorted(s for _, s in final) == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The same training on 2 ranks, uninterrupted, by the restart path: the reference."""
+    d = tmp_path_factory.mktemp("ref") / "ckpt"
+    proc = hvdkit_run("-np", "2", "--gloo", "--", PYTHON, TORCH, *ARGS, "--checkpoint-dir", str(d), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return params(d)
+
+
+@pytest.mark.parametrize(
+    "rank, where",
+    [
+        (1, "step:30"),  # mid-epoch 2
+        (0, "step:30"),  # rank 0: the rank left becomes rank 0 and goes on checkpointing
+        (1, "commit:4"),  # inside a commit: the survivor goes on from the newest commit it holds
+    ],
+)
+def test_a_worker_killed_mid_run_is_recovered_in_process_with_every_sample_once_and_the_uninterrupted_result(
+    uninterrupted, tmp_path, rank, where
+):
+    d, log = tmp_path / "ckpt", tmp_path / "samples"
+    proc = hvdkit_run(
+        *IN_PROCESS,
+        "--",
+        PYTHON,
+        KILL,
+        str(tmp_path / "killed"),
+        str(rank),
+        where,
+        TORCH,
+        *ARGS,
+        "--checkpoint-dir",
+        str(d),
+        "--sample-log",
+        str(log),
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert (tmp_path / "killed").exists()  # the kill happened
+    lost = re.findall(r"a worker was lost: 2 -> 1 ranks, going on from step (\d+) \(committed in memory\)", out)
+    assert len(lost) == 1, out[-5000:]
+    assert "restarting" not in out and out.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
+    result = final_line(out)
+    assert result["steps"] == EPOCHS * STEPS_PER_EPOCH
+    # the checkpoints go on after the loss of either rank: the last is the end of the run
+    assert read_newest(d).step == EPOCHS * STEPS_PER_EPOCH
+    assert_every_sample_once_per_epoch(read_sample_logs(log))
+    assert_close(params(d), uninterrupted, BOUND)
+
+
+def test_a_script_that_trains_outside_hk_elastic_run_stops_at_once_naming_the_fix(tmp_path):
+    script = tmp_path / "plain_loop.py"
+    script.write_text(
+        "import torch\nimport hvdkit.torch as hk\nhk.init()\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)\n"
+        "model(torch.ones(4, 2)).sum().backward()\nopt.step()\n"
+    )
+    proc = hvdkit_run(*IN_PROCESS, "--", PYTHON, str(script), timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "the optimizer's step() was called outside hk.elastic.run" in out, out[-3000:]
+    assert "--recovery restart" in out
+
+
+def test_in_process_needs_the_elastic_bounds_and_refuses_restart_flags():
+    proc = hvdkit_run("-np", "2", "--recovery", "in-process", "--", PYTHON, TORCH, timeout=60)
+    assert proc.returncode == 2 and "--recovery in-process runs Horovod's elastic driver" in proc.stderr
+    proc = hvdkit_run(*IN_PROCESS, "--max-restarts", "3", "--", PYTHON, TORCH, timeout=60)
+    assert proc.returncode == 2 and "--max-restarts (or HVDKIT_MAX_RESTARTS) does not apply with --recovery" in (
+        proc.stderr
+    )
+
+
+def test_the_dry_run_is_one_elastic_horovodrun_job_over_gloo_with_a_discovery_script_for_one_host():
+    proc = hvdkit_run(*IN_PROCESS, "--dry-run", "--", PYTHON, TORCH, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    argv = proc.stdout.split()
+    assert argv[1:7] == ["-np", "2", "--min-np", "1", "--max-np", "2"] and "--gloo" in argv
+    assert "--host-discovery-script" in argv and "-H" not in argv  # horovodrun refuses one -H host when elastic
+
+
+@pytest.fixture(scope="module")
+def loop_reference(tmp_path_factory):
+    """The hand-written loop on 2 ranks, uninterrupted. Outside --recovery in-process the same script is a plain
+    job: hk.elastic.run calls the loop once."""
+    ref = tmp_path_factory.mktemp("loop") / "ref.npz"
+    proc = hvdkit_run("-np", "2", "--gloo", "--", PYTHON, LOOP, str(ref), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return ref
+
+
+@pytest.mark.parametrize("shard", [False, True], ids=["plain", "zero1"])
+def test_a_hand_written_loop_under_hk_elastic_run_recovers_a_killed_worker_and_ends_as_without_the_kill(
+    loop_reference, tmp_path, shard
+):
+    out_file, log = tmp_path / "out.npz", tmp_path / "samples"
+    proc = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, KILL, str(tmp_path / "killed"), "1", "step:30", LOOP, str(out_file),
+        "--sample-log", str(log), *(("--shard",) if shard else ()), timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert len(re.findall(r"a worker was lost: 2 -> 1 ranks, going on from step \d+", out)) == 1, out[-5000:]
+    result = final_line(out.replace('{"steps"', '{"preempted": null, "steps"'))
+    assert result["steps"] == EPOCHS * STEPS_PER_EPOCH and result["recoveries"] >= 1
+    assert_every_sample_once_per_epoch(read_sample_logs(log))
+    # ZeRO-1 across the shrink: the slices are cut anew at 1 rank from the commit; the same maths as unsharded
+    a, b = np.load(out_file), np.load(loop_reference)
+    assert_close({k: a[k] for k in a.files}, {k: b[k] for k in b.files}, BOUND)
