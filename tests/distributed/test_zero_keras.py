@@ -5,13 +5,14 @@ rounding) under ``model.fit`` and in custom loops, keep the ranks bitwise identi
 the slot state on each rank, and save checkpoints holding the unsharded state, which resume 2 -> 2,
 2 -> 1 (unsharded and sharded) and 1 -> 2 ranks as an uninterrupted run. Worker:
 workers/zero_keras.py (55 trainable elements, 28 on rank 0 and 27 on rank 1, around a frozen layer).
-Three launches in all: ``train`` under mpirun, ``resume`` at 1 rank, ``regrow`` under horovodrun --gloo
+``train`` in the pool's Keras job under mpirun, ``resume`` in a 1-rank job, ``regrow`` in the pool's job under horovodrun --gloo
 (which trains two of the kinds again, so both launchers are checked).
 """
 
 import json
 
 import numpy as np
+import pool
 import pytest
 from helpers import ROOT, run_ranks
 
@@ -26,8 +27,13 @@ PLAIN_SLOTS = {"sgd": 55, "adam": 110, "adamw": 110, "sgd_clip": 55, "adam_fp16"
 
 
 def _results(launcher, np_, out, mode):
-    proc = run_ranks(launcher, np_, [str(WORKER), str(out), mode], timeout=400)
-    assert proc.returncode == 0, f"{launcher} {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    """The worker's results in ``mode``: at 2 ranks a case of the pool's Keras job under ``launcher``;
+    at 1 rank (``resume``: a job of another size than the pool's) a job of its own."""
+    if np_ == pool.SIZE:
+        pool.run_case(launcher, "keras", "zero_keras:main", args=[str(out), mode], timeout=560)
+    else:
+        proc = run_ranks(launcher, np_, [str(WORKER), str(out), mode], timeout=400)
+        assert proc.returncode == 0, f"{launcher} {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(np_)]
 
 
