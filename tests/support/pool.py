@@ -139,9 +139,14 @@ class Job:
                 missing = [r for r in range(SIZE) if r not in results]
                 stacks = self._stacks_of(missing)
                 self.end()
+                raised = "".join(
+                    f"\n--- rank {r} raised (the others may wait for it):\n{res['traceback']}"
+                    for r, res in sorted(results.items())
+                    if not res["ok"]
+                )
                 raise PoolCaseError(
                     f"case {target} did not finish within {timeout} s on rank(s) {missing} (hang?); "
-                    f"{self!r} ended, the next case gets a fresh job\n{stacks}"
+                    f"{self!r} ended, the next case gets a fresh job{raised}\n{stacks}"
                 )
             time.sleep(POLL_S)
         retire = [res["retire"] for res in results.values() if res.get("retire")]
