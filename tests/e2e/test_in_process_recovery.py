@@ -152,6 +152,9 @@ def test_the_dry_run_is_one_elastic_horovodrun_job_over_gloo_with_a_discovery_sc
     argv = proc.stdout.split()
     assert argv[1:7] == ["-np", "2", "--min-np", "1", "--max-np", "2"] and "--gloo" in argv
     assert "--host-discovery-script" in argv and "-H" not in argv  # horovodrun refuses one -H host when elastic
+    # a host left out comes back after a cooldown (Horovod's default: never), so a re-listed host can rejoin
+    i = argv.index("--blacklist-cooldown-range")
+    assert argv[i + 1 : i + 3] == ["1", "60"]
 
 
 @pytest.fixture(scope="module")

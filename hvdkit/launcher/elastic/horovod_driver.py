@@ -23,6 +23,7 @@ def build_horovod_elastic(
     python: str | None = None,
     stall_timeout: float | None = None,
     slots_per_host: int | None = None,
+    blacklist_cooldown: tuple[int, int] | None = None,
 ) -> Plan:
     """The Plan that runs ``spec`` under Horovod's own elastic driver (``hvdkit run --horovod-elastic``):
     one ``horovodrun -np N --min-np MIN --max-np MAX --gloo`` job whose workers come and go inside it,
@@ -33,7 +34,9 @@ def build_horovod_elastic(
     ``spec.timeline`` becomes horovodrun's ``--timeline-filename`` (and ``--timeline-mark-cycles``);
     ``stall_timeout`` (``--stall-timeout``) its ``--stall-check-shutdown-time-seconds``, with the
     warning time hvdkit's own ranks derive (``env.stall_settings``); ``slots_per_host``, the slots of
-    a host the discovery script lists without ``:slots``, its ``--slots-per-host``.
+    a host the discovery script lists without ``:slots``, its ``--slots-per-host``; ``blacklist_cooldown``
+    ``(min, max)`` seconds, its ``--blacklist-cooldown-range`` (a host left out comes back after a cooldown
+    that doubles with each time; without it, never).
     """
     python = python or sys.executable
     env = dict(spec.env)
@@ -53,6 +56,7 @@ def build_horovod_elastic(
         *nic,
         *_timeline_flags(spec),
         *_stall_flags(stall_timeout),
+        *(("--blacklist-cooldown-range", *map(str, blacklist_cooldown)) if blacklist_cooldown else ()),
         "--gloo",
         *spec.command,
     )
