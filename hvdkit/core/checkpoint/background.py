@@ -105,7 +105,15 @@ class BackgroundWrites:
         if busy:
             _log.debug("waiting for the background write of step %d", step)
             thread.join()
-        outcome = self._outcome or ("error", f"the checkpoint of step {step} was not saved (no outcome)")
+        if thread is None and self._outcome is None:  # rank 0 now, but another process was rank 0 and wrote it
+            outcome = (
+                "lost",
+                f"the checkpoint of step {step} was being written in the background by the process that was rank 0, "
+                "which is gone (in-process recovery): it may be incomplete, and is only used if it verifies; "
+                "the next save writes a new one",
+            )
+        else:
+            outcome = self._outcome or ("error", f"the checkpoint of step {step} was not saved (no outcome)")
         return outcome, time.perf_counter() - t0, busy
 
     def settle(self, next_step: int | None = None) -> str | None:
@@ -132,6 +140,10 @@ class BackgroundWrites:
                     step,
                 )
         status, value = self.comm.broadcast_object(outcome, name="hvdkit.checkpoint.written")
+        if status == "lost":
+            if self.comm.is_rank0:
+                _log.warning("%s", value)
+            return None
         if status != "ok":
             raise CheckpointError(value)
         return value

@@ -153,3 +153,32 @@ def test_the_write_and_the_threads_it_starts_run_at_the_writer_nice_value(tmp_pa
     store.wait()
     assert seen == {"writer": 19, "helper": 19}
     assert _nice_of_this_thread() == before  # the training thread keeps its priority
+
+
+class RankChanges(LocalCommunicator):
+    """A size-1 communicator whose rank is what the test sets: a process that becomes rank 0 (in-process
+    recovery after rank 0 was lost) is rank 0 from then on, in the same process."""
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def broadcast_object(self, obj, name, root=0):
+        if self.rank != root and name == "hvdkit.checkpoint.save":
+            return ("started", "the path rank 0 (another process) names")  # what rank 0 says: it writes
+        return super().broadcast_object(obj, name, root)
+
+
+def test_a_write_the_lost_rank_0_had_in_flight_is_said_lost_on_the_new_rank_0_and_its_next_save_works(
+    tmp_path, checkpoint_log
+):
+    comm = RankChanges(1)
+    store = CheckpointStore(tmp_path, comm)  # not rank 0: no lock, no thread
+    store.save(writer(b"seven"), 7, 0, background=True)  # rank 0 (another process) writes it; here only the step
+    comm.rank = 0  # that process is gone; this one is rank 0 now
+    said = checkpoint_log("was being written in the background by the process that was rank 0")
+    # before: CheckpointError "the checkpoint of step 7 was not saved (no outcome)" ended the job
+    path = store.save(writer(b"eight"), 8, 0)
+    assert said.seen.is_set()
+    assert read(path) == b"eight" and os.path.basename(path).endswith("8")
+    assert store.wait() is None
+    store.close()
