@@ -6,7 +6,9 @@ host's event, which killed the survivors on it too, and a job on one host ended 
 count == 2 -> stop running"); the failed slot of a host that stayed was never started again. Now
 the survivors go on at the smaller size, a new worker takes the slot and joins at their next
 commit, and only a host whose workers fail HOROVOD_ELASTIC_HOST_FAILURES times within
-HOROVOD_ELASTIC_HOST_FAILURE_WINDOW seconds is left out, with a line naming it.
+HOROVOD_ELASTIC_HOST_FAILURE_WINDOW seconds is left out, with a line naming it. Engine fix
+16-elastic-joining-worker-starts-first: the new worker is started before the survivors are told of
+its slot, and they are told only once its imports are done, so they train on meanwhile.
 Script: scripts/hvd_torch_lost_worker.py (Horovod's public API only).
 """
 
@@ -59,6 +61,12 @@ def test_a_killed_worker_on_a_host_that_stays_is_replaced_and_the_survivor_train
     after = {pid for _, size, _, _, pid in steps[first_alone:] if size == 2}
     newcomer = int(starts[2].split()[1])
     assert newcomer in after and len(after) == 2  # the survivor and the new worker
+    # Fix 16: the new worker is started before the survivor is told of its slot, which it is only once
+    # the new worker's imports are done (before: told 1 s after it went on alone, it reset, then the
+    # driver started the new worker, and the survivor waited in Gloo's rendezvous through its imports).
+    order = (tmp_path / "order.log").read_text().splitlines()
+    told = [i for i, line in enumerate(order) if line.startswith("interrupted 1 ")]
+    assert told and told[0] > order.index(f"imported {newcomer}"), order
     final = [json.loads((tmp_path / f"final.{rank}.json").read_text()) for rank in (0, 1)]
     assert final[0] == final[1] and len(final[0]) == 5
     assert "left out" not in proc.stderr  # one failure: the host stays

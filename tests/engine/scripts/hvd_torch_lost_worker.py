@@ -8,12 +8,15 @@ Every step trains a small model on data fixed by (step, rank), commits, and appe
          and so its slot, stays listed). The job runs until it has trained at 2 ranks again for
          ``AFTER_REJOIN`` steps (a new worker took the slot), and at least ``STEPS`` steps.
   fail   at 2 ranks, after step ``EVENT_AT``, rank 1 writes its host to OUT/bad_host and exits 1;
-         every later worker on that host exits 1 at its first step. The job runs at least ``STEPS``
-         steps, and ``AFTER_LEFT_OUT`` steps alone after a second worker started on that host.
+         every later worker on that host appends to OUT/bad_exits and exits 1 at its first step. The
+         job runs at least ``STEPS`` steps, and ``AFTER_LEFT_OUT`` steps alone after that second
+         failure (not after its start: the driver may start a joining worker while the others train).
 Rank 0 is the worker on slot 0 of ``localhost:2``: killing it makes the survivor (slot 1) move down
 to local rank 0 and become rank 0. Each process appends ``host pid`` to OUT/starts.log when it
 starts, each reset appends ``time size rank host pid`` to OUT/resets.log; at the end every rank
 writes its parameters to OUT/final.<rank>.json. ``MAX_STEPS`` bounds a run whose event never comes.
+OUT/order.log gets ``imported pid`` from each process when its imports are done (just before
+hvd.init) and ``interrupted size pid`` when a commit raises HostsUpdatedInterrupt, in the order written.
 """
 
 import json
@@ -29,6 +32,7 @@ with open(os.path.join(OUT, "starts.log"), "a") as f:  # before the slow imports
 
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
+from horovod.common.exceptions import HostsUpdatedInterrupt  # noqa: E402
 
 STEPS, EVENT_AT, AFTER_REJOIN, AFTER_LEFT_OUT, MAX_STEPS = 30, 5, 3, 20, 1200
 PACE = 0.05  # seconds a step
@@ -51,11 +55,11 @@ def bad_host():
         return None
 
 
-def bad_starts():
-    with open(path("starts.log")) as f:
-        return sum(line.split()[0] == bad_host() for line in f)
+def bad_exits():
+    return os.path.exists(path("bad_exits"))
 
 
+append("order.log", f"imported {os.getpid()}")
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
@@ -94,6 +98,7 @@ def event(state):
 def train(state):
     while not done(state):
         if MODE == "fail" and bad_host() == HOST:
+            append("bad_exits", f"{HOST} {os.getpid()}")
             os._exit(1)  # this host's workers fail on every start
         step, size, rank = state.step, hvd.size(), hvd.rank()
         gen = torch.Generator().manual_seed(1000 * step + rank)
@@ -105,13 +110,17 @@ def train(state):
             state.killed_at = step  # the first step the survivor trains alone
         if state.killed_at >= 0 and size == 2 and state.rejoined_at < 0:
             state.rejoined_at = step
-        if MODE == "fail" and size == 1 and bad_host() is not None and bad_starts() >= 2:
-            state.alone += 1  # steps alone after the bad host's second worker started
+        if MODE == "fail" and size == 1 and bad_exits():
+            state.alone += 1  # steps alone after the bad host's second worker failed
         state.step += 1
         append("steps.log", f"{time.time():.3f} {step} {size} {rank} {HOST} {os.getpid()}")
         event(state)
         time.sleep(PACE)
-        state.commit()
+        try:
+            state.commit()
+        except HostsUpdatedInterrupt:
+            append("order.log", f"interrupted {size} {os.getpid()}")
+            raise
 
 
 train(state)
