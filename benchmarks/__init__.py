@@ -16,10 +16,12 @@ GPUs; ``scripts/gpu-proof.sh``) and ``keras_overlap`` (a worker under ``hvdkit r
 allreduce split into groups).
 """
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 
-__all__ = ["ROOT", "env_with_root"]
+__all__ = ["ROOT", "env_with_root", "group_ended"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,3 +35,15 @@ def env_with_root(env=None):
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+@contextlib.contextmanager
+def group_ended(proc):
+    """``with group_ended(subprocess.Popen(..., start_new_session=True)) as proc:``: however the block ends, a
+    job still running then is ended with its whole process group (SIGKILL, by its pid) and reaped."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

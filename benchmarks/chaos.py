@@ -36,6 +36,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks import chaos_report as report
+from benchmarks import group_ended
 from hvdkit.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,15 +158,11 @@ def run_way(way: str, out: Path, args: argparse.Namespace, rng: random.Random) -
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     steps = Steps(jobdir)
     with open(jobdir / "job.log", "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=jobdir, start_new_session=True)
-        try:
+        job = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=jobdir, start_new_session=True)
+        with group_ended(job) as proc:
             t0, t1, faults = inject(way, proc, steps, args, rng)
             (jobdir / "stop").touch()
             code = proc.wait(timeout=300)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
     records = steps.poll()
     for f in faults:  # a recovery after the window still counts for its fault
         f["recovery"] = f["recovery"] or report.recovery(records, f["killed_at"])

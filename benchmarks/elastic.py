@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import group_ended
 from hvdkit.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,10 +88,10 @@ def one_run(way, out):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     log = open(out / "job.log", "w")
     started = time.time()
-    proc = subprocess.Popen(
+    popen = subprocess.Popen(
         argv_of(way, out, discover), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True
     )
-    try:
+    with log, group_ended(popen) as proc:
         first = wait_for(out, proc, "a first step at 2 ranks", lambda s: s["size"] == 2)
         victim = wait_for(
             out, proc, "20 steps at 2 ranks", lambda s: s["size"] == 2 and s["step"] >= 20 and s["host"] == "127.0.0.1"
@@ -116,11 +117,6 @@ def one_run(way, out):
             joined, missed = None, str(e)
         (out / "stop").touch()
         code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
     return {
         "way": way,
         "exit_code": code,

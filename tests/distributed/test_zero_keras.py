@@ -9,12 +9,10 @@ workers/zero_keras.py (55 trainable elements, 28 on rank 0 and 27 on rank 1, aro
 (which trains two of the kinds again, so both launchers are checked).
 """
 
-import json
-
 import numpy as np
 import pool
 import pytest
-from helpers import ROOT, run_ranks
+from helpers import ROOT
 
 pytestmark = pytest.mark.dist
 WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_keras.py"
@@ -27,14 +25,7 @@ PLAIN_SLOTS = {"sgd": 55, "adam": 110, "adamw": 110, "sgd_clip": 55, "adam_fp16"
 
 
 def _results(launcher, np_, out, mode):
-    """The worker's results in ``mode``: at 2 ranks a case of the pool's Keras job under ``launcher``;
-    at 1 rank (``resume``: a job of another size than the pool's) a job of its own."""
-    if np_ == pool.SIZE:
-        pool.run_case(launcher, "keras", "zero_keras:main", args=[str(out), mode], timeout=560)
-    else:
-        proc = run_ranks(launcher, np_, [str(WORKER), str(out), mode], timeout=400)
-        assert proc.returncode == 0, f"{launcher} {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(np_)]
+    return pool.mode_results(launcher, "keras", WORKER, np_, out, mode, timeout=560)
 
 
 @pytest.fixture(scope="module")

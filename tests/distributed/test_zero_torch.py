@@ -8,12 +8,10 @@ Worker: workers/zero_torch.py (model: three param groups of 43 trainable element
 15, and 1: rank 1 owns none of the last).
 """
 
-import json
-
 import pool
 import pytest
 import torch
-from helpers import LAUNCHERS, ROOT, run_ranks
+from helpers import LAUNCHERS, ROOT
 
 pytestmark = pytest.mark.dist
 WORKER = ROOT / "tests" / "distributed" / "workers" / "zero_torch.py"
@@ -24,14 +22,7 @@ PLAIN_TOL = 1e-5  # relative, against plain torch on the whole batch (a mean of 
 
 
 def _results(launcher, np_, out, mode):
-    """The worker's results in ``mode``: at 2 ranks a case of the pool's torch job under ``launcher``;
-    at 1 rank (``resume``: a job of another size than the pool's) a job of its own."""
-    if np_ == pool.SIZE:
-        pool.run_case(launcher, "torch", "zero_torch:main", args=[str(out), mode], timeout=400)
-    else:
-        proc = run_ranks(launcher, np_, [str(WORKER), str(out), mode], timeout=400)
-        assert proc.returncode == 0, f"{launcher} {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(np_)]
+    return pool.mode_results(launcher, "torch", WORKER, np_, out, mode, timeout=400)
 
 
 @pytest.fixture(scope="module", params=LAUNCHERS)

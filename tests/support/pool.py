@@ -260,3 +260,17 @@ def summary():
 
 
 atexit.register(close_all)  # also when the session ends without pytest's hooks (an internal error)
+
+
+def mode_results(launcher, framework, worker, np_, out, mode, timeout):
+    """Per-rank JSON results (``<mode>-rank<r>.json`` under ``out``) of ``worker`` (a path; its module's
+    ``main(out, mode)`` is the case) in ``mode``: at ``SIZE`` ranks a case of the pool's ``framework`` job
+    under ``launcher``; at another size (a 1-rank resume) a job of its own."""
+    from helpers import run_ranks
+
+    if np_ == SIZE:
+        run_case(launcher, framework, f"{Path(worker).stem}:main", args=[str(out), mode], timeout=timeout)
+    else:
+        proc = run_ranks(launcher, np_, [str(worker), str(out), mode], timeout=timeout)
+        assert proc.returncode == 0, f"{launcher} {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return [json.loads((Path(out) / f"{mode}-rank{r}.json").read_text()) for r in range(np_)]
