@@ -68,7 +68,7 @@ def accuracy(out, y):
 
 
 def train(args):
-    topo = hk.init()
+    hk.init()
     torch.manual_seed(args.seed)
     train_ds, val_ds = torch_datasets(args.seed)
     callbacks = [StopAtStep(args.stop_at_step)] if args.stop_at_step is not None else []
@@ -95,10 +95,10 @@ def train(args):
     final = {}
     if not history.stopped:  # the last epoch's metrics; a run with nothing left to train evaluates the model
         final = {k: v[-1] for k, v in history.history.items()} if history.epoch else trainer.evaluate(val_ds)
-    if topo.is_rank0:
+    if hk.is_rank0():  # asked now: after an in-process recovery another process may be rank 0
         print(
             result_line(
-                topo.size,
+                hk.size(),
                 args,
                 history.resumed_from_epoch,
                 history.step,

@@ -191,7 +191,7 @@ class Trainer:
         self._loader = self._train_loader(train_data)
         val_loader = self._val_loader(val_data)
         if elastic.in_process():
-            return self._fit_in_process(train_data, val_loader, epochs)
+            return self._fit_in_process(train_data, val_data, epochs)
         run = self._start()
         return self._epochs(run, train_data, val_loader, epochs)
 
@@ -212,7 +212,7 @@ class Trainer:
         history = History(resumed_from_epoch=start_epoch, step=step)
         return SimpleNamespace(epoch=start_epoch, step=step, position=position, history=history)
 
-    def _fit_in_process(self, train_data, val_loader, epochs):
+    def _fit_in_process(self, train_data, val_data, epochs):
         """``fit`` under ``hvdkit run --recovery in-process``: the epochs under ``hk.elastic.run``, in memory."""
         if self._loader is None:
             raise ConfigError(
@@ -236,12 +236,14 @@ class Trainer:
         self._elastic = state
         self._schedule = elastic.CommitSchedule(self.options["commit_every"])
         try:
-            return elastic.run(lambda st: self._epochs(st, train_data, val_loader, epochs))(state)
+            # the loaders as rebuilt for the size of each (re)start: read when the loop is entered
+            return elastic.run(lambda st: self._epochs(st, train_data, self._val_loader(val_data), epochs))(state)
         finally:
             self._elastic = None
 
     def _resize(self, train_data, size):
-        """After a recovery at another world size: the accumulation, data shards and rate rule of ``size`` ranks."""
+        """After a recovery at another world size: the accumulation, data shards and rate rule of ``size`` ranks
+        (the validation shards are made anew at every entry of the loop)."""
         if size == self._built_size:
             return
         o = self.options
@@ -257,7 +259,7 @@ class Trainer:
 
     def _epochs(self, run, train_data, val_data, epochs):
         """Train from ``run``'s position (epoch, step, position, history) to ``epochs``; the history. Collective."""
-        loader, val_loader = self._loader, val_data
+        loader, val_loader = self._loader, val_data  # val_data: the loader (or this rank's batches)
         if self._elastic is not None:
             self._schedule.restart()
         start_epoch, step, position, history = run.epoch, run.step, run.position, run.history

@@ -77,7 +77,7 @@ def uninterrupted(tmp_path_factory):
     d = tmp_path_factory.mktemp("ref") / "ckpt"
     proc = hvdkit_run("-np", "2", "--gloo", "--", PYTHON, TORCH, *ARGS, "--checkpoint-dir", str(d), timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return params(d)
+    return {"params": params(d), "result": final_line(proc.stdout)}
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,10 @@ def test_a_worker_killed_mid_run_is_recovered_in_process_with_every_sample_once_
     # the checkpoints go on after the loss of either rank: the last is the end of the run
     assert read_newest(d).step == EPOCHS * STEPS_PER_EPOCH
     assert_every_sample_once_per_epoch(read_sample_logs(log))
-    assert_close(params(d), uninterrupted, BOUND)
+    assert_close(params(d), uninterrupted["params"], BOUND)
+    # validated over every sample at the new size too (before: the shards of the old size, half the set)
+    assert abs(result["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
+    assert result["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
 
 
 def test_a_script_that_trains_outside_hk_elastic_run_stops_at_once_naming_the_fix(tmp_path):
