@@ -36,7 +36,7 @@ COMPRESSION = "HVDKIT_COMPRESSION"  # none, fp16 or auto: what compression="auto
 JOB_ID = "HVDKIT_JOB_ID"  # random per launch: each rank's wrapper tags its reports (pid, how it ended) with it
 RESTART = "HVDKIT_RESTART"  # 0 for the first launch, k for the k-th restart (elastic: k-th relaunch, any cause)
 WORLD_SIZE = "HVDKIT_WORLD_SIZE"  # the ranks of this launch (an elastic job's size changes between launches)
-RECOVERY = "HVDKIT_RECOVERY"  # "in-process": hvdkit run --recovery in-process (Horovod's elastic driver) started the rank
+RECOVERY = "HVDKIT_RECOVERY"  # "in-process": started by hvdkit run --recovery in-process (Horovod's elastic driver)
 MEMBERSHIP_CHANGES = "HVDKIT_MEMBERSHIP_CHANGES"  # elastic: times the hosts or the size changed so far (0 at first)
 LINEAGE = "HVDKIT_LINEAGE"  # elastic: one random id for every attempt of the job (its checkpoint lock names it)
 

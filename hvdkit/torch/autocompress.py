@@ -11,12 +11,23 @@ decision and the precedence (argument > HVDKIT_COMPRESSION > measurement) live i
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..core.autocompress import DEFAULT_MARGIN, Decision, decide, fp32_bytes, median, reps_for, resolve_compression
+from ..core import env as _env
+from ..core.autocompress import (
+    DEFAULT_MARGIN,
+    Decision,
+    decide,
+    fp32_bytes,
+    median,
+    reps_for,
+    resolve_compression,
+    wanted_compression,
+)
 from ..core.errors import ConfigError
 from ..core.log import get_logger
 from ..core.options import check_positive_int
@@ -130,6 +141,17 @@ def resolve(
     hvd = horovod_torch()
     size = hvd.size() if hvd.is_initialized() else 1
     log = _log.info if size == 1 or hvd.rank() == 0 else None
+    if compression == "auto" and os.environ.get(_env.RECOVERY) == "in-process":
+        # no timing collectives: a worker that joins builds its optimizer while the others wait in the sync
+        chosen = wanted_compression(compression)
+        chosen = "none" if chosen == "auto" else chosen
+        if log is not None:
+            log(
+                f"compression auto under in-process recovery: {chosen} (not timed: a worker that joins the job "
+                "cannot take part in the timing); pass compression='fp16' or HVDKIT_COMPRESSION=fp16 for half "
+                "the bytes"
+            )
+        return chosen
 
     def measure():
         return time_compressions(_shapes(what), device=_device(what))

@@ -31,8 +31,11 @@ after a recovery, as a restart at another world size does. Every rank keeps its 
 copy in host memory (the model and optimizer are the same on every rank); a sharded optimizer
 (ZeRO-1) is gathered to every rank at each commit (a collective; host memory: the whole optimizer
 state on every rank), and after a recovery cut into slices for the new size (``resize()``).
-After a lost worker the others go back to their last commit, Horovod re-forms the ring at the smaller size, ``on_resize(size)`` rebuilds what depends
-on the world size, and the rank with the newest commit gives it to every rank (a new worker too).
+After a lost worker the others go back to their last commit, Horovod re-forms the ring at the smaller
+size, ``on_resize(size)`` rebuilds what depends on the world size, and the rank with the newest commit
+gives it to every rank (a new worker too). Nothing collective may run before ``run``: a worker that
+joins runs the script's start while the others wait in ``sync`` (hvdkit's own constructors, the
+Trainer's and the Checkpointer's, hold none under in-process recovery).
 Outside ``--recovery in-process`` the same script runs as a plain job: ``run`` calls the function once.
 """
 

@@ -243,7 +243,11 @@ class Trainer:
 
     def _resize(self, train_data, size):
         """After a recovery at another world size: the accumulation, data shards and rate rule of ``size`` ranks
-        (the validation shards are made anew at every entry of the loop)."""
+        (the validation shards are made anew at every entry of the loop). Called at every sync: a background
+        checkpoint write this process had in flight is settled here, without a collective (a joining worker
+        has none to settle)."""
+        if self.checkpointer is not None:
+            self.checkpointer.store.settle_locally()
         if size == self._built_size:
             return
         o = self.options

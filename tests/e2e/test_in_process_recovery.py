@@ -125,6 +125,28 @@ def test_a_worker_killed_mid_run_is_recovered_in_process_with_every_sample_once_
     assert result["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
 
 
+def test_a_new_worker_joins_after_the_loss_and_the_run_ends_as_without_the_kill(uninterrupted, tmp_path):
+    """The lost worker's slot gets a new process (engine fix 09), which joins at a commit: its script builds
+    the Trainer (and its Checkpointer) while the others wait in the sync, so nothing collective may run
+    there (before: the Checkpointer's preflight broadcast met the sync's allgather and the job hung)."""
+    d, log = tmp_path / "ckpt", tmp_path / "samples"
+    proc = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, KILL, str(tmp_path / "killed"), "1", "step:10,pace:0.25", TORCH, *ARGS,
+        "--checkpoint-dir", str(d), "--sample-log", str(log), timeout=400,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert len(re.findall(r"a worker was lost: 2 -> 1 ranks", out)) == 1, out[-5000:]
+    assert len(re.findall(r"workers join: 1 -> 2 ranks, going on from step (\d+)", out)) == 1, out[-5000:]
+    records = read_sample_logs(log)
+    assert {r["size"] for r in last_generation(records).values() for r in r} == {1, 2}  # trained at both sizes
+    assert_every_sample_once_per_epoch(records)
+    result = final_line(out)
+    assert result["steps"] == EPOCHS * STEPS_PER_EPOCH and result["world_size"] == 2
+    assert_close(params(d), uninterrupted["params"], BOUND)
+    assert abs(result["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
+
+
 def test_a_script_that_trains_outside_hk_elastic_run_stops_at_once_naming_the_fix(tmp_path):
     script = tmp_path / "plain_loop.py"
     script.write_text(

@@ -274,7 +274,9 @@ def main(job_dir, framework_name):
     os.dup2(log.fileno(), 2)
     faulthandler.register(signal.SIGUSR2, file=log, all_threads=True)  # the pool asks a hung rank where it is
     _import_all(PACKAGES[framework_name])
-    _write(job_dir / f"ready.rank{rank}.json", {"rank": rank, "size": topo.size, "pid": os.getpid(), "pgid": os.getpgrp()})
+    _write(
+        job_dir / f"ready.rank{rank}.json", {"rank": rank, "size": topo.size, "pid": os.getpid(), "pgid": os.getpgrp()}
+    )
     n = 0
     while (case := _next_case(job_dir, n)) is not None:
         result = run_case(case, framework, rank)

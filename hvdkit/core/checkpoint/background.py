@@ -148,6 +148,19 @@ class BackgroundWrites:
             raise CheckpointError(value)
         return value
 
+    def settle_locally(self) -> None:
+        """After an in-process recovery or join, no collective (a joining worker notes no write in flight, the
+        others do): this process's own write thread, if any, is waited for (a failure logged), and the write
+        is forgotten on every rank, so the next ``settle`` is the same on all of them."""
+        if self.step is None:
+            return
+        step, self.step = self.step, None
+        _UNSHARED.discard(self)
+        if self._thread is not None:
+            outcome, _, _ = self._join(step)
+            if outcome[0] != "ok":
+                _log.error("%s (found after a recovery)", outcome[1])
+
     def finish_locally(self, when: str = "at exit") -> None:
         """Rank 0, no collective (exit, close): wait for the write; log its failure, which no rank asked for."""
         if self.step is None or not self.comm.is_rank0:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import env as _env
 from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
 from ..preemption import report_to_launcher
@@ -112,7 +113,13 @@ class CheckpointStore:
         self.framework = framework
         self._lock = self._finalizer = None
         self._verified = {}  # path -> signature() of a checkpoint known to verify (rank 0)
+        self._deferred = False  # the folder's check and lock wait for rank 0's first restore or save
         self._writes = BackgroundWrites(comm, self.root)  # the write of a background save, in flight
+        if os.environ.get(_env.RECOVERY) == "in-process":
+            # no collective here: a worker that joins builds its store while the others wait in the elastic
+            # sync; rank 0 checks and locks the folder at the first restore or save (_become_rank0)
+            self._deferred = True
+            return
         error = self._preflight() if comm.is_rank0 else None
         error = comm.broadcast_object(error, name="hvdkit.checkpoint.preflight")
         if error:
@@ -147,7 +154,9 @@ class CheckpointStore:
             error = self._preflight()
             if error:
                 raise CheckpointError(error)
-            _log.info("rank 0 is this process now: it holds %s and writes the checkpoints", self.root)
+            if not self._deferred:  # deferred: maybe this process's first use as rank 0, maybe a take-over
+                _log.info("rank 0 is this process now: it holds %s and writes the checkpoints", self.root)
+            self._deferred = False
 
     def close(self) -> None:
         """Release the folder's lock (rank 0; no collective). The store must not be used after.
@@ -264,6 +273,10 @@ class CheckpointStore:
         elif status != "ok":
             raise CheckpointError(value)
         return value
+
+    def settle_locally(self) -> None:
+        """``BackgroundWrites.settle_locally``: after an in-process recovery or join, no collective."""
+        self._writes.settle_locally()
 
     @property
     def writing(self) -> bool:

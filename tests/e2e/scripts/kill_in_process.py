@@ -3,6 +3,7 @@ when it reaches a point, once per job.
 
     kill_in_process.py MARKER R step:N SCRIPT [ARGS...]     # at its N-th optimizer step (SGD.step)
     kill_in_process.py MARKER R commit:N SCRIPT [ARGS...]   # inside its N-th commit (hk.elastic.State.save)
+    kill_in_process.py MARKER R step:N,pace:S SCRIPT ...    # and every optimizer step of every process sleeps S s
 
 MARKER is a file made with O_EXCL by the process that kills itself, so exactly one process of the job
 is killed: a worker that joins later (or the same rank after a recovery) runs unharmed. The example
@@ -35,6 +36,20 @@ def _kill_at(original, at, rank, marker):
 
 def main():
     marker, rank, where, script, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+    where, _, pace = where.partition(",pace:")
+    if pace:
+        import time
+
+        import torch
+
+        def paced(original):
+            def step(*args, **kwargs):
+                time.sleep(float(pace))  # a run long enough for a new worker to start and join
+                return original(*args, **kwargs)
+
+            return step
+
+        torch.optim.SGD.step = paced(torch.optim.SGD.step)
     kind, at = where.split(":")
     if kind == "step":
         import torch
