@@ -1,2 +1,0 @@
-#!/bin/sh
-cat /work/main/docs/bench/elastic-2026-11-28-fix09/jobs/hvdkit-in-process-2/hosts
