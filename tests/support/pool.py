@@ -2,7 +2,9 @@
 
 A job costs seconds to start (mpirun or horovodrun, then torch or TensorFlow and Horovod on every
 rank) and a contract milliseconds to check, so one job per (launcher, framework) is started the
-first time a test asks for it and serves every case of the session after that. A case is an
+first time a test asks for it and serves every case of that test module (tests/conftest.py ends the
+jobs after a module's last test: an idle job keeps its ranks busy in Horovod's background loop and
+MPI's progress, up to 88 % of a core, which the other modules' tests would lose). A case is an
 importable function and JSON-able keyword arguments (``"torch_contracts:main", {"out_dir": ...}``),
 run on every rank by tests/support/pool_worker.py; ``run_case`` returns each rank's return value,
 or fails the test with the failing rank's traceback.
@@ -11,7 +13,7 @@ A case that does not finish within its bound fails naming the ranks still runnin
 Python stacks), one that kills a rank fails naming it; either way the pool ends that job (its
 process group and its ranks', by pid, never by name) and the next case gets a fresh job. A failed
 case retires its job the same way, as does a case that leaves what the worker cannot put back.
-``close_all`` (run by tests/conftest.py when the session finishes) ends every job.
+``close_all`` (run by tests/conftest.py after each module and when the session finishes) ends every job.
 
 Use the pool where the job is not the subject; a test of start-up, the launcher, exit codes, env
 read at ``init`` or a process's memory starts its own job (helpers.run_ranks).
