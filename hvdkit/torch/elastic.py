@@ -138,8 +138,6 @@ class State:
         self._messages: queue.Queue = queue.Queue()
         self._last_update = 0
         self.recoveries: list[dict[str, Any]] = []  # one entry per recovery: cause, sizes, step, seconds
-        self.commit_seconds = 0.0  # time spent in commits, this process
-        self.commits = 0
 
     # ------------------------------------------------------------------ commits
     @property
@@ -163,7 +161,6 @@ class State:
 
     def save(self) -> None:
         """Copy the state into host memory (no host check). Collective only with a sharded optimizer."""
-        t0 = time.perf_counter()
         optimizer = None
         if self.optimizer is not None:
             if isinstance(self.optimizer, ShardedState):  # ZeRO-1: every rank keeps the whole state
@@ -180,8 +177,6 @@ class State:
             "values": copy.deepcopy(self.values),
         }
         self._since_commit = 0
-        self.commits += 1
-        self.commit_seconds += time.perf_counter() - t0
 
     def _old(self, key):
         return None if self._commit is None else self._commit.get(key)
@@ -285,10 +280,7 @@ def _zero_grads(optimizer):
         torch.optim.Optimizer.zero_grad(optimizer, set_to_none=True)
         return
     optimizer.zero_grad(set_to_none=True)
-    delay = getattr(optimizer, "_allreduce_delay", None)
-    if isinstance(delay, dict):
-        for p in delay:
-            delay[p] = optimizer.backward_passes_per_step
+    set_accumulation(optimizer, optimizer.backward_passes_per_step)  # the pass counts start anew
 
 
 def set_accumulation(optimizer: torch.optim.Optimizer, backward_passes_per_step: int) -> None:
