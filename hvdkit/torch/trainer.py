@@ -32,7 +32,8 @@ from .data import eval_loader, train_loader
 from .monitoring import StragglerMonitor, Tracker, progress
 from .optim import DistributedOptimizer, ScaledLRScheduler, amp_step, autocast
 from .state import broadcast_state
-from .trainer_parts import History, LearningState, call_callbacks, check_options
+from .trainer_options import TrainerOptions
+from .trainer_parts import History, LearningState, call_callbacks
 
 __all__ = ["Trainer", "History"]
 
@@ -93,7 +94,8 @@ class Trainer:
     - Inside a trial of ``hvdkit tune``, rank 0 reports every epoch's metrics (the history's) to it
       (``hvdkit.tune.report``), so a pruned trial stops through the preemption path.
 
-    Bad options raise ConfigError on every rank before any collective.
+    Bad options raise ConfigError on every rank before any collective; ``trainer.options`` holds the checked
+    ones (a frozen ``hvdkit.torch.trainer_options.TrainerOptions``, one field per parameter).
     Collective: every rank constructs it (``compression="auto"`` times the gradients now) and calls ``fit``.
     """
 
@@ -130,10 +132,41 @@ class Trainer:
         seed: int = 0,
         commit_every: int | str = "auto",
     ) -> None:
-        o = check_options({k: v for k, v in locals().items() if k != "self"})
-        self.model, self.loss_fn, self.metrics = o["model"], loss_fn, o["metrics"]
+        # The options, checked on every rank alike before any collective (ConfigError naming the fix)
+        o = TrainerOptions(
+            model=model,
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            metrics=metrics,
+            batch_size=batch_size,
+            global_batch_size=global_batch_size,
+            backward_passes_per_step=backward_passes_per_step,
+            eval_batch_size=eval_batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            keep=keep,
+            async_save=async_save,
+            compression=compression,
+            max_grad_norm=max_grad_norm,
+            shard_optimizer_state=shard_optimizer_state,
+            precision=precision,
+            lr_rule=lr_rule,
+            warmup_steps=warmup_steps,
+            scheduler=scheduler,
+            scheduler_interval=scheduler_interval,
+            callbacks=callbacks,
+            tracking=tracking,
+            progress=progress,
+            straggler_threshold=straggler_threshold,
+            seed=seed,
+            commit_every=commit_every,
+        )
         self.options = o
-        self.callbacks = o["callbacks"]
+        self.model, self.loss_fn, self.metrics = o.model, o.loss_fn, o.metrics
+        self.callbacks = o.callbacks
         self.stop_training = False
         self.epoch = 0
         self._lr_of_last_step = float("nan")
@@ -141,34 +174,37 @@ class Trainer:
         self.comm = comm
         # The accumulation of the batch plan: a bad global batch is a ConfigError on every rank, here.
         self.accumulation = plan_batches(
-            o["batch_size"], comm.size, global_batch_size, backward_passes_per_step
+            o.batch_size, comm.size, o.global_batch_size, o.backward_passes_per_step
         ).accumulation
         self.device = runtime.device()
-        model.to(self.device)
+        o.model.to(self.device)
         self.optimizer = DistributedOptimizer(
-            optimizer,
-            model=model,
-            compression=o["compression"],
+            o.optimizer,
+            model=o.model,
+            compression=o.compression,
             backward_passes_per_step=self.accumulation,
-            max_grad_norm=max_grad_norm,
-            shard_optimizer_state=shard_optimizer_state,
+            max_grad_norm=o.max_grad_norm,
+            shard_optimizer_state=o.shard_optimizer_state,
         )
-        rule = ScaledLRScheduler(self.optimizer, lr_rule, warmup_steps) if lr_rule != "none" or warmup_steps else None
+        use_rule = o.lr_rule != "none" or o.warmup_steps
+        rule = ScaledLRScheduler(self.optimizer, o.lr_rule, o.warmup_steps) if use_rule else None
         self.lr_rule = rule
-        self.scheduler = scheduler(self.optimizer) if scheduler is not None else None
-        self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
+        self.scheduler = o.scheduler(self.optimizer) if o.scheduler is not None else None
+        self.scaler = torch.amp.GradScaler(self.device.type) if o.precision == "fp16" else None
         state = LearningState({"lr_rule": rule, "scheduler": self.scheduler, "scaler": self.scaler})
         self._learning = state
         self._elastic = None  # the in-process recovery state during fit (hvdkit run --recovery in-process)
         self._built_size = comm.size
         self.checkpointer = (
-            Checkpointer(checkpoint_dir, model, self.optimizer, state, keep=keep, seed=seed, async_save=async_save)
-            if checkpoint_dir is not None
+            Checkpointer(
+                o.checkpoint_dir, o.model, self.optimizer, state, keep=o.keep, seed=o.seed, async_save=o.async_save
+            )
+            if o.checkpoint_dir is not None
             else None
         )
         self.monitor = (
-            StragglerMonitor(straggler_threshold, name="trainer", optimizer=self.optimizer)
-            if straggler_threshold is not None
+            StragglerMonitor(o.straggler_threshold, name="trainer", optimizer=self.optimizer)
+            if o.straggler_threshold is not None
             else None
         )
 
@@ -228,13 +264,13 @@ class Trainer:
             self.model,
             self.optimizer,
             objects=objects,
-            seed=self.options["seed"],
+            seed=self.options.seed,
             on_resize=lambda size: self._resize(train_data, size),
             **vars(SimpleNamespace(epoch=0, step=0, position={}, history=History())),
         )
         state.on_start = lambda: vars(state).update(vars(self._start()))
         self._elastic = state
-        self._schedule = elastic.CommitSchedule(self.options["commit_every"])
+        self._schedule = elastic.CommitSchedule(self.options.commit_every)
         try:
             # the loaders as rebuilt for the size of each (re)start: read when the loop is entered
             return elastic.run(lambda st: self._epochs(st, train_data, self._val_loader(val_data), epochs))(state)
@@ -252,12 +288,12 @@ class Trainer:
             return
         o = self.options
         self.accumulation = plan_batches(
-            o["batch_size"], size, o["global_batch_size"], o["backward_passes_per_step"]
+            o.batch_size, size, o.global_batch_size, o.backward_passes_per_step
         ).accumulation
         elastic.set_accumulation(self.optimizer, self.accumulation)
         self._loader = self._train_loader(train_data)
         if self.lr_rule is not None:  # the rule for this size; the committed state loaded next re-applies it
-            self.lr_rule = ScaledLRScheduler(self.optimizer, o["lr_rule"], o["warmup_steps"])
+            self.lr_rule = ScaledLRScheduler(self.optimizer, o.lr_rule, o.warmup_steps)
             self._learning.parts["lr_rule"] = self.lr_rule
         self._built_size = size
 
@@ -281,7 +317,7 @@ class Trainer:
                     history.stopped = True
                     break
                 position = {}
-                if self.scheduler is not None and self.options["scheduler_interval"] == "epoch":
+                if self.scheduler is not None and self.options.scheduler_interval == "epoch":
                     self.scheduler.step()
                 logs = {**totals, **(self._evaluate(val_loader) if val_loader is not None else {})}
                 logs["lr"] = self._lr_of_last_step
@@ -303,7 +339,7 @@ class Trainer:
                     break
         finally:
             guard.close()
-            if tracker is not None and tracker is not self.options["tracking"]:
+            if tracker is not None and tracker is not self.options.tracking:
                 tracker.close()
         if self.checkpointer is not None:  # the last background write (a stop's too); its failure on every rank
             self.checkpointer.wait()
@@ -326,16 +362,16 @@ class Trainer:
         if isinstance(data, Dataset) and not isinstance(data, IterableDataset) and hasattr(data, "__len__"):
             loader = train_loader(
                 data,
-                o["batch_size"],
-                shuffle=o["shuffle"],
-                seed=o["seed"],
-                drop_last=o["drop_last"],
-                global_batch_size=o["global_batch_size"],
-                backward_passes_per_step=o["backward_passes_per_step"],
-                num_workers=o["num_workers"],
+                o.batch_size,
+                shuffle=o.shuffle,
+                seed=o.seed,
+                drop_last=o.drop_last,
+                global_batch_size=o.global_batch_size,
+                backward_passes_per_step=o.backward_passes_per_step,
+                num_workers=o.num_workers,
             )
             plan = loader.plan
-            if o["drop_last"] and len(data) < plan.global_batch_size:  # the same on every rank: no collective
+            if o.drop_last and len(data) < plan.global_batch_size:  # the same on every rank: no collective
                 other = " or global_batch_size" if plan.fixed else " or fewer ranks" if plan.size > 1 else ""
                 raise ConfigError(
                     f"train_data has {len(data)} samples, fewer than one global batch of {plan.global_batch_size} "
@@ -348,7 +384,7 @@ class Trainer:
             raise ConfigError(
                 f"train_data must be a map-style torch Dataset or an iterable of batches (got {type(data).__name__})"
             )
-        if o["global_batch_size"] is not None or o["checkpoint_every"] is not None:
+        if o.global_batch_size is not None or o.checkpoint_every is not None:
             raise ConfigError(
                 "global_batch_size and checkpoint_every=<steps> need train_data as a map-style Dataset (hvdkit "
                 f"shards it by global sample offset); got {type(data).__name__}: pass the Dataset, not a loader"
@@ -359,8 +395,8 @@ class Trainer:
         if data is None:
             return None
         if isinstance(data, Dataset) and not isinstance(data, IterableDataset) and hasattr(data, "__len__"):
-            size = self.options["eval_batch_size"] or self.options["batch_size"]
-            return eval_loader(data, size, num_workers=self.options["num_workers"])
+            size = self.options.eval_batch_size or self.options.batch_size
+            return eval_loader(data, size, num_workers=self.options.num_workers)
         if not isinstance(data, Iterable):
             raise ConfigError(
                 "val_data must be a map-style torch Dataset, an iterable of batches or None "
@@ -379,7 +415,7 @@ class Trainer:
                 target.set_epoch(epoch)
             skip = position.get("batches_done", 0)
             source = itertools.islice(data, skip, None) if skip else data
-        if not self.options["progress"]:
+        if not self.options.progress:
             return source, skip
         total = len(loader) if loader is not None else (len(data) - skip if hasattr(data, "__len__") else None)
         if total is None:
@@ -394,7 +430,7 @@ class Trainer:
         if self.comm.is_rank0:  # the job-wide totals of the stopped part of the epoch, counted once
             for name, (total, count) in position.get("train_totals", {}).items():
                 tracker.update_sum(name, total, count)
-        acc, every, steps_done = self.accumulation, self.options["checkpoint_every"], 0
+        acc, every, steps_done = self.accumulation, self.options.checkpoint_every, 0
         last = loader.sampler.steps if loader is not None else None
         step_loss = [0.0, 0]  # this rank's loss sum and sample count in the current step
         for micro, batch in enumerate(batches, 1):
@@ -454,7 +490,7 @@ class Trainer:
         self._lr_of_last_step = float(self.optimizer.param_groups[0]["lr"])
         if self.lr_rule is not None:
             self.lr_rule.step()
-        if self.scheduler is not None and self.options["scheduler_interval"] == "step":
+        if self.scheduler is not None and self.options.scheduler_interval == "step":
             self.scheduler.step()
 
     def _save_position(self, step, epoch, loader, steps_done, micro_done, tracker):
@@ -506,13 +542,13 @@ class Trainer:
         return batch[0].to(self.device), batch[1].to(self.device)
 
     def _autocast(self):
-        precision = self.options["precision"]
+        precision = self.options.precision
         if precision == "fp32":
             return contextlib.nullcontext()
         return autocast(dtype=_DTYPE[precision], device_type=self.device.type)
 
     def _tracker(self):
-        tracking = self.options["tracking"]
+        tracking = self.options.tracking
         if tracking is None or isinstance(tracking, Tracker):
             return tracking
         return Tracker(tracking)  # a log directory: TensorBoard, closed at the end of fit

@@ -117,6 +117,11 @@ out = {}
 trainer = make(batch_size=8, drop_last=True)
 before = [p.detach().clone() for p in trainer.model.parameters()]
 out["drop_last"] = fit(trainer)
+out["options"] = [type(trainer.options).__name__, trainer.options.batch_size, trainer.options.checkpoint_every]
+try:
+    trainer.options.batch_size = 16
+except AttributeError as e:  # dataclasses.FrozenInstanceError
+    out["options"].append(type(e).__name__)
 out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
 out["global_batch"] = fit(make(batch_size=8, global_batch_size=16, drop_last=True))
 out["keep_last"] = fit(make(batch_size=8))
@@ -136,6 +141,8 @@ def test_a_dataset_smaller_than_one_global_batch_with_drop_last_is_refused_befor
         "last step trains too), a smaller batch_size, or more samples"
     )
     assert out["unchanged"]
+    # the checked options, frozen: the loop reads what the constructor checked
+    assert out["options"] == ["TrainerOptions", 8, None, "FrozenInstanceError"]
     assert out["global_batch"].startswith("train_data has 5 samples, fewer than one global batch of 16 (")
     assert out["global_batch"].endswith("a smaller batch_size or global_batch_size, or more samples")
     assert out["keep_last"] == 1  # without drop_last the 5 samples make one (smaller) step
