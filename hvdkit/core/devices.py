@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["choose_gpu", "gpus_shared", "shared_gpu_env", "wants_cpu"]
+__all__ = ["choose_gpu", "gpus_shared", "shared_gpu_env", "trains_on_gpu", "wants_cpu"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -26,6 +26,12 @@ def wants_cpu(env: Mapping[str, str] | None = None) -> bool:
     if value not in ("", "cpu", "gpu", "cuda", "auto"):
         raise ConfigError(f"HVDKIT_DEVICE={value!r} is not cpu, gpu or auto; unset it to use a GPU where there is one")
     return value == "cpu"
+
+
+def trains_on_gpu(gpu_count: int, env: Mapping[str, str] | None = None) -> bool:
+    """True when a rank on a host with ``gpu_count`` visible GPUs will train on one (known before Horovod
+    starts: ``choose_gpu`` then picks which); False with no GPU or ``HVDKIT_DEVICE=cpu``."""
+    return gpu_count > 0 and not wants_cpu(env)
 
 
 def gpus_shared(env: Mapping[str, str] | None = None) -> bool:
@@ -43,7 +49,7 @@ def choose_gpu(local_rank: int, local_size: int, gpu_count: int, env: Mapping[st
     Raises ConfigError, naming the counts and the three ways out, when the host's ranks outnumber
     its GPUs and sharing was not asked for (``gpus_shared``); shared, ranks go round-robin.
     """
-    if gpu_count <= 0 or wants_cpu(env):
+    if not trains_on_gpu(gpu_count, env):
         return None
     env = os.environ if env is None else env
     if local_size > gpu_count:

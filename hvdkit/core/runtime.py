@@ -72,8 +72,10 @@ class Runtime:
         make_comm: Callable[[], Communicator],
         on_start: Callable[[Topology, int | None], str],
         name: str,
+        on_gpu: Callable[[], bool] = lambda: False,
     ) -> None:
         self._engine = engine
+        self._on_gpu = on_gpu
         self._make_comm = make_comm
         self._on_start = on_start
         self._logger = _log.get_logger(name)
@@ -84,7 +86,8 @@ class Runtime:
 
         Also sets hvdkit's rank-prefixed logging and turns on Horovod's stall shutdown, so a rank
         that stops taking part in collectives ends the job with an error naming it.
-        Also sets hvdkit's Horovod cycle time (``hvdkit.core.horovod_settings``) unless it is set.
+        Also sets hvdkit's Horovod cycle time (``hvdkit.core.horovod_settings``; its GPU value where the
+        rank will train on a GPU) unless it is set.
         Collective: every rank calls it.
         A bad value of an HVDKIT_* variable the ranks read later raises ConfigError here, on every
         rank (``check_rank_env``).
@@ -97,7 +100,7 @@ class Runtime:
             check_rank_env()  # every rank, before Horovod starts: a bad value cannot leave a rank waiting
         if first and not (hasattr(hvd, "is_initialized") and hvd.is_initialized()):
             os.environ.update(_env.stall_settings())  # Horovod reads them when it starts
-            os.environ.update(engine_settings())
+            os.environ.update(engine_settings(gpu=self._on_gpu()))
             hvd.init()
         topo = self.topology()
         _log.set_topology(topo)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core import env as _env
-from ..core.devices import choose_gpu
+from ..core.devices import choose_gpu, trains_on_gpu
 from ..core.runtime import Runtime, RuntimePreemptionGuard
 from ._engine import horovod_torch
 from .comm import HorovodCommunicator
@@ -35,7 +35,12 @@ def _on_start(topo, threads):
     return f"{detail}; GPU {index}{shared} per rank of {torch.cuda.device_count()}: {torch.cuda.get_device_name(index)}"
 
 
-_runtime = Runtime(horovod_torch, HorovodCommunicator, _on_start, "torch")
+def _on_gpu() -> bool:
+    """Whether this rank will train on a GPU (asked before Horovod starts, for its GPU settings)."""
+    return trains_on_gpu(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+_runtime = Runtime(horovod_torch, HorovodCommunicator, _on_start, "torch", on_gpu=_on_gpu)
 init, topology, communicator, average_metrics, rank, size, local_rank, local_size, is_rank0, scaled_lr = (
     _runtime.functions()
 )

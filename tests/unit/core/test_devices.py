@@ -76,3 +76,10 @@ def test_compression_auto_times_the_collectives_on_the_gradients_device():
     assert _device(torch.optim.SGD(on_meta.parameters(), lr=0.1)).type == "meta"
     assert _device([torch.zeros(2, device="meta")]).type == "meta"
     assert _device([(2, 3)]).type == "cpu" and _device(torch.nn.Linear(2, 2)).type == "cpu"
+
+
+def test_a_rank_trains_on_a_gpu_where_one_is_visible_unless_hvdkit_device_says_cpu():
+    from hvdkit.core.devices import trains_on_gpu
+
+    assert trains_on_gpu(1, {}) and trains_on_gpu(8, {"HVDKIT_DEVICE": "gpu"})
+    assert not trains_on_gpu(0, {}) and not trains_on_gpu(2, {"HVDKIT_DEVICE": "cpu"})

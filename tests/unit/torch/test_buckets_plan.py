@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hvdkit.core.errors import ConfigError
-from hvdkit.torch.buckets import check_bucket_mb, plan_buckets
+from hvdkit.torch.buckets import AUTO_GPU_BUCKET_MB, check_bucket_mb, plan_buckets, resolve_bucket_mb
 
 MB = 1 << 20
 
@@ -54,3 +54,20 @@ def test_bucket_mb_none_or_zero_is_off(value, expected):
 def test_a_bad_bucket_mb_is_a_config_error_naming_it(value):
     with pytest.raises(ConfigError, match=r"bucket_mb must be a number of MiB > 0.*got"):
         check_bucket_mb(value)
+
+
+def test_auto_buckets_like_ddp_where_the_parameters_are_on_a_gpu_and_not_on_the_cpu():
+    # "auto" (hk.DistributedOptimizer's default): DDP's 25 MiB where a trainable parameter is on CUDA
+    # (measured 1.04-1.05x DDP's step on an H200, docs/gpu.md); no buckets on the CPU, as measured there.
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert resolve_bucket_mb("auto", [cpu, cpu]) is None
+    assert resolve_bucket_mb("auto", [cpu, cuda]) == AUTO_GPU_BUCKET_MB == 25.0
+    assert resolve_bucket_mb("auto", []) is None
+    assert resolve_bucket_mb("auto", [cuda], sparse=True) is None  # sparse gradients take Horovod's own path
+    assert resolve_bucket_mb(None, [cuda]) is None and resolve_bucket_mb(0, [cuda]) is None
+    assert resolve_bucket_mb(4, [cpu]) == 4.0
+
+
+def test_a_bad_bucket_mb_string_names_the_value_and_auto():
+    with pytest.raises(ConfigError, match=r"bucket_mb.*'fast'.*\"auto\""):
+        resolve_bucket_mb("fast", [torch.device("cpu")])
