@@ -68,7 +68,7 @@ class Checkpointer(CheckpointerBase):
     (tensors included) and comes back with the same types. ``seed`` re-seeds at another world size.
     ``async_save=True``: ``save`` blocks only while rank 0 reads the variables into NumPy arrays of
     its own, then a thread writes them; see ``wait`` (memory: one more copy of the state on rank 0
-    while a write is in flight).
+    while a write is in flight). ``writer_priority``: "normal" or "low", as torch's.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
@@ -83,6 +83,7 @@ class Checkpointer(CheckpointerBase):
         comm: Communicator | None = None,
         seed: int = 0,
         async_save: bool = False,
+        writer_priority: str = "normal",
     ) -> None:
         import tensorflow as tf
 
@@ -104,6 +105,7 @@ class Checkpointer(CheckpointerBase):
             seed,
             framework=f"tensorflow {tf.__version__}",
             async_save=async_save,
+            writer_priority=writer_priority,
         )
         self._opt_vars = []
         self._consolidated = None  # a sharded optimizer's unsharded variables (rank 0, during save)
@@ -131,6 +133,7 @@ class Checkpointer(CheckpointerBase):
 
     restore = CheckpointerBase.restore  # named here so that the API reference, made from own members, lists it
     wait = CheckpointerBase.wait
+    wait_copied = CheckpointerBase.wait_copied
 
     def _sharded(self):
         return isinstance(self.optimizer, ShardedState)

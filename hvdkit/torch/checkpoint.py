@@ -6,13 +6,17 @@ core's (``hvdkit.core.checkpoint.state``); this module only turns torch state in
 
 from __future__ import annotations
 
+import contextlib
 import os
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ..core.checkpoint.background import DEFAULT_WRITER_PRIORITY, wait_for_copies
 from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.checkpoint.store import Resumed
 from ..core.checkpoint.tree import reseed_rng
@@ -63,9 +67,17 @@ class Checkpointer(CheckpointerBase):
     ranks receive rank 0's tensors in bounded chunks straight into their parameters and buffers
     (the path ``broadcast_state`` takes at a fresh start): no rank holds a pickled copy of the state.
 
-    ``async_save=True``: ``save`` blocks only while rank 0 copies the state into host memory (CUDA
-    tensors into pinned memory, one synchronization for all), then a thread writes it; see
-    ``wait``. Rank 0 keeps that copy between saves and reuses it (memory: one more state on rank 0).
+    ``async_save=True``: ``save`` returns before the state is written; a thread of rank 0 copies it
+    into host memory (CUDA tensors into pinned memory) and writes the copy; see ``wait``. Buffers
+    (batch-norm statistics change in forward), the scheduler and ``extra`` are copied in ``save``;
+    the parameters and the optimizer state, when the optimizer is a ``torch.optim.Optimizer``, by
+    the thread while forward and backward run: the optimizer's next ``step()`` waits until they are
+    copied (see ``wait_copied``; any other optimizer, or none: all is copied in ``save``). Rank 0
+    keeps that copy between saves and reuses it (memory: one more state on rank 0).
+    ``writer_priority``: "normal" (the default: the write competes with training as an equal and is
+    on disk soonest) or "low" (nice 19: training's steps keep their time on busy CPUs, but the write
+    takes only what they leave, so the newest checkpoint lags further behind a crash);
+    docs/checkpoint-format.md has the measurements.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
@@ -82,6 +94,7 @@ class Checkpointer(CheckpointerBase):
         comm: Communicator | None = None,
         seed: int = 0,
         async_save: bool = False,
+        writer_priority: str = DEFAULT_WRITER_PRIORITY,
     ) -> None:
         super().__init__(
             directory,
@@ -93,6 +106,7 @@ class Checkpointer(CheckpointerBase):
             seed,
             framework=f"torch {torch.__version__}",
             async_save=async_save,
+            writer_priority=writer_priority,
         )
         self._staging = {}  # array name -> the host tensor an async save copies it into (rank 0)
 
@@ -116,6 +130,7 @@ class Checkpointer(CheckpointerBase):
 
     restore = CheckpointerBase.restore
     wait = CheckpointerBase.wait
+    wait_copied = CheckpointerBase.wait_copied
 
     def _is_tensor(self, value):
         return isinstance(value, torch.Tensor)
@@ -132,29 +147,73 @@ class Checkpointer(CheckpointerBase):
         return t.reshape(-1).view(torch.uint8).numpy()
 
     def _host_copies(self, items):
-        """Copies of the tensors in host memory that training does not touch (rank 0, async save).
-
-        Each goes into a host tensor kept from the previous save when its shape and dtype match
-        (the previous write is finished by then); CUDA tensors are copied without blocking into
-        pinned memory, then waited for once. Without CUDA this is a plain copy.
-        """
-        staging, copies, on_gpu = {}, [], False
-        for name, t in items:
-            if not isinstance(t, torch.Tensor):
-                copies.append((name, t))
-                continue
-            t = t.detach()
-            host = self._staging.get(name)
-            if host is None or host.shape != t.shape or host.dtype != t.dtype:
-                pin = t.is_cuda and torch.cuda.is_available()
-                host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-            host.copy_(t, non_blocking=t.is_cuda)  # also resolves conjugate and negative views
-            on_gpu = on_gpu or t.is_cuda
-            staging[name] = host
-            copies.append((name, host))
-        if on_gpu:
-            torch.cuda.synchronize()
+        """Copies of the tensors in host memory that training does not touch (rank 0, async save, all now)."""
+        staging = {}
+        copies = self._copy_into(items, self._staging, staging)
         self._staging = staging
+        return copies
+
+    def _stage(self, items):
+        """The copies of an async save: buffers and ``extra`` now, the parameters and the optimizer state later.
+
+        Forward and backward only read the parameters, and the optimizer state changes only in
+        ``step()``; so where the optimizer is a ``torch.optim.Optimizer`` (whose ``step()`` waits for
+        ``background.wait_for_copies``, as ``load_state_dict`` does) those are copied by the write
+        thread while training goes on. Any other optimizer (or none): everything is copied now.
+        """
+        gated = self._gated_storages()
+        later = [i for i, (name, t) in enumerate(items) if _gated(name, t, gated)] if gated is not None else []
+        if not later:
+            return self._host_copies(items), None
+        old, staging, pairs = self._staging, {}, list(items)  # live tensors in ``later``'s places until copy()
+        now = [i for i in range(len(items)) if i not in set(later)]
+        for i, pair in zip(now, self._copy_into([items[i] for i in now], old, staging), strict=True):
+            pairs[i] = pair
+        self._staging = staging  # copy() fills in the rest
+        ready = _cuda_ready([items[i][1] for i in later])
+
+        def copy():
+            done = self._copy_into([items[i] for i in later], old, staging, ready)
+            for i, pair in zip(later, done, strict=True):
+                pairs[i] = pair
+
+        return pairs, copy
+
+    def _gated_storages(self):
+        """Rank 0: the storages of the parameters when their changes wait for an async save's copy, else None."""
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            return None
+        _gate_changes(self.model, self.optimizer)
+        return {_storage(p) for p in self.model.parameters()}
+
+    def _copy_into(self, items, old, staging, ready=None):
+        """``(name, array)`` pairs: ``items`` copied into host tensors (reusing ``old``'s), kept in ``staging``.
+
+        A host tensor kept from the previous save is reused when its shape and dtype match (the previous
+        write is finished by then); CUDA tensors are copied without blocking into pinned memory, then
+        waited for once; from the write thread (``ready``: an event recorded where the save was made),
+        on a stream of their own that waits for that event. Without CUDA this is a plain copy.
+        """
+        copies, on_gpu = [], False
+        stream = torch.cuda.Stream(ready[1]) if ready is not None else None
+        if stream is not None:
+            stream.wait_event(ready[0])
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for name, t in items:
+                if not isinstance(t, torch.Tensor):
+                    copies.append((name, t))
+                    continue
+                t = t.detach()
+                host = old.get(name)
+                if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                    pin = t.is_cuda and torch.cuda.is_available()
+                    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+                host.copy_(t, non_blocking=t.is_cuda)  # also resolves conjugate and negative views
+                on_gpu = on_gpu or t.is_cuda
+                staging[name] = host
+                copies.append((name, host))
+        if on_gpu:
+            stream.synchronize() if stream is not None else torch.cuda.synchronize()
         return [(name, t if isinstance(t, np.ndarray) else self._to_array(t)) for name, t in copies]
 
     def _from_array(self, array, meta, name):
@@ -215,6 +274,58 @@ class Checkpointer(CheckpointerBase):
         return Snapshot(
             manifest["step"], manifest["epoch"], manifest["world_size"], state.get("extra"), trees, rng, folder
         )
+
+
+_STEPS_GATED = False  # the process-wide optimizer step pre-hook is registered
+_LOADS_GATED: weakref.WeakSet = weakref.WeakSet()  # models and optimizers whose load_state_dict waits
+
+
+def _wait_for_copies(*_):
+    wait_for_copies()
+
+
+def _gate_changes(model, optimizer):
+    """Make what changes a saved state in place wait for an async save's copy: every torch optimizer's
+    ``step()`` (also an inner one, as a sharded optimizer's ``amp_step`` calls), and ``load_state_dict``
+    of ``model`` and ``optimizer``. Registered once (process, object); a cheap check when nothing copies."""
+    global _STEPS_GATED
+    if not _STEPS_GATED:
+        register_optimizer_step_pre_hook(_wait_for_copies)
+        _STEPS_GATED = True
+    for obj in (model, optimizer):
+        if obj not in _LOADS_GATED and hasattr(obj, "register_load_state_dict_pre_hook"):
+            obj.register_load_state_dict_pre_hook(_wait_for_copies)
+            _LOADS_GATED.add(obj)
+
+
+def _storage(t):
+    """A key of the memory ``t`` lives in (views of one storage share it); None where it has none."""
+    try:
+        return t.device, t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a sparse or meta tensor: copied with the rest, now
+        return None
+
+
+def _gated(name, t, parameters):
+    """Whether an async save may copy ``t`` after ``save()`` returned: a parameter or the optimizer's state."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    key = _storage(t)
+    return key is not None and (name.startswith("optimizer/") or key in parameters)
+
+
+def _cuda_ready(tensors):
+    """An event recorded now on the current stream of the CUDA device of ``tensors``, and the device; or None.
+
+    The write thread's copy waits for it: the kernels queued so far (the step before the save) wrote them.
+    One CUDA device per process (hvdkit places a rank on one).
+    """
+    device = next((t.device for t in tensors if t.is_cuda), None)
+    if device is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event, device
 
 
 def _with_metadata(model, metadata):

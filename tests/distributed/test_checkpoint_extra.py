@@ -4,7 +4,9 @@ check, such a save succeeded and every checkpoint of the run was unloadable.
 
 Background saves (``async_save=True``) in the same job: the state at ``save`` time comes back
 bitwise as a synchronous save's, although the model trained on while the write was held; a write
-that fails on rank 0 is raised on both ranks by ``wait`` and by the next ``save``."""
+that fails on rank 0 is raised on both ranks by ``wait`` and by the next ``save``; hvdkit's optimizers
+(plain, ZeRO-1, ZeRO-1 through ``hk.amp_step``) stepping straight after an async save wait for rank 0's
+copy of the state, and the checkpoint is the sync save's bytes."""
 
 import pool
 import pytest
@@ -66,3 +68,16 @@ def test_a_failed_background_write_raises_on_every_rank_naming_the_step_and_the_
         assert f"the checkpoint of step {step} was not saved" in message
         assert "File too large" in message and "the checkpoints before it are untouched" in message
     assert ranks[0]["write_error"]["listing"] == [".hvdkit.lock", "ckpt-000000000001", "ckpt-000000000005"]
+
+
+@pytest.mark.parametrize("kind", ["plain", "sharded", "sharded_amp"])
+def test_hvdkits_optimizers_stepping_straight_after_an_async_save_wait_for_the_copy_and_leave_the_state_at_save(
+    ranks, kind
+):
+    first = ranks[0]["step_after_save"][kind]
+    assert first["copying_when_save_returned"] is True  # before: save() copied everything itself
+    assert first["events"] == ["copy released", "copied", "step done"]  # the step waited for the copy
+    assert first["same_arrays"] is True  # the state at save time, byte for byte as the sync save wrote it
+    for r in ranks:
+        assert r["step_after_save"][kind]["changed"]
+    assert ranks[1]["step_after_save"][kind]["events"] == ["step done"]  # rank 1 copies nothing

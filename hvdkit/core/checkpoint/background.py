@@ -1,10 +1,13 @@
 """One checkpoint write at a time in a background thread of rank 0, and how its outcome reaches every rank.
 
-An asynchronous save (``CheckpointStore.save(..., background=True)``) copies the state into host
-memory while training waits, then hands the write (the same crash-safe protocol as a synchronous
-save) to a thread. Only rank 0 writes, so only rank 0 learns whether the write worked: every rank
-therefore calls ``settle`` at the same points (the next save, ``wait``, a restore), and rank 0
-broadcasts the outcome there, so a failed write raises the same CheckpointError on every rank.
+An asynchronous save (``CheckpointStore.save(..., background=True)``) hands the write (the same
+crash-safe protocol as a synchronous save) to a thread. The copy of the state into host memory is
+either made while training waits (the caller's ``check``) or, when the caller can gate whatever
+changes the state (an optimizer's ``step()``), by that thread first (``copy``): ``wait_for_copies``
+is the gate, a cheap check once the copy is done. Only rank 0 writes, so only rank 0 learns
+whether the write worked: every rank therefore calls ``settle`` at the same points (the next
+save, ``wait``, a restore), and rank 0 broadcasts the outcome there, so a failed write raises
+the same CheckpointError on every rank.
 
 The thread is not a daemon: an interpreter that exits waits for the write. At exit, a write whose
 outcome no rank asked for is reported on rank 0 (an error, logged), since a collective is no longer
@@ -21,35 +24,62 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
 
 if TYPE_CHECKING:
     from ..comm import Communicator
 
-__all__ = ["BackgroundWrites"]
+__all__ = ["BackgroundWrites", "WRITER_PRIORITIES", "wait_for_copies", "writer_nice"]
 
 _log = get_logger("checkpoint")
 _UNSHARED: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # writes whose outcome no rank asked for
 
 
-# The write thread (and the hashing/syncing threads it starts, which inherit it) runs at this nice
-# value (Linux schedules threads as tasks, each with its own nice value). 0: the write competes with
-# training as an equal. 19 keeps a step's time as without a write (0.99x vs 3.97x for 1 GiB on 2 busy
-# cores, docs/benchmarks.md) but the write then takes only what training leaves (about 20x longer
-# there), so the newest checkpoint lags further behind a crash; on a GPU node the CPUs are mostly idle
-# and it makes no difference. Kept at 0 until a per-checkpointer setting says which a job wants.
-WRITER_NICE = 0
+# The write thread (and the hashing/syncing threads it starts, which inherit it) runs at the nice value
+# of the checkpointer's ``writer_priority`` (Linux schedules threads as tasks, each with its own nice
+# value). "normal" (0): the write competes with training as an equal and is on disk soonest. "low" (19):
+# a step keeps its time while a write runs (0.99x vs 3.97x for 1 GiB on 2 busy cores), but the write
+# takes only what training leaves (about 20x longer there), so the newest checkpoint lags further behind
+# a crash. The default and why: docs/checkpoint-format.md, "Writer priority".
+WRITER_PRIORITIES = {"normal": 0, "low": 19}
+DEFAULT_WRITER_PRIORITY = "normal"
+_COPYING: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # saves whose state may still be being copied
+_COPYING_LOCK = threading.Lock()  # _COPYING is changed by the thread that saves and read by the one that steps
 
 
-def _yield_to_training() -> None:
-    """Lower the calling thread's scheduling priority to ``WRITER_NICE`` (Linux; elsewhere nothing)."""
-    if WRITER_NICE <= 0:
+def writer_nice(priority: str) -> int:
+    """The nice value of a ``writer_priority`` ("normal" or "low"); ConfigError naming the choices otherwise."""
+    if not isinstance(priority, str) or priority not in WRITER_PRIORITIES:
+        raise ConfigError(
+            f"writer_priority must be one of {sorted(WRITER_PRIORITIES)} (got {priority!r}): 'normal' writes a "
+            "background checkpoint at training's priority (on disk soonest), 'low' yields the CPUs to training"
+        )
+    return WRITER_PRIORITIES[priority]
+
+
+def wait_for_copies() -> None:
+    """Wait until every background save of this process has copied its state (a cheap check when none copies).
+
+    The gate before anything that changes a saved state in place (an optimizer's ``step()``, a
+    ``load_state_dict``): the copy is then the state at ``save()`` time. No collective.
+    """
+    if not _COPYING:
+        return
+    with _COPYING_LOCK:
+        copying = list(_COPYING)
+    for writes in copying:
+        writes.wait_copied()
+
+
+def _yield_to_training(nice: int) -> None:
+    """Lower the calling thread's scheduling priority to ``nice`` (Linux; elsewhere nothing)."""
+    if nice <= 0:
         return
     try:
         tid = threading.get_native_id()
-        if os.getpriority(os.PRIO_PROCESS, tid) < WRITER_NICE:
-            os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
     except (AttributeError, OSError):  # no per-thread priority here: the write still happens, at full priority
         pass
 
@@ -61,34 +91,69 @@ class BackgroundWrites:
     after the save's own broadcast said the write may start (it only starts a thread on rank 0).
     """
 
-    def __init__(self, comm: Communicator, root: str) -> None:
+    def __init__(self, comm: Communicator, root: str, nice: int = 0) -> None:
         self.comm = comm
         self.root = root
+        self.nice = nice  # the write's (not the copy's: training may be waiting for that)
         self.step: int | None = None  # the step whose write is in flight, or unsettled (every rank)
         self._thread: threading.Thread | None = None
         self._outcome: tuple[str, str] | None = None
         self._told_waiting = False
+        self._copied = threading.Event()  # clear while the thread copies the state (rank 0)
+        self._copied.set()
 
     @property
     def running(self) -> bool:
         """Whether rank 0's write thread is still writing (rank 0; False elsewhere)."""
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, step: int, write: Callable[[], str]) -> None:
-        """Start ``write()`` (returning the checkpoint's path) in a thread on rank 0; note ``step`` everywhere."""
+    @property
+    def copying(self) -> bool:
+        """Whether rank 0's write thread is still copying the state of the save in flight (False elsewhere)."""
+        return not self._copied.is_set()
+
+    def wait_copied(self) -> None:
+        """Wait until the thread has copied the state of the save in flight (returns at once when it has).
+
+        No collective: only rank 0 copies; on the other ranks it returns at once.
+        """
+        if not self._copied.is_set():
+            self._copied.wait()
+
+    def start(self, step: int, write: Callable[[], str], copy: Callable[[], object] | None = None) -> None:
+        """Start ``write()`` (returning the checkpoint's path) in a thread on rank 0; note ``step`` everywhere.
+
+        ``copy()``, when given, runs first in the same thread at training's priority, before the thread
+        lowers its priority for the write; ``wait_copied`` and ``wait_for_copies`` wait for it.
+        """
         self.step = step
         _UNSHARED.add(self)
         if not self.comm.is_rank0:
             return
         self._outcome = None
+        if copy is not None:
+            self._copied.clear()
+            with _COPYING_LOCK:
+                _COPYING.add(self)
         self._thread = threading.Thread(
-            target=self._run, args=(step, write), name=f"hvdkit-ckpt-write-{step}", daemon=False
+            target=self._run, args=(step, write, copy), name=f"hvdkit-ckpt-write-{step}", daemon=False
         )
-        self._thread.start()
-
-    def _run(self, step, write):
-        _yield_to_training()
         try:
+            self._thread.start()
+        except BaseException:
+            self._copied.set()
+            raise
+
+    def _run(self, step, write, copy):
+        try:
+            if copy is not None:
+                try:
+                    copy()
+                finally:  # whatever happened, nothing waits for the copy any more (a failure is the outcome)
+                    self._copied.set()
+                    with _COPYING_LOCK:
+                        _COPYING.discard(self)
+            _yield_to_training(self.nice)
             self._outcome = ("ok", write())
         except Exception as e:  # noqa: BLE001 - any failure must reach every rank at the next settle
             self._outcome = (

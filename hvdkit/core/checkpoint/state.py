@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
 from .arrays import ARRAYS, ArrayFile, write_arrays
+from .background import DEFAULT_WRITER_PRIORITY, writer_nice
 from .folder import listing, verify
 from .store import MANIFEST, CheckpointStore, Position, Resumed
 from .tree import capture_rng, decode, encode, reseed_rng, restore_rng
@@ -98,7 +99,9 @@ class CheckpointerBase:
     framework's state into tensors and back; see the ``_`` methods. ``scheduler`` is anything with
     ``state_dict()`` and ``load_state_dict(state)``. ``seed`` re-seeds the RNGs at a resume with
     another world size. ``async_save`` makes ``save`` return once rank 0 copied the state into host
-    memory; a thread writes it (see ``save`` and ``wait``).
+    memory, or sooner where the adapter can gate what changes the state (torch: a thread copies the
+    parameters and the optimizer state until the optimizer's next ``step()``; see ``wait_copied``);
+    a thread writes it (see ``save`` and ``wait``) at ``writer_priority`` ("normal" or "low").
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
 
@@ -113,18 +116,21 @@ class CheckpointerBase:
         seed: int,
         framework: str,
         async_save: bool = False,
+        writer_priority: str = DEFAULT_WRITER_PRIORITY,
     ) -> None:
         if not isinstance(async_save, bool):
             raise ConfigError(
                 f"async_save must be True or False (got {async_save!r}): True writes checkpoints in the background"
             )
+        writer_nice(writer_priority)  # a bad value fails before the folder is touched
         self.async_save = async_save
+        self.writer_priority = writer_priority
         self.comm = comm
         self.seed = seed
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.store = CheckpointStore(directory, comm, keep=keep, framework=framework)
+        self.store = CheckpointStore(directory, comm, keep=keep, framework=framework, writer_priority=writer_priority)
 
     # ------------------------------------------------------------ the framework's part
     def _prepare(self):
@@ -147,6 +153,12 @@ class CheckpointerBase:
         The copies must not change when training goes on (the write reads them in a thread).
         """
         return [(n, t if isinstance(t, np.ndarray) else np.array(self._to_array(t), copy=True)) for n, t in items]
+
+    def _stage(self, items):
+        """Rank 0, ``async_save``: ``(pairs, copy)``. ``pairs`` are ``_host_copies``' where the copy is made now;
+        ``copy``, when not None, is called by the write thread before anything else and must make the
+        rest (the adapter then gates what changes that state: ``background.wait_for_copies``)."""
+        return self._host_copies(items), None
 
     def _from_array(self, array, meta, name):
         """The tensor ``_to_array`` gave ``array`` for; ``name`` is its tree (``model``, ``extra``, ...)."""
@@ -203,14 +215,35 @@ class CheckpointerBase:
 
         def check():  # rank 0, before anything is written
             plan["arrays"], plan["meta"] = self._encode(rngs, extra)
-            if self.async_save:  # training changes the tensors while the thread writes: copy them now
-                plan["arrays"] = self._host_copies(plan["arrays"])
+            if self.async_save:  # training changes the tensors while the thread writes: copied first
+                plan["arrays"], plan["copy"] = self._stage(plan["arrays"])
+
+        def copy():  # rank 0, the write thread, before the write; the step (or a load) waits for it
+            if plan.get("copy") is not None:
+                plan["copy"]()
 
         def write(folder):
             items = ((n, t if isinstance(t, np.ndarray) else self._to_array(t)) for n, t in plan["arrays"])
             return {ARRAYS: write_arrays(os.path.join(folder, ARRAYS), items)}
 
-        return self.store.save(write, step, epoch, meta=lambda: plan["meta"], check=check, background=self.async_save)
+        return self.store.save(
+            write, step, epoch, meta=lambda: plan["meta"], check=check, background=self.async_save, copy=copy
+        )
+
+    def wait_copied(self) -> None:
+        """Wait until the state of the background save in flight is copied (returns at once when it is).
+
+        With ``async_save=True`` an adapter may copy part of the state after ``save`` returned, in
+        the write thread, while forward and backward run (torch: the parameters and the optimizer
+        state, when the optimizer is a ``torch.optim.Optimizer``). Whatever changes that state
+        waits first on its own: the optimizer's ``step()`` (every torch optimizer of the process),
+        ``load_state_dict`` of the model or the optimizer, and the next ``save``, ``wait`` or
+        ``restore``. Changing a parameter in place by other means (``p.add_(...)`` under
+        ``torch.no_grad()``, ``p.data = ...``) before the copy is done is not allowed: it may
+        reach the checkpoint. Call ``wait_copied()`` first. No collective (rank 0 copies; the other
+        ranks return at once).
+        """
+        self.store.wait_copied()
 
     def wait(self) -> str | None:
         """Wait for the checkpoint being written in the background; its path, or None when none was.

@@ -39,7 +39,7 @@ from ..log import get_logger
 from ..preemption import report_to_launcher
 from . import lock as checkpoint_lock
 from . import manifest as _manifest
-from .background import BackgroundWrites
+from .background import DEFAULT_WRITER_PRIORITY, BackgroundWrites, writer_nice
 from .folder import (
     MANIFEST,
     delete_later,
@@ -100,13 +100,21 @@ class CheckpointStore:
     constructor checks on rank 0 that ``root`` can be created and written and takes the folder's
     lock (held until ``close``, the store's garbage collection or the process's exit), so a bad
     path, or a folder in use by another job, fails on every rank before any training happens.
+    ``writer_priority`` ("normal" or "low"): the scheduling priority of background writes (see
+    ``hvdkit.core.checkpoint.background``).
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], comm: Communicator, keep: int = 3, framework: str = "none"
+        self,
+        root: str | os.PathLike[str],
+        comm: Communicator,
+        keep: int = 3,
+        framework: str = "none",
+        writer_priority: str = DEFAULT_WRITER_PRIORITY,
     ) -> None:
         if not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep must be an integer >= 1 (got {keep!r}): how many checkpoints to keep")
+        nice = writer_nice(writer_priority)
         self.root = os.path.abspath(os.fspath(root))
         self.comm = comm
         self.keep = keep
@@ -114,7 +122,7 @@ class CheckpointStore:
         self._lock = self._finalizer = None
         self._verified = {}  # path -> signature() of a checkpoint known to verify (rank 0)
         self._deferred = False  # the folder's check and lock wait for rank 0's first restore or save
-        self._writes = BackgroundWrites(comm, self.root)  # the write of a background save, in flight
+        self._writes = BackgroundWrites(comm, self.root, nice)  # the write of a background save, in flight
         if os.environ.get(_env.RECOVERY) == "in-process":
             # no collective here: a worker that joins builds its store while the others wait in the elastic
             # sync; rank 0 checks and locks the folder at the first restore or save (_become_rank0)
@@ -229,6 +237,7 @@ class CheckpointStore:
         meta: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
         check: Callable[[], object] | None = None,
         background: bool = False,
+        copy: Callable[[], object] | None = None,
     ) -> str:
         """Write a checkpoint of ``step`` on rank 0; ``write(folder)`` puts the files in ``folder``.
 
@@ -247,7 +256,10 @@ class CheckpointStore:
         own (a copy of the state), since training goes on meanwhile. The save then returns the path
         the checkpoint will have once written, and a failure of the write is raised on every rank
         by the next ``save``, ``wait`` or ``load``. Every save first waits for the write in flight
-        (at most one at a time) and raises its failure, before anything else.
+        (at most one at a time) and raises its failure, before anything else. ``copy``, with
+        ``background``: run by that thread first, at training's priority (the part of the copy of the
+        state that ``check`` left to it); until it returns, ``wait_copied`` and
+        ``background.wait_for_copies`` wait, so whatever changes that state in place must call one first.
         Collective: every rank calls it; only rank 0 calls ``check`` and ``write``.
         """
         self._writes.settle(next_step=int(step))
@@ -269,7 +281,7 @@ class CheckpointStore:
         if status == "invalid":
             raise ConfigError(value)
         if status == "started":
-            self._writes.start(int(step), lambda: self._write(write, int(step), int(epoch), meta or {}))
+            self._writes.start(int(step), lambda: self._write(write, int(step), int(epoch), meta or {}), copy)
         elif status != "ok":
             raise CheckpointError(value)
         return value
@@ -277,6 +289,15 @@ class CheckpointStore:
     def settle_locally(self) -> None:
         """``BackgroundWrites.settle_locally``: after an in-process recovery or join, no collective."""
         self._writes.settle_locally()
+
+    def wait_copied(self) -> None:
+        """Wait until the background save in flight has its copy of the state (rank 0; no collective)."""
+        self._writes.wait_copied()
+
+    @property
+    def copying(self) -> bool:
+        """Whether the background save in flight is still copying the state (rank 0; no collective)."""
+        return self._writes.copying
 
     @property
     def writing(self) -> bool:

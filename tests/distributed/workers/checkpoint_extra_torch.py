@@ -3,7 +3,9 @@ come back as it was at resume, and background saves (``async_save=True``). Write
 
 Rank 0's ``extra`` is the bad one, rank 1 passes None: rank 0's finding must reach rank 1 too.
 ``async_vs_sync``: the same state saved both ways, the async write held (write_gate) while the model
-trains on, restores bitwise alike. ``write_error``: rank 0's file-size limit (RLIMIT_FSIZE, a
+trains on, restores bitwise alike. ``step_after_save``: hvdkit's optimizers (plain, ZeRO-1, ZeRO-1 with
+``hk.amp_step``) step straight after an async save whose copy rank 0's write thread holds: the step
+waits for the copy, and the checkpoint's arrays are the sync save's bytes. ``write_error``: rank 0's file-size limit (RLIMIT_FSIZE, a
 full disk as the kernel reports it) fails its background writes; every rank must raise it.
 Usage: python checkpoint_extra_torch.py OUT
 """
@@ -15,6 +17,7 @@ import pathlib
 import resource
 import signal
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -59,6 +62,7 @@ def main(out_dir):
     }
     result["async_vs_sync"] = async_vs_sync(out_dir, rank, hold_writes())
     result["write_error"] = write_error(out_dir, rank)
+    result["step_after_save"] = {kind: step_after_save(out_dir, kind) for kind in ("plain", "sharded", "sharded_amp")}
     write_rank_result(out_dir, rank, result)
 
 
@@ -120,6 +124,67 @@ def async_vs_sync(out_dir, rank, gate):
         "async": fresh_digest(async_dir, rank),
         "same_arrays_file": arrays_sha(sync_dir) == arrays_sha(async_dir),
     }
+
+
+class HeldCopy(hk.Checkpointer):
+    """Rank 0's write thread holds its copy of the state until ``gate`` is set; ``events`` in order."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate, self.events = threading.Event(), []
+
+    def _copy_into(self, items, old, staging, ready=None):
+        if not threading.current_thread().name.startswith("hvdkit-ckpt-write"):
+            return super()._copy_into(items, old, staging, ready)
+        if not self.gate.wait(120):
+            raise TimeoutError("the test never released the copy")
+        out = super()._copy_into(items, old, staging, ready)
+        self.events.append("copied")
+        return out
+
+
+def step_after_save(out_dir, kind):
+    """Save (sync, then async with rank 0's copy held), step at once; the events and whether the files match."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
+    base = torch.optim.Adam(model.parameters(), lr=0.05) if kind != "plain" else None
+    base = base or torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hk.DistributedOptimizer(base, model=model, shard_optimizer_state=kind != "plain")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if kind == "sharded_amp" else None
+
+    def step(i):
+        x = torch.linspace(-1, 1, 4 * 16).reshape(4, 16) * (i + 1 + hk.rank())
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            hk.amp_step(opt, scaler)
+
+    step(0)
+    sync_dir, async_dir = os.path.join(out_dir, f"{kind}-sync"), os.path.join(out_dir, f"{kind}-async")
+    sync = hk.Checkpointer(sync_dir, model, opt, keep=1)
+    held = HeldCopy(async_dir, model, opt, keep=1, async_save=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    sync.save(4, 1)
+    held.save(4, 1)
+    copying = held.store.copying
+    release = threading.Timer(0.3, lambda: (held.events.append("copy released"), held.gate.set()))
+    if hk.rank() == 0:  # elsewhere nothing copies in the background
+        release.start()
+    else:
+        held.gate.set()
+    step(1)  # on rank 0 it must wait for the copy: the parameters and the moments change in place
+    held.events.append("step done")
+    if hk.rank() == 0:
+        release.join()
+    changed = any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    held.wait()
+    hk.communicator().barrier()
+    same = arrays_sha(sync_dir) == arrays_sha(async_dir) if hk.rank() == 0 else None
+    return {"copying_when_save_returned": copying, "events": held.events, "changed": changed, "same_arrays": same}
 
 
 def limit_file_size(rank, limit):

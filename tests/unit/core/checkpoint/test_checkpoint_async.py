@@ -133,13 +133,10 @@ def _nice_of_this_thread():
         return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of stat: nice
 
 
-def test_the_write_and_the_threads_it_starts_run_at_the_writer_nice_value(tmp_path, monkeypatch):
+def test_the_write_and_the_threads_it_starts_run_at_the_low_writer_priority_the_copy_before_them_does_not(tmp_path):
     # On 2 busy cores a write at training's priority made each step 4x slower (docs/bench/ckpt-async-2026-11-28);
-    # at nice 19 it takes only what training leaves (not the default yet: the newest checkpoint then lags)
-    from hvdkit.core.checkpoint import background
-
-    monkeypatch.setattr(background, "WRITER_NICE", 19)
-    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3)
+    # at nice 19 it takes only what training leaves (not the default: the newest checkpoint then lags)
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3, writer_priority="low")
     seen, before = {}, _nice_of_this_thread()
 
     def write(folder):
@@ -149,9 +146,12 @@ def test_the_write_and_the_threads_it_starts_run_at_the_writer_nice_value(tmp_pa
         helper.join()
         writer(b"x")(folder)
 
-    store.save(write, 1, 0, background=True)
+    def copy():  # training may be waiting for it: at training's priority
+        seen["copy"] = _nice_of_this_thread()
+
+    store.save(write, 1, 0, background=True, copy=copy)
     store.wait()
-    assert seen == {"writer": 19, "helper": 19}
+    assert seen == {"copy": before, "writer": 19, "helper": 19}
     assert _nice_of_this_thread() == before  # the training thread keeps its priority
 
 
@@ -181,4 +181,25 @@ def test_a_write_the_lost_rank_0_had_in_flight_is_said_lost_on_the_new_rank_0_an
     assert said.seen.is_set()
     assert read(path) == b"eight" and os.path.basename(path).endswith("8")
     assert store.wait() is None
+    store.close()
+
+
+def test_a_copy_that_fails_ends_the_wait_for_it_and_is_raised_at_the_next_wait_writing_nothing(tmp_path):
+    from hvdkit.core.checkpoint.background import wait_for_copies
+
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3)
+    gate, written = threading.Event(), []
+
+    def copy():
+        assert gate.wait(BOUND_S)
+        raise MemoryError("no room for the host copy")
+
+    store.save(lambda folder: written.append(folder), 3, 0, background=True, copy=copy)
+    assert store.copying
+    threading.Timer(0.2, gate.set).start()
+    wait_for_copies()  # what an optimizer's step() calls: returns once the copy ended, failed or not
+    assert not store.copying
+    with pytest.raises(CheckpointError, match="step 3 was not saved.*MemoryError: no room for the host copy"):
+        store.wait()
+    assert written == [] and store.candidates() == []
     store.close()
