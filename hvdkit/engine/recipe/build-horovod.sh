@@ -11,8 +11,9 @@
 # exactly the settings and the cache key it had before GPU builds existed.
 #
 # Horovod 0.28.1 from PyPI does not compile against torch >= 2.1 or TensorFlow >= 2.10 (their
-# headers need C++17). The recipe patches the sdist in three places, applies hvdkit's engine fixes
-# (horovod-fixes/*.patch next to this script, by apply-horovod-fixes.sh) and builds a wheel with MPI,
+# headers need C++17). The recipe patches the sdist's build files (horovod-build/*.patch next to this
+# script: 01-09 every build, 1N-gpu-* GPU builds), applies hvdkit's engine fixes
+# (horovod-fixes/*.patch, by apply-horovod-fixes.sh) and builds a wheel with MPI,
 # Gloo, PyTorch and TensorFlow. The wheel is cached under a key made of every input (the fixes
 # included), so a second run only reinstalls it. A stamp in the environment records the installed
 # engine once `horovodrun --check-build` (about 25 s) passed for it, so a run that finds that same
@@ -133,17 +134,22 @@ plan=$("$PYTHON" "$here/engine_plan.py" --gpu "$GPU_MODE" --cuda-archs "$CUDA_AR
   --mpi "$has_mpi") || die "${plan:-engine_plan.py failed (see above)}"
 eval "$plan"
 gcc_version=$(g++ -dumpfullversion)
-# The recipe is the block between the ">>> recipe" and "<<< recipe" lines: the edits and the flags.
-recipe_hash=$(sed -n '/^    # >>> recipe/,/^    # <<< recipe/p' "$here/build-horovod.sh" | sha256sum | cut -c1-16)
+compgen -G "$here/horovod-build/0[1-9]-*.patch" >/dev/null \
+  || die "no build patches in $here/horovod-build: this hvdkit's engine recipe is incomplete; reinstall hvdkit"
+# The recipe is the block between the ">>> recipe" and "<<< recipe" lines (the flags) and the build
+# patches every build applies (horovod-build/0N-*.patch, names and contents).
+recipe_hash=$( (sed -n '/^    # >>> recipe/,/^    # <<< recipe/p' "$here/build-horovod.sh"
+  for p in "$here"/horovod-build/0[1-9]-*.patch; do basename "$p"; cat "$p"; done) | sha256sum | cut -c1-16)
 # The engine fixes: their level hashes every patch file; the applying script is an input too.
 fix_level=$(bash "$here/apply-horovod-fixes.sh" --level) || die "could not compute the engine fix level"
 fix_tool=$(sha256sum < "$here/apply-horovod-fixes.sh" | cut -c1-16)
 variant_key=""  # the plain CPU build adds nothing: its key is the one it had before GPU builds
 if [[ -n $plan_key ]]; then
   variant_key="|variant=$plan_key"
-  if [[ $plan_variant == gpu ]]; then  # the GPU block and the GPU-only fixes are inputs of a GPU build
+  if [[ $plan_variant == gpu ]]; then  # the GPU block, its build patches and the GPU-only fixes: GPU inputs
     gpu_recipe=$( (sed -n '/^    # >>> gpu recipe/,/^    # <<< gpu recipe/p' "$here/build-horovod.sh"
-      for p in "$here"/horovod-fixes-gpu/*.patch; do basename "$p"; cat "$p"; done) | sha256sum | cut -c1-16)
+      for p in "$here"/horovod-build/1[0-9]-gpu-*.patch "$here"/horovod-fixes-gpu/*.patch; do
+        basename "$p"; cat "$p"; done) | sha256sum | cut -c1-16)
     variant_key+="|gpu-recipe=$gpu_recipe"
   fi
 fi
@@ -207,13 +213,11 @@ else
     src="$work/horovod-$HOROVOD_VERSION"
     if [[ $plan_variant == gpu ]]; then
     # >>> gpu recipe
-    # G1. nvcc of CUDA >= 12.8 needs C++17 for its own headers (CCCL); Horovod asks C++11 for its kernels.
-    sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' "$src/horovod/common/ops/cuda/CMakeLists.txt"
-    grep -q 'set(CMAKE_CUDA_STANDARD 17)' "$src/horovod/common/ops/cuda/CMakeLists.txt" || die "CUDA C++17 edit did not apply"
-    # G2. distutils is gone from Python 3.12: ask sysconfig for the Python headers.
-    sed -i "s/from distutils.sysconfig import get_python_inc; print(get_python_inc())/import sysconfig; print(sysconfig.get_paths()['include'])/" \
-      "$src/horovod/torch/CMakeLists.txt"
-    ! grep -q 'distutils' "$src/horovod/torch/CMakeLists.txt" || die "sysconfig edit did not apply"
+    # G1-G2. Build patches (horovod-build/): nvcc of CUDA >= 12.8 needs C++17 for its own headers (CCCL),
+    # Horovod asks C++11 for its kernels; distutils is gone from Python 3.12: sysconfig names the headers.
+    for p in 10-gpu-cuda-cxx17 11-gpu-torch-python-include-from-sysconfig; do
+      patch -d "$src" -p1 --forward --batch --quiet < "$here/horovod-build/$p.patch" || die "build patch $p does not apply"
+    done
     # G3. C++ fixes of the GPU code paths (horovod-fixes-gpu/*.patch, in name order).
     for p in "$here"/horovod-fixes-gpu/*.patch; do
       patch -d "$src" -p1 --forward --batch --quiet < "$p" || die "GPU engine fix $(basename "$p") does not apply"
@@ -243,7 +247,8 @@ else
     # G6. torch >= 2.14's headers need C++20 (ATen.h: "C++20 or later compatible compiler is required"):
     # the torch binding (the one target that includes them) is compiled as C++20 where they say so.
     if grep -qs 'C++20 or later' "$site/torch/include/ATen/ATen.h"; then
-      echo 'set_property(TARGET ${PYTORCH_TARGET_LIB} PROPERTY CXX_STANDARD 20)' >> "$src/horovod/torch/CMakeLists.txt"
+      patch -d "$src" -p1 --forward --batch --quiet < "$here/horovod-build/12-gpu-torch-cxx20.patch" \
+        || die "build patch 12-gpu-torch-cxx20 does not apply"
     fi
     # <<< gpu recipe
     fi
@@ -260,14 +265,11 @@ else
       export CXXFLAGS="${CXXFLAGS:-} -include cstdint -include stdexcept -include string -include unordered_map -include vector"
     fi
     # >>> recipe
-    # 1-2. torch and TensorFlow headers need C++17.
-    for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
-      sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$f"
-      grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/$f" || die "C++17 edit did not apply to $f"
+    # 1-2. Build patches (horovod-build/): torch and TensorFlow headers need C++17 (01); xla_mpi_ops.cc is
+    # GPU-only code, on CPU it only fails on a missing highwayhash header (02).
+    for p in "$here"/horovod-build/0[1-9]-*.patch; do
+      patch -d "$src" -p1 --forward --batch --quiet < "$p" || die "build patch $(basename "$p" .patch) does not apply"
     done
-    # 3. xla_mpi_ops.cc is GPU-only code; on CPU it only fails on a missing highwayhash header.
-    sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
-    ! grep -q 'xla_mpi_ops' "$src/horovod/tensorflow/CMakeLists.txt" || die "xla_mpi_ops edit did not apply"
     # 4. hvdkit's engine fixes (Python only), then the fix-level marker horovod/hvdkit_fixes.py.
     "$here/apply-horovod-fixes.sh" "$src" || die "an engine fix does not apply (named above)"
     mkdir -p "$wheel_dir"

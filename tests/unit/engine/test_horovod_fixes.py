@@ -1,6 +1,10 @@
 """hvdkit/engine/recipe/horovod-fixes: every engine fix says what it cures and which test proves it, stays in its
 owner's number range, and the whole series applies in order to a pristine Horovod sdist.
 
+The recipe's own edits of Horovod's build files (hvdkit/engine/recipe/horovod-build) are patches too: each says why
+and when, is hashed into the wheel key of the builds that apply it, and applies cleanly to the sdist with exactly its
+edit.
+
 The mechanism itself (hvdkit/engine/recipe/apply-horovod-fixes.sh) is tested on small fake trees: it stops naming a
 patch that does not apply, and its fix level changes with any patch's content (the wheel cache key).
 """
@@ -11,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from fnmatch import fnmatch
 
 import pytest
 from helpers import ROOT
@@ -190,6 +195,7 @@ def test_the_recipe_and_the_fixes_exist_once_inside_the_package_and_the_script_o
     assert "pip wheel" not in wrapper and "CMAKE_CXX_STANDARD" not in wrapper
     setup_cfg = (ROOT / "setup.cfg").read_text()
     assert "recipe/*.sh" in setup_cfg and "recipe/horovod-fixes/*.patch" in setup_cfg
+    assert "recipe/horovod-build/*.patch" in setup_cfg  # the build patches: `hvdkit engine install` needs them
 
 
 def key_of(argv, env=None):
@@ -249,3 +255,117 @@ def test_the_gpu_series_applies_after_the_whole_series(pristine_sdist, tmp_path)
             )
         assert done.returncode == 0, f"{patch.name}: {done.stdout}{done.stderr}"
     assert 'dlopen("libcuda.so.1"' in (src / "horovod" / "torch" / "cuda_util.cc").read_text()
+
+
+# The recipe's own edits of Horovod's build files (hvdkit/engine/recipe/horovod-build): 0N every build, 1N-gpu GPU
+# builds; the script applies and hashes each group by these globs, so a patch named otherwise would be in no key.
+BUILD = RECIPE / "horovod-build"
+BUILD_PATCHES = sorted(BUILD.glob("*.patch"))
+EVERY_BUILD, GPU_BUILDS = "0[1-9]-*.patch", "1[0-9]-gpu-*.patch"
+
+
+def build_header(text):
+    head = text.split("\n--- ", 1)[0]
+    return dict(re.findall(r"^(Why|When): *(.*\S)", head, re.MULTILINE))
+
+
+def test_there_are_the_build_patches_of_every_build_and_of_gpu_builds():
+    assert [p.name for p in BUILD_PATCHES] == [
+        "01-cxx17-for-framework-headers.patch",
+        "02-tensorflow-without-xla-mpi-ops.patch",
+        "10-gpu-cuda-cxx17.patch",
+        "11-gpu-torch-python-include-from-sysconfig.patch",
+        "12-gpu-torch-cxx20.patch",
+    ]
+
+
+@pytest.mark.parametrize("patch", BUILD_PATCHES, ids=lambda p: p.name)
+def test_each_build_patch_says_why_and_when_and_one_cache_key_hashes_it(patch):
+    text = patch.read_text()
+    fields = build_header(text)
+    assert set(fields) == {"Why", "When"}, f"{patch.name}: header lines missing, got {fields}"
+    gpu = fnmatch(patch.name, GPU_BUILDS)
+    assert gpu != fnmatch(patch.name, EVERY_BUILD), f"{patch.name}: matches neither or both of the script's globs"
+    assert fields["When"].startswith("GPU builds" if gpu else "every build"), fields["When"]
+    files = touched_files(text)
+    assert files and all(f.endswith("CMakeLists.txt") for f in files), f"{patch.name}: {files} are not build files"
+
+
+def test_the_build_script_edits_the_sdist_only_by_the_build_patches_and_hashes_them_where_it_applies_them():
+    text = (RECIPE / "build-horovod.sh").read_text()
+    recipe = text.split("\n    # >>> recipe\n", 1)[1].split("\n    # <<< recipe\n", 1)[0]
+    gpu = text.split("\n    # >>> gpu recipe\n", 1)[1].split("\n    # <<< gpu recipe\n", 1)[0]
+    assert f'for p in "$here"/horovod-build/{EVERY_BUILD}; do' in recipe
+    for patch in BUILD_PATCHES:
+        if fnmatch(patch.name, GPU_BUILDS):
+            assert patch.stem in gpu and patch.stem not in recipe, patch.name
+    assert "sed -i" not in text and '>> "$src' not in text  # no edit of the sdist besides the patches
+    recipe_hash = text.split("\nrecipe_hash=", 1)[1].split(" | sha256sum", 1)[0]
+    gpu_hash = text.split("gpu_recipe=", 1)[1].split(" | sha256sum", 1)[0]
+    assert f'"$here"/horovod-build/{EVERY_BUILD}' in recipe_hash and "cat " in recipe_hash
+    assert f'"$here"/horovod-build/{GPU_BUILDS}' in gpu_hash and GPU_BUILDS not in recipe_hash
+
+
+def test_the_wheel_key_follows_the_content_of_a_build_patch_and_a_missing_folder_is_named(tmp_path):
+    copy = tmp_path / "recipe"
+    shutil.copytree(RECIPE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    script = copy / "build-horovod.sh"
+    key = key_of([script])
+    assert key == key_of([RECIPE / "build-horovod.sh"])  # the key names no folder
+    first = copy / "horovod-build" / BUILD_PATCHES[0].name
+    first.write_text(first.read_text().replace("Why: ", "Why:  ", 1))
+    assert key_of([script]) != key
+    shutil.rmtree(copy / "horovod-build")
+    done = subprocess.run(
+        ["bash", str(script), "--key"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert done.returncode == 1
+    assert f"no build patches in {copy / 'horovod-build'}: this hvdkit's engine recipe is incomplete" in done.stderr
+
+
+# What each build patch does to the pristine file: the whole file is compared, so a patch that did more fails.
+BUILD_EDITS = {
+    "CMakeLists.txt": [("set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")],
+    "horovod/torch/CMakeLists.txt": [
+        ("set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)"),
+        (
+            "from distutils.sysconfig import get_python_inc; print(get_python_inc())",
+            "import sysconfig; print(sysconfig.get_paths()['include'])",
+        ),
+    ],
+    "horovod/tensorflow/CMakeLists.txt": [
+        ('list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")\n', "")
+    ],
+    "horovod/common/ops/cuda/CMakeLists.txt": [("set(CMAKE_CUDA_STANDARD 11)", "set(CMAKE_CUDA_STANDARD 17)")],
+}
+TORCH_CXX20 = "set_property(TARGET ${PYTORCH_TARGET_LIB} PROPERTY CXX_STANDARD 20)\n"
+
+
+def test_the_build_patches_apply_cleanly_after_the_fixes_and_make_exactly_their_edits(pristine_sdist, tmp_path):
+    src = tmp_path / "horovod"
+    shutil.copytree(pristine_sdist, src)
+    assert apply(src).returncode == 0
+    for patch in BUILD_PATCHES:
+        with open(patch) as f:
+            done = subprocess.run(
+                ["patch", "-d", str(src), "-p1", "--forward", "--batch", "--fuzz=0"],
+                stdin=f,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        assert done.returncode == 0, f"{patch.name}: {done.stdout}{done.stderr}"
+        assert "Hunk" not in done.stdout, f"{patch.name} applies only with an offset: {done.stdout}"
+    for name, edits in BUILD_EDITS.items():
+        expected = (pristine_sdist / name).read_text()
+        for old, new in edits:
+            assert expected.count(old) == 1, (name, old)
+            expected = expected.replace(old, new)
+        if name == "horovod/torch/CMakeLists.txt":
+            expected += TORCH_CXX20
+        assert (src / name).read_text() == expected, name
+    assert not list(src.rglob("*.rej")) and not list(src.rglob("*.orig"))
