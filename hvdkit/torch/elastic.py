@@ -195,15 +195,20 @@ class State:
             timestamp, result = self._messages.get()
             if timestamp > newest:
                 newest, update = timestamp, update | result
-        # any rank may have heard of it: the newest timestamp over all ranks decides, on every rank alike
+        # Any rank may have heard of it: the newest timestamp over all ranks decides, measured against the
+        # newest update any rank has acted on, so every rank decides alike. A worker that has just joined
+        # acted on none (0): against its own 0, the update it joined by would look new to it alone, and it
+        # alone would reset at the next commit (the others then saw "Horovod has been shut down").
         comm = runtime.communicator()
-        seen = comm.allgather_object((newest, int(update)), name="hvdkit.elastic.hosts")
-        latest = max(t for t, _ in seen)
-        if latest > self._last_update:
-            self._last_update = latest
+        seen = comm.allgather_object((self._last_update, newest, int(update)), name="hvdkit.elastic.hosts")
+        acted = max(a for a, _, _ in seen)
+        latest = max(t for _, t, _ in seen)
+        self._last_update = max(acted, latest)
+        if latest > acted:
             merged = 0
-            for _, u in seen:
-                merged |= u
+            for _, t, u in seen:
+                if t > acted:
+                    merged |= u
             raise HostsUpdatedInterrupt(merged == int(HostUpdateResult.removed))
 
     # ------------------------------------------------------------------ recovery

@@ -36,6 +36,8 @@ def _kill_at(original, at, rank, marker):
 
 def main():
     marker, rank, where, script, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+    # every process of the job says it started (a joining worker too): its output reaches the job's
+    print(f"kill_in_process: process {os.getpid()} runs {os.path.basename(script)}", flush=True)
     where, _, pace = where.partition(",pace:")
     if pace:
         import time
