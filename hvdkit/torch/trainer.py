@@ -68,7 +68,8 @@ class Trainer:
     - ``checkpoint_dir`` (None: no checkpoints), ``checkpoint_every`` (``"epoch"``, or a number of
       optimizer steps: also mid-epoch, with the epoch's global sample offset), ``keep``,
       ``async_save`` (True: training waits only while rank 0 copies the state to host memory, a
-      thread writes it; ``fit`` waits for the last write before it returns, also when stopped).
+      thread writes it; ``fit`` waits for the last write before it returns, also when stopped),
+      ``writer_priority`` (``"normal"`` or ``"low"``: that thread's priority, see ``hk.Checkpointer``).
     - ``precision``: ``"fp32"``, ``"bf16"`` (forward pass under ``hk.autocast``) or ``"fp16"``
       (autocast plus a ``torch.amp.GradScaler`` stepped by ``hk.amp_step``).
     - ``lr_rule`` (``"linear"``, ``"sqrt"``, ``"none"``) and ``warmup_steps``: an ``hk.ScaledLRScheduler``
@@ -131,6 +132,7 @@ class Trainer:
         straggler_threshold: float | None = None,
         seed: int = 0,
         commit_every: int | str = "auto",
+        writer_priority: str = "normal",
     ) -> None:
         # The options, checked on every rank alike before any collective (ConfigError naming the fix)
         o = TrainerOptions(
@@ -163,6 +165,7 @@ class Trainer:
             straggler_threshold=straggler_threshold,
             seed=seed,
             commit_every=commit_every,
+            writer_priority=writer_priority,
         )
         self.options = o
         self.model, self.loss_fn, self.metrics = o.model, o.loss_fn, o.metrics
@@ -197,7 +200,14 @@ class Trainer:
         self._built_size = comm.size
         self.checkpointer = (
             Checkpointer(
-                o.checkpoint_dir, o.model, self.optimizer, state, keep=o.keep, seed=o.seed, async_save=o.async_save
+                o.checkpoint_dir,
+                o.model,
+                self.optimizer,
+                state,
+                keep=o.keep,
+                seed=o.seed,
+                async_save=o.async_save,
+                writer_priority=o.writer_priority,
             )
             if o.checkpoint_dir is not None
             else None

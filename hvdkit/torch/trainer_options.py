@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..core.checkpoint.background import writer_nice
 from ..core.errors import ConfigError
 from ..core.lr import RULES
 from ..core.options import check_compression, check_int_at_least, check_number_above, check_positive_int
@@ -65,6 +66,7 @@ class TrainerOptions:
     straggler_threshold: float | None
     seed: int
     commit_every: int | str
+    writer_priority: str = "normal"
 
     def __post_init__(self) -> None:
         _check_parts(self.model, self.optimizer, self.loss_fn)
@@ -97,6 +99,7 @@ class TrainerOptions:
                 "pass 'auto' (commits cost at most 2 % of the time) or a number of optimizer steps, e.g. 50",
             )
         self._check_monitoring()
+        writer_nice(self.writer_priority)  # ConfigError naming "normal" and "low"
 
     def _set(self, name, value):
         object.__setattr__(self, name, value)  # a checked form of a field, once, while it is built

@@ -31,7 +31,7 @@ def options(**changes):
 
 def test_the_fields_are_exactly_the_constructor_parameters_in_order():
     assert [f.name for f in dataclasses.fields(TrainerOptions)] == [p.name for p in PARAMETERS]
-    assert len(PARAMETERS) == 29
+    assert len(PARAMETERS) == 30
 
 
 def test_the_record_is_frozen_after_its_checks():
@@ -64,6 +64,7 @@ def test_the_defaults_are_kept_in_the_form_the_loop_reads():
         ({"checkpoint_every": "step"}, "checkpoint_every must be an integer >= 1 (got 'step'); pass 'epoch'"),
         ({"lr_rule": "linear", "global_batch_size": 64}, "use lr_rule='none' with a global batch"),
         ({"commit_every": 0}, "commit_every must be an integer >= 1 (got 0); pass 'auto'"),
+        ({"writer_priority": "idle"}, "writer_priority must be one of ['low', 'normal'] (got 'idle')"),
         ({"model": "net"}, "model must be a torch.nn.Module (got str)"),
     ],
 )
