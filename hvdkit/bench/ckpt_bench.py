@@ -3,6 +3,7 @@
     python -m hvdkit.bench.ckpt_bench OUT.json [--quick]
     hvdkit run -np 2 -- python -m hvdkit.bench.ckpt_bench OUT.json --restore [--quick] [--megabytes N]
     python -m hvdkit.bench.ckpt_bench OUT.json --async [--quick] [--sizes 64,1024,2263] [--plot OUT.png]
+        [--step-mb MB] [--step-reps N]
 
 Variants, interleaved: ``torch_save`` (``torch.save`` to a file), ``torch_save_fsync`` (the same,
 then ``fsync`` of the file and its folder: what durable means) and ``hvdkit`` (``Checkpointer.save``:
@@ -11,12 +12,17 @@ into place, old ones pruned in the background). Each variant's file is loaded ba
 before timing. Every sample starts after ``os.sync()`` and after hvdkit's background deletion of
 pruned checkpoints has finished (both untimed): what is timed is how long the training loop waits.
 
-``--async`` (one process): ``Checkpointer.save`` with ``async_save=False`` against ``async_save=True``
-at each of ``--sizes`` megabytes, interleaved. A sample is the time ``save()`` blocks the caller
-(for the async variant also the time until ``wait()`` returns, its whole write, recorded beside).
-Then the step time of a "training step" (a chain of small matmuls) while a background write of
-the largest state is in flight against the same steps with none, interleaved write by write. Both
-checkpoints are restored into a fresh model and compared bitwise before anything is timed.
+``--async`` (one process): ``Checkpointer.save`` with ``async_save=False`` (``sync``), with
+``async_save=True`` but no torch optimizer to gate (``async_copy_in_save``: ``save()`` copies the whole
+state, as every async save did before the copy left it) and with the model's SGD (``async``: the write
+thread copies the parameters while training goes on), at each of ``--sizes`` megabytes, interleaved.
+A sample is the time ``save()`` blocks the caller; for ``async`` also one forward and backward of the
+saved model run during the copy and the time the next ``opt.step()`` then waited for the copy (beside
+the same forward and backward with nothing in flight), and the time until ``wait()`` returned. Then
+the step time of a "training step" (a chain of small matmuls) while a background write of
+``--step-mb`` (default: the largest size) is in flight, at each ``writer_priority``, against the same
+steps with none, interleaved write by write, with how long each write took under training. Every
+checkpoint is restored into a fresh model and compared bitwise before anything is timed.
 
 ``--restore`` (every rank of a job): rank 0 writes one checkpoint of a model and its SGD momentum,
 and the same state as one ``torch.save`` file, then, interleaved: ``torch_load`` (rank 0 alone:
@@ -227,6 +233,48 @@ def _matmul_step(a, b):
     return a
 
 
+ASYNC_MODES = ("sync", "async_copy_in_save", "async")
+
+
+def _checkpointer(layers, root, mode, megabytes, writer_priority="normal"):
+    """``sync``; ``async_copy_in_save``: no torch optimizer to gate, so ``save()`` copies everything (as every
+    async save did before the copy left it); ``async``: the write thread copies the parameters while
+    training goes on (the model's SGD has no state: the payload is the same)."""
+    import hvdkit.torch as hk
+    from hvdkit.core.comm import LocalCommunicator
+
+    return hk.Checkpointer(
+        os.path.join(root, f"{mode}-{megabytes}"),
+        layers.model,
+        layers.opt if mode == "async" else None,
+        keep=2,
+        comm=LocalCommunicator(),
+        async_save=mode != "sync",
+        writer_priority=writer_priority,
+    )
+
+
+class _StepWait:
+    """Times how long ``opt.step()`` waited for the copy: from the call to the optimizer's own pre-hook
+    (run after the process-wide hook that waits)."""
+
+    def __init__(self, opt):
+        self.opt, self.reached = opt, None
+        opt.register_step_pre_hook(self._mark)
+
+    def _mark(self, *_):
+        self.reached = time.perf_counter()
+
+    def step(self):
+        t0 = time.perf_counter()
+        self.opt.step()
+        return self.reached - t0
+
+
+def _forward_backward(model, batch):
+    model(batch).square().mean().backward()
+
+
 def _async_size(megabytes, reps, root):
     import torch
 
@@ -234,39 +282,48 @@ def _async_size(megabytes, reps, root):
     from hvdkit.core.comm import LocalCommunicator
 
     layers = _Layers(megabytes)
-    ckpts = {
-        mode: hk.Checkpointer(
-            os.path.join(root, f"{mode}-{megabytes}"),
-            layers.model,
-            layers.opt,
-            keep=2,
-            comm=LocalCommunicator(),
-            async_save=mode == "async",
-        )
-        for mode in ("sync", "async")
-    }
+    ckpts = {mode: _checkpointer(layers, root, mode, megabytes) for mode in ASYNC_MODES}
     counter = iter(range(1, 10**6))
     want, checks = layers.digest(), {}
-    for mode, ckpt in ckpts.items():  # also the warm-up (the async variant's host copy is made once)
+    for mode, ckpt in ckpts.items():  # also the warm-up (the async variants' host copies are made once)
         ckpt.save(next(counter), 0)
         ckpt.wait()
         other = _Layers(megabytes, salt=1.0)
         hk.Checkpointer(ckpt.store.root, other.model, comm=LocalCommunicator()).restore()
         checks[mode] = check_close(f"{mode} checkpoint read back bitwise", [other.digest() == want], [True], 0)
         del other
-    samples, writes = {m: Samples() for m in ckpts}, Samples()
+    side = layers.model[0].in_features
+    batch = torch.linspace(-1, 1, 4 * side).reshape(4, side)
+    stepper = _StepWait(layers.opt)
+    samples = {m: Samples() for m in ckpts}
+    writes, fb_during, step_wait, fb_quiet = Samples(), Samples(), Samples(), Samples()
     for rep, mode in interleaved(list(ckpts), reps):
         ckpt = ckpts[mode]
         ckpt.store.wait_for_cleanup()
         os.sync()  # untimed: no writeback of the previous sample lands on this one
+        layers.opt.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         ckpt.save(next(counter), 0)
         samples[mode].add(time.perf_counter() - t0)
+        if mode == "async":  # training goes on: one forward and backward of the model saved, then its step
+            t1 = time.perf_counter()
+            _forward_backward(layers.model, batch)
+            fb_during.add(time.perf_counter() - t1)
+            step_wait.add(stepper.step())
         ckpt.wait()
-        if mode == "async":
+        if mode != "sync":
             writes.add(time.perf_counter() - t0)
+        if mode == "sync":  # the same forward and backward with no copy or write in flight
+            layers.opt.zero_grad(set_to_none=True)
+            t1 = time.perf_counter()
+            _forward_backward(layers.model, batch)
+            fb_quiet.add(time.perf_counter() - t1)
         print(f"[bench checkpoint async] {megabytes} MB {mode} rep {rep + 1}/{reps}", file=sys.stderr, flush=True)
+    layers.opt.zero_grad(set_to_none=True)
+    for mode in ("sync", "async_copy_in_save"):
+        ckpts[mode].store.close()
     torch.manual_seed(0)
+    blocked = [a + b for a, b in zip(samples["async"].values, step_wait.values, strict=True)]
     return (
         layers,
         ckpts["async"],
@@ -276,82 +333,98 @@ def _async_size(megabytes, reps, root):
             "checks": checks,
             "variants": {m: s.as_dict() for m, s in samples.items()},
             "async_whole_write": writes.as_dict(),
+            "forward_backward_no_save": fb_quiet.as_dict(),
+            "forward_backward_during_copy": fb_during.as_dict(),
+            "next_step_waited_for_copy": step_wait.as_dict(),
+            "async_blocked_with_step_wait": Samples(blocked).as_dict(),
             "blocked_async_vs_sync": samples["async"].median / samples["sync"].median,
+            "blocked_copy_in_save_vs_sync": samples["async_copy_in_save"].median / samples["sync"].median,
         },
     )
 
 
 def _steps_during_write(ckpt, counter, a, b, into):
-    """Steps timed (into ``into``) while one background write is in flight; how many ran."""
+    """Steps timed (into ``into``) while one background write is in flight; (steps, seconds the write took)."""
     ckpt.store.wait_for_cleanup()
     os.sync()
+    t0 = time.perf_counter()
     ckpt.save(next(counter), 0)
     steps = 0
     while ckpt.store.writing:
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         _matmul_step(a, b)
         if ckpt.store.writing:  # the whole step ran during the write
-            into.add(time.perf_counter() - t0)
+            into.add(time.perf_counter() - t1)
             steps += 1
+    took = time.perf_counter() - t0
     ckpt.wait()
-    return steps
+    return steps, took
 
 
-YIELDING_NICE = 19  # the writer's nice value in the "yields to training" variant
+PRIORITIES = ("normal", "low")  # Checkpointer(writer_priority=...)
 
 
-def _steps_at_nice(nice, ckpt, counter, a, b, into):
-    from ..core.checkpoint import background
-
-    kept = background.WRITER_NICE
-    try:
-        background.WRITER_NICE = nice
-        return _steps_during_write(ckpt, counter, a, b, into)
-    finally:
-        background.WRITER_NICE = kept
-
-
-def _step_times(ckpt, counter, reps):
-    """Step times while the background write of ``ckpt``'s state is in flight (the writer at training's
-    priority, the default, and at ``YIELDING_NICE``), and with none; interleaved."""
+def _step_times(ckpts, counter, reps):
+    """Step times while the background write of ``ckpt``'s state is in flight at each writer priority, and
+    with none; interleaved. Also how long each write took under training, and the training time it cost
+    (the steps during it minus as many steps without a write)."""
     import torch
 
+    from ..core.checkpoint.background import WRITER_PRIORITIES
+
     a, b = torch.randn(STEP_SIDE, STEP_SIDE), torch.randn(STEP_SIDE, STEP_SIDE) / STEP_SIDE**0.5
-    during, yielding, quiet = Samples(), Samples(), Samples()
+    during = {p: Samples() for p in PRIORITIES}
+    took, counts, quiet = {p: Samples() for p in PRIORITIES}, {p: [] for p in PRIORITIES}, Samples()
     for _ in range(reps):
-        steps = _steps_at_nice(0, ckpt, counter, a, b, during)
-        steps = max(steps, _steps_at_nice(YIELDING_NICE, ckpt, counter, a, b, yielding))
+        steps = 0
+        for priority in PRIORITIES:
+            n, seconds = _steps_during_write(ckpts[priority], counter, a, b, during[priority])
+            took[priority].add(seconds)
+            counts[priority].append(n)
+            steps = max(steps, n)
         for _ in range(max(steps, 20)):
             t0 = time.perf_counter()
             _matmul_step(a, b)
             quiet.add(time.perf_counter() - t0)
-    return {
+    out = {
         "step": f"{STEP_CHAIN} matmuls of {STEP_SIDE}x{STEP_SIDE} fp32, torch threads {torch.get_num_threads()}",
-        "during_write": during.as_dict(),
-        "yielding_nice": YIELDING_NICE,
-        "during_write_yielding": yielding.as_dict(),
         "no_write": quiet.as_dict(),
-        "step_time_during_vs_no_write": during.median / quiet.median if during.values else None,
-        "step_time_during_yielding_vs_no_write": yielding.median / quiet.median if yielding.values else None,
     }
+    for p in PRIORITIES:
+        lost = sum(during[p].values) - len(during[p].values) * quiet.median
+        out[p] = {
+            "nice": WRITER_PRIORITIES[p],
+            "during_write": during[p].as_dict(),
+            "step_time_during_vs_no_write": during[p].median / quiet.median if during[p].values else None,
+            "write_took_under_training": took[p].as_dict(),
+            "steps_per_write": counts[p],
+            "training_time_lost_per_write_s": lost / reps,
+        }
+    return out
 
 
-def run_async(sizes, reps, root, step_reps=3):
-    """``--async``: blocked time of sync vs async saves per size, then step times during a write."""
+def run_async(sizes, reps, root, step_reps=3, step_mb=None):
+    """``--async``: blocked time of sync vs async saves per size, then step times during a write of ``step_mb``."""
     import torch
 
-    out = {"sizes_mb": list(sizes), "reps": reps, "torch_threads": torch.get_num_threads(), "results": {}}
-    step_target = None
+    out = {
+        "sizes_mb": list(sizes),
+        "reps": reps,
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_start": os.getloadavg(),
+        "results": {},
+    }
     for mb in sizes:
         layers, ckpt, counter, result = _async_size(mb, reps, root)
         out["results"][str(mb)] = result
-        if mb == max(sizes):
-            step_target = (layers, ckpt, counter)
-        else:
-            ckpt.store.close()
-            del layers, ckpt
-    layers, ckpt, counter = step_target
-    out["step_time"] = {"payload_bytes": layers.nbytes, **_step_times(ckpt, counter, step_reps)}
+        ckpt.store.close()
+        del layers, ckpt
+    layers = _Layers(step_mb or max(sizes))
+    ckpts = {p: _checkpointer(layers, root, "async", f"steps-{p}", writer_priority=p) for p in PRIORITIES}
+    out["step_time"] = {"payload_bytes": layers.nbytes, **_step_times(ckpts, iter(range(1, 10**6)), step_reps)}
+    for ckpt in ckpts.values():
+        ckpt.store.close()
+    out["load_average_at_end"] = os.getloadavg()
     return out
 
 
@@ -364,17 +437,17 @@ def plot_async(result, path):
 
     sizes = list(result["results"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for i, mode in enumerate(("sync", "async")):
+    for i, mode in enumerate(ASYNC_MODES):
         med = [result["results"][s]["variants"][mode]["median_s"] for s in sizes]
-        left.bar([j + 0.4 * i for j in range(len(sizes))], med, width=0.4, label=f"async_save={mode == 'async'}")
-    left.set_xticks([j + 0.2 for j in range(len(sizes))], [f"{s} MB" for s in sizes])
+        left.bar([j + 0.27 * i for j in range(len(sizes))], med, width=0.27, label=mode)
+    left.set_xticks([j + 0.27 for j in range(len(sizes))], [f"{s} MB" for s in sizes])
     left.set_yscale("log")
     left.set_ylabel("save() blocks training (s, median)")
     left.legend()
     st = result["step_time"]
-    bars = {"no write": st["no_write"], "write (nice 0)": st["during_write"]}
-    if st.get("during_write_yielding", {}).get("median_s") is not None:
-        bars[f"write (nice {st['yielding_nice']})"] = st["during_write_yielding"]
+    bars = {"no write": st["no_write"]}
+    bars.update({f"write, {p}\n(nice {st[p]['nice']})": st[p]["during_write"] for p in PRIORITIES})
+    bars = {k: v for k, v in bars.items() if v.get("median_s") is not None}
     right.bar(list(bars), [v["median_s"] * 1e3 for v in bars.values()])
     right.set_ylabel(f"step time (ms, median; {st['payload_bytes'] / 2**20:.0f} MB being written)")
     fig.tight_layout()
@@ -396,6 +469,8 @@ def main(argv=None):
     p.add_argument("--async", dest="async_", action="store_true", help="sync vs async_save blocked time, step time")
     p.add_argument("--sizes", default=",".join(map(str, ASYNC_SIZES)), help="with --async: megabytes, comma-separated")
     p.add_argument("--plot", default=None, help="with --async: also write this PNG")
+    p.add_argument("--step-mb", type=int, default=None, help="with --async: the write the steps are timed under")
+    p.add_argument("--step-reps", type=int, default=3, help="with --async: writes timed per writer priority")
     p.add_argument(
         "--megabytes",
         type=int,
@@ -409,7 +484,8 @@ def main(argv=None):
     try:
         if args.async_:
             sizes = [QUICK_MEGABYTES] if args.quick else [int(v) for v in args.sizes.split(",")]
-            result, writer = run_async(sizes, reps, root, step_reps=1 if args.quick else 3), True
+            step_reps = 1 if args.quick else args.step_reps
+            result, writer = run_async(sizes, reps, root, step_reps=step_reps, step_mb=args.step_mb), True
         elif args.restore:
             result, writer = run_restore(megabytes, reps, root, args.pickled)
         else:
