@@ -13,6 +13,10 @@ import hvdkit.torch as hk  # noqa: E402
 from hvdkit.core import ConfigError  # noqa: E402
 from hvdkit.torch.trainer_options import TrainerOptions  # noqa: E402
 
+# torch's first optimizer in a process sets TORCHINDUCTOR_CACHE_DIR (torch._inductor's cache folder, process-wide):
+# made here, at import, so that the first test to build one is not reported as leaking it when this file runs alone.
+torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+
 PARAMETERS = [p for p in inspect.signature(hk.Trainer.__init__).parameters.values() if p.name != "self"]
 
 
