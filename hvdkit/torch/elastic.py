@@ -54,7 +54,7 @@ import torch
 
 from ..core import env as _env
 from ..core.checkpoint.tree import reseed_rng
-from ..core.errors import ConfigError
+from ..core.errors import CollectiveError, ConfigError
 from ..core.log import get_logger
 from ..core.zero import ShardedState
 from . import runtime
@@ -376,13 +376,46 @@ def _run_in_process(func, state, args, kwargs):
                 state.restore()
             except HostsUpdatedInterrupt:
                 _begin_recovery(state, "workers join", None)
-            hvd.shutdown()
-            hvd.init()
+            _reset(functools.partial(_restart, hvd), HorovodInternalError, state)
             runtime.init()  # rank-prefixed logging and threads for this rank and size
             state.on_reset()
     finally:
         _inside[0] -= 1
         notification_manager.remove_listener(state)
+
+
+RESET_ATTEMPTS = 5  # tries in a row to form the ring again, each failed by a worker lost meanwhile
+
+
+def _reset(restart: Callable[[], Any], lost: type[BaseException], state: State) -> None:
+    """``restart()`` (Horovod shut down and started again: the driver's next rendezvous forms the new ring). A worker
+    lost while it forms makes ``hvd.init()`` raise ``lost`` (HorovodInternalError; engine fix 17, before it the process
+    aborted inside Gloo): try again, the driver answers without that worker, at most ``RESET_ATTEMPTS`` times; each
+    failed try is counted in the recovery being made (``state.recoveries[-1]["failed_resets"]``)."""
+    for attempt in range(1, RESET_ATTEMPTS + 1):
+        try:
+            restart()
+            return
+        except lost as e:
+            if attempt == RESET_ATTEMPTS:
+                raise CollectiveError(
+                    f"in-process recovery gave up: the ring could not be formed again {attempt} times in a row, "
+                    f"each time because a worker was lost while it formed ({e}); the job ends here: start it "
+                    "again (it resumes from its newest checkpoint), and check why workers keep failing"
+                ) from e
+            if state.recoveries:
+                state.recoveries[-1]["failed_resets"] = attempt
+            _log.warning(
+                "a worker was lost while the ring formed again (%s); trying again (%d of %d)",
+                e,
+                attempt,
+                RESET_ATTEMPTS,
+            )
+
+
+def _restart(hvd):
+    hvd.shutdown()
+    hvd.init()
 
 
 def _begin_recovery(state, cause, error):
@@ -402,9 +435,10 @@ def _say_recovered(state):
     last["to_size"] = runtime.size()
     last["resumed_step"] = getattr(state, "step", None)
     if runtime.is_rank0():
+        failed = last.get("failed_resets")
         _log.info(
             "%s: %d -> %d ranks, going on from step %s (committed in memory) after %.2f s",
-            last["cause"],
+            last["cause"] + (f" ({failed} failed reset(s): a worker lost while the ring formed)" if failed else ""),
             last["from_size"],
             last["to_size"],
             last["resumed_step"],

@@ -217,3 +217,30 @@ def test_a_hand_written_loop_under_hk_elastic_run_recovers_a_killed_worker_and_e
     # ZeRO-1 across the shrink: the slices are cut anew at 1 rank from the commit; the same maths as unsharded
     a, b = np.load(out_file), np.load(loop_reference)
     assert_close({k: a[k] for k in a.files}, {k: b[k] for k in b.files}, BOUND)
+
+
+def test_a_worker_lost_while_the_ring_forms_again_is_a_failed_reset_the_survivor_tries_again(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """Rank 1 is killed; the worker that takes its slot dies as soon as the rendezvous took it, while the survivor
+    forms the ring with it (inside hvd.init). The survivor's Gloo rendezvous then fails (here: the dead worker never
+    gives its address, Gloo's timeout; or a connection closed by it); engine fix 17 makes that a failed hvd.init that
+    the loop tries again, without the dead worker. Before it, Gloo's IoException escaped Horovod's background thread
+    and aborted the survivor (`terminate called after throwing an instance of 'gloo::IoException'`): the job was lost.
+    """
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "25")  # how long the survivor waits for the dead worker
+    d, log = tmp_path / "ckpt", tmp_path / "samples"
+    proc = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, KILL, str(tmp_path / "killed"), "1", "step:10,join,pace:0.25", TORCH, *ARGS,
+        "--checkpoint-dir", str(d), "--sample-log", str(log), timeout=400,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert "terminate called" not in out, out[-5000:]
+    assert proc.returncode == 0, out[-5000:]
+    assert (tmp_path / "killed").exists() and (tmp_path / "killed.join").exists()  # both kills happened
+    assert len(re.findall(r"a worker was lost while the ring formed again \(.*\); trying again \(1 of 5\)", out)) == 1
+    assert out.count("2 rank(s) over Gloo") == 1  # the survivor went on: the job never started anew
+    result = final_line(out)
+    assert result["steps"] == EPOCHS * STEPS_PER_EPOCH
+    assert_every_sample_once_per_epoch(read_sample_logs(log))
+    assert_close(params(d), uninterrupted["params"], BOUND)
