@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..core import env
@@ -274,7 +274,7 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
         num_proc=num_proc,
         controller="gloo" if args.gloo else "mpi",
         hosts=() if script else found,
-        env={**parse_env_vars(args.env_vars, os.environ), **(_in_process_env() if in_process else {})},
+        env=_job_env(parse_env_vars(args.env_vars, os.environ), in_process),
         network_interface=args.network_interface,
         timeline=args.timeline,
         timeline_mark_cycles=args.timeline_mark_cycles,
@@ -295,13 +295,18 @@ def job_of(args: argparse.Namespace) -> tuple[JobSpec, RunOptions]:
 IN_PROCESS_GLOO_TIMEOUT = 120  # seconds; Horovod's default, 30, is shorter than a joining worker's start under load
 
 
-def _in_process_env() -> dict[str, str]:
+def _job_env(given: dict[str, str], in_process: bool) -> dict[str, str]:
+    return {**given, **(_in_process_env(given) if in_process else {})}
+
+
+def _in_process_env(given: Mapping[str, str] | None = None) -> dict[str, str]:
     """What the ranks of ``--recovery in-process`` get: HVDKIT_RECOVERY, and a Gloo timeout of
-    ``IN_PROCESS_GLOO_TIMEOUT`` s unless HOROVOD_GLOO_TIMEOUT_SECONDS is set: the ranks wait inside Gloo's
-    rendezvous while a joining worker imports its framework and starts Horovod (5-37 s measured here under
-    load), and a rank that waits longer than the timeout aborts the job."""
+    ``IN_PROCESS_GLOO_TIMEOUT`` s unless HOROVOD_GLOO_TIMEOUT_SECONDS is set (in the environment, or in
+    ``given``: the job's ``-x`` variables): the ranks wait inside Gloo's rendezvous while a joining worker
+    imports its framework and starts Horovod (5-37 s measured here under load); a rank that waits longer
+    fails that rendezvous (engine fix 17: a failed reset, tried again; before it, the job was lost)."""
     out = {env.RECOVERY: "in-process"}
-    if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ:
+    if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ and "HOROVOD_GLOO_TIMEOUT_SECONDS" not in (given or {}):
         out["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(IN_PROCESS_GLOO_TIMEOUT)
     return out
 
