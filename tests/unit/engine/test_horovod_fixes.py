@@ -35,7 +35,10 @@ RANGES = [
 
 # The fixes that must change Horovod's C++ (a rebuild of the engine; the new fix level's wheel key makes it), and
 # their C++ files: every other fix is Python only.
-CXX_FIXES = {"17-elastic-worker-lost-while-ring-forms-fails-init.patch": ("horovod/common/operations.cc",)}
+CXX_FIXES = {
+    "17-elastic-worker-lost-while-ring-forms-fails-init.patch": ("horovod/common/operations.cc",),
+    "18-common-reinit-keeps-fixed-settings.patch": ("horovod/common/parameter_manager.cc",),
+}
 
 
 def header(text):
