@@ -57,15 +57,16 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    """End the pool's jobs when the last test of a module is done. An idle pool job is not free: Horovod's
-    background loop and MPI's progress keep its ranks busy (up to 88 % of a core for an idle Keras job under
-    mpirun, measured during a full run), so jobs kept for later modules took most of the 2 cores from the
-    tests that ran meanwhile and made the suite several times slower."""
+    """Park the pool's jobs when the last test of a module is done (tests/support/pool.py). An idle pool job
+    is not free: Horovod's background loop and MPI's progress keep its ranks busy (up to 88 % of a core for
+    an idle Keras job under mpirun, measured during a full run), so jobs left running for later modules
+    took most of the 2 cores from the tests that ran meanwhile. Parked (SIGSTOP), they cost nothing until
+    a later module's case wakes them, and no module pays for a job start the pool already paid."""
     if nextitem is not None and nextitem.path == item.path:
         return
     pool = sys.modules.get("pool")
-    if pool is not None and hasattr(pool, "close_all"):
-        pool.close_all()
+    if pool is not None and hasattr(pool, "park_all"):
+        pool.park_all()
 
 
 def pytest_sessionfinish(session):

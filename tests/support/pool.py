@@ -13,7 +13,12 @@ A case that does not finish within its bound fails naming the ranks still runnin
 Python stacks), one that kills a rank fails naming it; either way the pool ends that job (its
 process group and its ranks', by pid, never by name) and the next case gets a fresh job. A failed
 case retires its job the same way, as does a case that leaves what the worker cannot put back.
-``close_all`` (run by tests/conftest.py after each module and when the session finishes) ends every job.
+``park_all`` (run by tests/conftest.py after each module) stops every job's ranks with SIGSTOP, so an idle
+job costs no CPU (Horovod's background loop and MPI's progress kept an idle job's ranks busy, up to 88 %
+of a core), and the next module that asks for the same launcher and framework wakes it (SIGCONT) instead
+of paying for a fresh start; Gloo's per-operation timeout is raised for pool jobs so that an operation
+stopped mid-wait is not timed out by the time it spent stopped. ``close_all`` (when the session
+finishes) ends every job.
 
 Use the pool where the job is not the subject; a test of start-up, the launcher, exit codes, env
 read at ``init`` or a process's memory starts its own job (helpers.run_ranks).
@@ -39,6 +44,7 @@ SIZE = 2
 START_BOUND_S = 240  # mpirun + TensorFlow + Horovod on a loaded 2-core machine: well under this
 STOP_GRACE_S = 15
 POLL_S = 0.02
+PARKED_GLOO_TIMEOUT_S = 24 * 3600
 
 
 class PoolCaseError(AssertionError):
@@ -77,8 +83,12 @@ class Job:
         self.dir = Path(tempfile.mkdtemp(prefix=f"hvdkit-pool-{framework}-{launcher}-"))
         self.cases = 0
         self.ranks = {}  # rank -> (pid, process group)
+        self.parked = False
         env = {k: v for k, v in os.environ.items() if not k.startswith("HVDKIT_")}  # each case brings its own
         env.update(PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+        # a parked job's background loop may be stopped inside a Gloo operation: the time it spends stopped
+        # must not count against that operation (a case that hangs is bounded by run()'s timeout instead)
+        env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(PARKED_GLOO_TIMEOUT_S)
         argv = launcher_argv(launcher, SIZE) + [PYTHON, str(WORKER), str(self.dir), framework]
         self.log = open(self.dir / "launcher.log", "w")  # noqa: SIM115 (closed in end())
         self.proc = subprocess.Popen(
@@ -154,6 +164,23 @@ class Job:
         retire = [res["retire"] for res in results.values() if res.get("retire")]
         return [results[r] for r in range(SIZE)], "; ".join(retire) or None
 
+    def _signal_ranks(self, sig):
+        for pid, _ in self.ranks.values():
+            if pid_running(pid):
+                os.kill(pid, sig)
+
+    def park(self):
+        """Stop the ranks (SIGSTOP) until the next case wants this job: idle, they would keep a core busy."""
+        if not self.parked and self.proc.poll() is None:
+            self._signal_ranks(signal.SIGSTOP)
+            self.parked = True
+
+    def wake(self):
+        """Let a parked job's ranks run again (SIGCONT)."""
+        if self.parked:
+            self._signal_ranks(signal.SIGCONT)
+            self.parked = False
+
     def _wait_for_launcher(self, bound):
         try:
             self.proc.wait(bound)
@@ -170,6 +197,7 @@ class Job:
 
     def end(self, grace=0.0):
         """End the job: ask the ranks to stop and wait ``grace`` s, then kill its process group and ranks."""
+        self.wake()  # a stopped rank can neither stop by itself nor leave its zombie to be reaped
         if grace and self.proc.poll() is None:
             (self.dir / "stop").write_text("")
             try:
@@ -206,6 +234,7 @@ def job_for(launcher, framework):
             job.end()
         job = LIVE[(launcher, framework)] = Job(launcher, framework)
         job.wait_ready()
+    job.wake()
     return job
 
 
@@ -244,6 +273,12 @@ def run_worker(launcher, framework, worker, out, *args, timeout=300):
     (what ``helpers.run_contract_worker`` returns for a job of its own)."""
     run_case(launcher, framework, f"{worker}:main", args=[str(out), *args], timeout=timeout)
     return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(SIZE)]
+
+
+def park_all():
+    """Stop every live job's ranks until a later case wakes it (after each test module)."""
+    for job in LIVE.values():
+        job.park()
 
 
 def close_all():
