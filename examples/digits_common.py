@@ -26,8 +26,8 @@ def load_split(seed):
     return x[train], y[train], x[val], y[val]
 
 
-def parse_args(description, default_checkpoint_dir, argv=None):
-    """The flags every digits example takes."""
+def parse_args(description, default_checkpoint_dir, argv=None, add_flags=None):
+    """The flags every digits example takes, and those ``add_flags(parser)`` adds (one example's own)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--epochs", type=int, default=12, help="total epochs (a resumed run continues to this)")
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
@@ -62,6 +62,8 @@ def parse_args(description, default_checkpoint_dir, argv=None):
     p.add_argument(
         "--stop-at-step", type=int, default=None, help="stop after this optimizer step as on SIGTERM (checkpoint, exit)"
     )
+    if add_flags is not None:
+        add_flags(p)
     return p.parse_args(argv)
 
 
@@ -136,10 +138,11 @@ def log_epoch(log, epoch, epochs, metrics, seconds=None):
     )
 
 
-def run(train, doc, name, argv=None):
-    """An example's ``main``: its flags (described by the first line of ``doc``), then ``train(args)``;
-    an HvdkitError (bad input, a failed collective) becomes one line on stderr and exit code 2."""
-    args = parse_args(doc.splitlines()[0], f"checkpoints/{name}", argv)
+def run(train, doc, name, argv=None, add_flags=None):
+    """An example's ``main``: its flags (described by the first line of ``doc``; ``add_flags(parser)`` adds its
+    own), then ``train(args)``; an HvdkitError (bad input, a failed collective) becomes one line on stderr and
+    exit code 2."""
+    args = parse_args(doc.splitlines()[0], f"checkpoints/{name}", argv, add_flags)
     try:
         train(args)
     except HvdkitError as e:

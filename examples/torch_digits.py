@@ -90,6 +90,7 @@ def train(args):
         seed=args.seed,
         scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, args.epochs)),
         callbacks=callbacks,
+        shard_optimizer_state=args.shard_optimizer_state,
     )
     history = trainer.fit(train_ds, val_ds, epochs=args.epochs)
     final = {}
@@ -111,8 +112,16 @@ def train(args):
         )
 
 
+def flags(parser):
+    parser.add_argument(
+        "--shard-optimizer-state",
+        action="store_true",
+        help="ZeRO-1: each rank keeps the optimizer state of its slice of the parameters only (the same maths)",
+    )
+
+
 def main(argv=None):
-    return run(train, __doc__, "torch_digits", argv)
+    return run(train, __doc__, "torch_digits", argv, add_flags=flags)
 
 
 if __name__ == "__main__":
