@@ -21,6 +21,7 @@ from .plan import Plan
 from .quiet import OutputFilter
 from .rank_output import LineDemux, RankReports, launcher_report, retag
 from .rank_signals import (
+    elastic_worker_pids,
     local_rank_pids,
     process_tree,
     reap,
@@ -140,7 +141,9 @@ class Execution:
     thread meanwhile (the elastic loop's watcher does) and returns a RankProgress snapshot. State:
     ``reports`` (the rank wrappers' reports), ``signals`` (signals the launcher received),
     ``stopping`` (a graceful stop is under way), ``stalled`` (ranks Horovod's stall inspector named),
-    ``broken`` (output streams the user can no longer read).
+    ``broken`` (output streams the user can no longer read). ``elastic_workers``: the plan runs Horovod's
+    elastic driver, whose workers have no rank wrappers (``hvdkit run --recovery in-process``); a stop
+    signals the workers on this host, found below the driver, as it would the wrappers.
     """
 
     def __init__(
@@ -151,8 +154,10 @@ class Execution:
         err: TextIO | None = None,
         grace: float = 30.0,
         forward_usr1: bool = True,
+        elastic_workers: bool = False,
     ) -> None:
         self.plan, self.job_id, self.grace, self.forward_usr1 = plan, job_id, grace, forward_usr1
+        self.elastic_workers = elastic_workers
         self.out, self.err = out or sys.stdout, err or sys.stderr
         # HVDKIT_LOG_LEVEL=DEBUG shows the ranks' start-up chatter and the launcher's own failure report
         level = _env.read_choice(_env.LOG_LEVEL, _env.LOG_LEVELS, _env.DEFAULT_LOG_LEVEL, upper=True)
@@ -244,6 +249,8 @@ class Execution:
         )
 
     def _local_ranks(self) -> list[int]:
+        if self.elastic_workers and self.proc is not None:
+            return elastic_worker_pids(self.proc.pid)
         return local_rank_pids(self.reports.started, self.job_id)
 
     def _stop_now(self) -> None:

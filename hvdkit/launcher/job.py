@@ -160,7 +160,16 @@ def _run_elastic_driver(built: plan.Plan, spec: JobSpec, options: RunOptions, er
             "checkpoints are not used\n"
         )
     err.flush()
-    return exit_code(execute.Execution(built, grace=options.grace, forward_usr1=False).run())
+    # hvdkit's ranks (in-process) stop cleanly on SIGTERM, so a stop reaches them at once; horovodrun itself gets
+    # it only when the grace period ends (it then gives its workers 5 s before it kills them)
+    in_process = spec.env.get(env.RECOVERY) == "in-process"
+    final = execute.Execution(built, grace=options.grace, forward_usr1=False, elastic_workers=in_process).run()
+    if final.interrupted_by is not None and final.exit_code == 0:
+        err.write(
+            f"hvdkit run: stopped by {execute.signal_name(final.interrupted_by)}: every rank exited cleanly "
+            f"(exit code {exit_code(final)})\n"
+        )
+    return exit_code(final)
 
 
 def exit_code(result: JobResult) -> int:

@@ -1,5 +1,6 @@
 """Which processes of a job get which signal: rank wrappers on this host (by the pids they reported,
-checked against /proc), ranks on other hosts (over ssh, by host and pid), and what a job left behind."""
+checked against /proc), Horovod elastic workers on this host (found below their driver), ranks on other
+hosts (over ssh, by host and pid), and what a job left behind."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..core import env as _env
 
 __all__ = [
     "local_rank_pids",
+    "elastic_worker_pids",
     "remote_rank_pids",
     "remote_ranks_to_stop",
     "remote_term_command",
@@ -51,6 +53,47 @@ def _is_wrapper_of(pid, job_id):
             return f"{_env.JOB_ID}={job_id}".encode() in f.read().split(b"\0")
     except OSError:
         return False
+
+
+# Set by Horovod's driver for each worker it starts, in the worker's environment only (not in its own or its
+# middlemen's): the workers' rendezvous with the driver.
+_WORKER_VARIABLE = b"HOROVOD_GLOO_RENDEZVOUS_PORT="
+
+
+def elastic_worker_pids(driver_pid: int) -> list[int]:
+    """Pids of the workers Horovod's elastic driver (horovodrun, pid ``driver_pid``) runs on this host: below it,
+    the worker's command, the topmost process with the worker environment that is not the ``/bin/sh -c`` Horovod
+    runs it with (a signal to that shell ends the shell, not the command). Not what the command started, nor the
+    middleman process Horovod starts each worker from, nor the ssh client of a worker on another host."""
+    below = process_tree(driver_pid)[1:]
+    parents = {pid: _parent(pid) for pid in below}
+    workers = {pid for pid in below if _has_worker_environment(pid)}
+    shells = {pid for pid in workers if parents[pid] not in workers and _is_shell(pid)}
+    return [pid for pid in below if pid in workers - shells and (parents[pid] not in workers or parents[pid] in shells)]
+
+
+def _has_worker_environment(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:  # readable for our own processes (and root)
+            return any(item.startswith(_WORKER_VARIABLE) for item in f.read().split(b"\0"))
+    except OSError:
+        return False
+
+
+def _is_shell(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[:2] == [b"/bin/sh", b"-c"]
+    except OSError:
+        return False
+
+
+def _parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def remote_rank_pids(started: Mapping[int, Mapping[str, Any]], host: str | None = None) -> list[tuple[str, int]]:

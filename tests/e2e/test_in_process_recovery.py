@@ -8,11 +8,12 @@ fix 09 replaces a lost worker there). Each job is bounded in time and leaves no 
 
 import json
 import re
+import signal
 from collections import defaultdict
 
 import numpy as np
 import pytest
-from helpers import PYTHON, hvdkit_run, read_sample_logs
+from helpers import PYTHON, hvdkit_run, pid_running, read_sample_logs
 
 from hvdkit.core.checkpoint.state import read_newest
 
@@ -81,15 +82,19 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "rank, where",
+    "rank, where, shard",
     [
-        (1, "step:30"),  # mid-epoch 2
-        (0, "step:30"),  # rank 0: the rank left becomes rank 0 and goes on checkpointing
-        (1, "commit:4"),  # inside a commit: the survivor goes on from the newest commit it holds
+        (1, "step:30", False),  # mid-epoch 2
+        (0, "step:30", False),  # rank 0: the rank left becomes rank 0 and goes on checkpointing
+        (1, "commit:4", False),  # inside a commit: the survivor goes on from the newest commit it holds
+        # ZeRO-1 across the shrink: each commit gathers the state; the survivor cuts it for 1 rank. Its maths is the
+        # unsharded one, so the reference is the same uninterrupted run
+        (1, "step:30", True),
     ],
+    ids=["rank1-step30", "rank0-step30", "rank1-commit4", "zero1-rank1-step30"],
 )
 def test_a_worker_killed_mid_run_is_recovered_in_process_with_every_sample_once_and_the_uninterrupted_result(
-    uninterrupted, tmp_path, rank, where
+    uninterrupted, tmp_path, rank, where, shard
 ):
     d, log = tmp_path / "ckpt", tmp_path / "samples"
     proc = hvdkit_run(
@@ -106,11 +111,15 @@ def test_a_worker_killed_mid_run_is_recovered_in_process_with_every_sample_once_
         str(d),
         "--sample-log",
         str(log),
+        *(("--shard-optimizer-state",) if shard else ()),
         timeout=300,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     assert (tmp_path / "killed").exists()  # the kill happened
+    if where.startswith("step"):  # the killed rank stepped its ZeRO-1 slice only: half the values at 2 ranks
+        (held,) = map(int, re.findall(r"the optimizer steps (\d+) parameter values", out))
+        assert held == sum(v.size for v in uninterrupted["params"].values()) // (2 if shard else 1)
     lost = re.findall(r"a worker was lost: 2 -> 1 ranks, going on from step (\d+) \(committed in memory\)", out)
     assert len(lost) == 1, out[-5000:]
     assert "restarting" not in out and out.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
@@ -123,6 +132,47 @@ def test_a_worker_killed_mid_run_is_recovered_in_process_with_every_sample_once_
     # validated over every sample at the new size too (before: the shards of the old size, half the set)
     assert abs(result["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
     assert result["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
+
+
+def test_sigterm_to_hvdkit_run_stops_every_rank_at_a_checkpointed_step_and_the_next_in_process_start_continues(
+    uninterrupted, tmp_path
+):
+    """Preemption as Kubernetes does it (SIGTERM to the container's main process, `hvdkit run`; then SIGKILL after
+    terminationGracePeriodSeconds, 30 s by default): at rank 1's step 26 (epoch 2) the kill wrapper sends SIGTERM to
+    the job's `hvdkit run`. Every rank must hear of it at once (the Trainer's PreemptionGuard: they stop after the
+    same step, rank 0 checkpoints it), exit 0, the job exit 143 and leave no process. Before, `hvdkit run` passed
+    nothing to the ranks of Horovod's elastic driver for its whole grace period (30 s): this run ended unstopped."""
+    d, log = tmp_path / "ckpt", tmp_path / "samples"
+    proc = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, KILL, str(tmp_path / "termed"), "1", "term:26,pace:0.1", TORCH, *ARGS,
+        "--checkpoint-dir", str(d), "--sample-log", str(log), timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert (tmp_path / "termed").exists()  # the signal was sent
+    assert proc.returncode == 128 + signal.SIGTERM, out[-5000:]
+    assert "stopped by SIGTERM: every rank exited cleanly" in out, out[-5000:]
+    stopped = final_line(out)
+    assert stopped["preempted"] is True, out[-5000:]
+    # stopped in epoch 2 (steps 24-46), at the step rank 0 checkpointed: a step a pace of 0.1 s follows the signal
+    step = stopped["steps"]
+    assert 26 <= step < 2 * STEPS_PER_EPOCH and read_newest(d).step == step, out[-5000:]
+    assert "a worker was lost" not in out and out.count("2 rank(s) over Gloo") == 1  # nothing taken for a failure
+    # every process of the job (each worker says its pid; the wrapper listed the job's processes at the signal)
+    (listed,) = re.findall(r"kill_in_process: SIGTERM to hvdkit run \d+; below it: ([\d ]+)$", out, re.M)
+    workers = [int(p) for p in re.findall(r"kill_in_process: process (\d+) runs", out)]
+    assert len(workers) == 2 and set(workers) <= {int(p) for p in listed.split()}, out[-5000:]
+    assert [p for p in map(int, listed.split()) if pid_running(p)] == []
+    # the next start, in-process again, continues from that step and ends as the uninterrupted run
+    again = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, TORCH, *ARGS, "--checkpoint-dir", str(d), "--sample-log", str(log), timeout=300
+    )
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-5000:]
+    result = final_line(out)
+    assert result["resumed_from_epoch"] == 1 and result["steps"] == EPOCHS * STEPS_PER_EPOCH
+    assert_every_sample_once_per_epoch(read_sample_logs(log))
+    assert_close(params(d), uninterrupted["params"], BOUND)
+    assert abs(result["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
 
 
 def test_a_new_worker_joins_after_the_loss_and_the_run_ends_as_without_the_kill(uninterrupted, tmp_path):

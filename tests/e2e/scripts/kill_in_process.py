@@ -1,5 +1,5 @@
 """Run a training example under `hvdkit run --recovery in-process`; SIGKILL the process that is rank R
-when it reaches a point, once per job.
+when it reaches a point, once per job (or, with term:N, send SIGTERM to the job's `hvdkit run`).
 
     kill_in_process.py MARKER R step:N SCRIPT [ARGS...]     # at its N-th optimizer step (SGD.step)
     kill_in_process.py MARKER R commit:N SCRIPT [ARGS...]   # inside its N-th commit (hk.elastic.State.save)
@@ -7,6 +7,8 @@ when it reaches a point, once per job.
     kill_in_process.py MARKER R step:N,join SCRIPT ...      # and the first worker that joins later, right after a
                                                             # rendezvous took its slot (MARKER.join): the others
                                                             # are then forming the ring with it, inside hvd.init
+    kill_in_process.py MARKER R term:N SCRIPT [ARGS...]     # at its N-th optimizer step, SIGTERM to the `hvdkit run`
+                                                            # above it, as a scheduler preempting the job sends it
 
 MARKER is a file made with O_EXCL by the process that kills itself, so exactly one process of the job
 is killed: a worker that joins later (or the same rank after a recovery) runs unharmed. The example
@@ -19,7 +21,48 @@ import signal
 import sys
 
 
-def _kill_at(original, at, rank, marker):
+def _hvdkit_run_above(pid):
+    """The nearest process above ``pid`` that is `hvdkit run` (its argv: ... hvdkit run ...), from /proc."""
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        if any(os.path.basename(a) == "hvdkit" and argv[i + 1 : i + 2] == ["run"] for i, a in enumerate(argv)):
+            return pid
+    raise RuntimeError("kill_in_process: no `hvdkit run` above this process")
+
+
+def _kill_self():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _below(pid):
+    """Every process below ``pid``, from /proc."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def _term_hvdkit_run():
+    """SIGTERM to the job's `hvdkit run`, after saying which processes run below it (the test checks that none
+    is left once the job has ended)."""
+    launcher = _hvdkit_run_above(os.getpid())
+    below = " ".join(map(str, sorted(_below(launcher))))
+    print(f"kill_in_process: SIGTERM to hvdkit run {launcher}; below it: {below}", flush=True)
+    os.kill(launcher, signal.SIGTERM)
+
+
+def _kill_at(original, at, rank, marker, act=_kill_self):
     calls = {"n": 0}
 
     def wrapped(*args, **kwargs):
@@ -31,7 +74,10 @@ def _kill_at(original, at, rank, marker):
                 os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             except FileExistsError:
                 return original(*args, **kwargs)
-            os.kill(os.getpid(), signal.SIGKILL)
+            if isinstance(getattr(args[0], "param_groups", None), list):  # what this rank's optimizer steps (ZeRO-1:
+                held = sum(p.numel() for g in args[0].param_groups for p in g["params"])  # its slice only)
+                print(f"kill_in_process: at step {calls['n']} the optimizer steps {held} parameter values", flush=True)
+            act()
         return original(*args, **kwargs)
 
     return wrapped
@@ -79,10 +125,11 @@ def main():
 
         torch.optim.SGD.step = paced(torch.optim.SGD.step)
     kind, at = where.split(":")
-    if kind == "step":
+    if kind in ("step", "term"):
         import torch
 
-        torch.optim.SGD.step = _kill_at(torch.optim.SGD.step, int(at), rank, marker)
+        act = _term_hvdkit_run if kind == "term" else _kill_self
+        torch.optim.SGD.step = _kill_at(torch.optim.SGD.step, int(at), rank, marker, act)
     else:
         from hvdkit.torch import elastic
 
