@@ -7,7 +7,9 @@ changes the state (an optimizer's ``step()``), by that thread first (``copy``): 
 is the gate, a cheap check once the copy is done. Only rank 0 writes, so only rank 0 learns
 whether the write worked: every rank therefore calls ``settle`` at the same points (the next
 save, ``wait``, a restore), and rank 0 broadcasts the outcome there, so a failed write raises
-the same CheckpointError on every rank.
+the same CheckpointError on every rank. The thread itself never calls the communicator (everything it
+needs from it is read by ``save``): under ``--recovery in-process`` a reset shuts Horovod down while a
+write may be in flight, and the write must still finish.
 
 The thread is not a daemon: an interpreter that exits waits for the write. At exit, a write whose
 outcome no rank asked for is reported on rank 0 (an error, logged), since a collective is no longer

@@ -263,6 +263,9 @@ class CheckpointStore:
         Collective: every rank calls it; only rank 0 calls ``check`` and ``write``.
         """
         self._writes.settle(next_step=int(step))
+        # Read here, not in the write thread: under --recovery in-process a reset shuts Horovod down (its
+        # rank() and size() raise) while a background write may still be in flight.
+        world_size = self.comm.size
         result = None
         if self.comm.is_rank0:
             try:
@@ -272,7 +275,7 @@ class CheckpointStore:
                 if background:
                     result = ("started", os.path.join(self.root, f"{_PREFIX}{int(step):012d}"))
                 else:
-                    result = ("ok", self._write(write, int(step), int(epoch), meta or {}))
+                    result = ("ok", self._write(write, int(step), int(epoch), world_size, meta or {}))
             except ConfigError as e:
                 result = ("invalid", f"the checkpoint of step {step} was not saved: {e}")
             except Exception as e:  # noqa: BLE001 - any failure must reach every rank
@@ -281,7 +284,9 @@ class CheckpointStore:
         if status == "invalid":
             raise ConfigError(value)
         if status == "started":
-            self._writes.start(int(step), lambda: self._write(write, int(step), int(epoch), meta or {}), copy)
+            self._writes.start(
+                int(step), lambda: self._write(write, int(step), int(epoch), world_size, meta or {}), copy
+            )
         elif status != "ok":
             raise CheckpointError(value)
         return value
@@ -313,7 +318,8 @@ class CheckpointStore:
         """
         return self._writes.settle()
 
-    def _write(self, write, step, epoch, meta):
+    def _write(self, write, step, epoch, world_size, meta):
+        """Rank 0, in the caller's thread or the write thread: no collective, no call to the communicator."""
         t0 = time.perf_counter()
         self.wait_for_cleanup()  # the previous save's deletions (normally long done)
         tmp = self._tmp_path(f"{_PREFIX}{step:012d}")
@@ -326,7 +332,7 @@ class CheckpointStore:
                 {
                     "step": step,
                     "epoch": epoch,
-                    "world_size": self.comm.size,
+                    "world_size": world_size,
                     "framework": self.framework,
                     "hvdkit_version": _version(),
                     "created": time.time(),

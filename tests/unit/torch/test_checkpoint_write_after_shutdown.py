@@ -1,0 +1,102 @@
+"""An async save whose write is in flight when Horovod shuts down (an in-process reset) is still written, with
+the state at ``save()``: the write thread reads nothing from the communicator (size-1 communicator, real threads).
+"""
+
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hvdkit.core import LocalCommunicator  # noqa: E402
+from hvdkit.core.checkpoint import verify  # noqa: E402
+from hvdkit.core.checkpoint.state import read_newest  # noqa: E402
+from hvdkit.torch.checkpoint import Checkpointer  # noqa: E402
+
+# torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test
+# (the conftest fails a test that changes the environment).
+torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1).step()
+
+BOUND_S = 60  # a gate never opened fails the test here instead of hanging it
+
+
+class ShutDownLater(LocalCommunicator):
+    """A size-1 communicator that, while ``down``, raises what Horovod's ``rank()``/``size()`` raise after
+    ``hvd.shutdown()``; it records the name of every thread that used it."""
+
+    def __init__(self):
+        self.down, self.users = False, []
+
+    def _use(self, value):
+        self.users.append(threading.current_thread().name)
+        if self.down:
+            raise ValueError("Horovod has not been initialized; use hvd.init().")
+        return value
+
+    rank = property(lambda self: self._use(0))
+    size = property(lambda self: self._use(1))
+
+    def broadcast_object(self, obj, name, root=0):
+        return self._use(super().broadcast_object(obj, name, root))
+
+    def allgather_object(self, obj, name):
+        return self._use(super().allgather_object(obj, name))
+
+    def allreduce_sum(self, values, name):
+        return self._use(super().allreduce_sum(values, name))
+
+    def barrier(self):
+        self._use(None)
+
+
+class HeldCopy(Checkpointer):
+    """A torch Checkpointer whose copy in the write thread waits until ``gate`` is set."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def _copy_into(self, items, old, staging, ready=None):
+        if threading.current_thread().name.startswith("hvdkit-ckpt-write"):
+            assert self.gate.wait(BOUND_S), "the test never released the copy"
+        return super()._copy_into(items, old, staging, ready)
+
+
+def _train_step(model, opt, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def test_an_async_save_in_flight_when_horovod_shuts_down_is_written_with_the_state_at_save(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    _train_step(model, opt, 1)
+    comm = ShutDownLater()
+    ckpt = HeldCopy(tmp_path, model, opt, comm=comm, async_save=True)
+    expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    path = ckpt.save(92, 2)
+    comm.down = True  # the reset's hvd.shutdown() while the copy and the write are in flight
+    ckpt.gate.set()
+    _train_step(model, opt, 2)  # waits for the copy; then changes the parameters
+    deadline = time.monotonic() + BOUND_S
+    while ckpt.store.writing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not ckpt.store.writing, "the background write never ended"
+    comm.down = False  # the reset's hvd.init()
+    # before: CheckpointError "the checkpoint of step 92 was not saved: ... (ValueError: Horovod has not been
+    # initialized; use hvd.init().)"
+    assert ckpt.wait() == path
+    assert verify(path)["world_size"] == 1
+    snap = read_newest(tmp_path)
+    assert (snap.step, snap.epoch, snap.path) == (92, 2, path)
+    assert sorted(snap.state["model"]) == sorted(expected)
+    for k, v in expected.items():
+        assert torch.equal(torch.from_numpy(snap.state["model"][k]), v), k
+    assert not torch.equal(model[0].weight, expected["0.weight"])  # the step after the save did change them
+    assert [n for n in comm.users if n.startswith("hvdkit-ckpt-write")] == []
+    ckpt.store.close()
