@@ -229,8 +229,12 @@ class BackgroundWrites:
                 _log.error("%s (found after a recovery)", outcome[1])
 
     def finish_locally(self, when: str = "at exit") -> None:
-        """Rank 0, no collective (exit, close): wait for the write; log its failure, which no rank asked for."""
-        if self.step is None or not self.comm.is_rank0:
+        """Rank 0, no collective (exit, close): wait for the write; log its failure, which no rank asked for.
+
+        Only the process whose thread writes does anything: Horovod may be shut down by now (its own atexit
+        handler, an in-process reset), so the communicator is not asked for the rank.
+        """
+        if self.step is None or self._thread is None:
             return
         outcome, _, _ = self._join(self.step)
         self.step = None

@@ -71,3 +71,24 @@ def test_a_background_write_in_flight_when_horovod_shuts_down_still_writes_a_che
     assert read(path) == b"step 92"
     assert [n for n in comm.users if n.startswith("hvdkit-ckpt-write")] == []
     store.close()
+
+
+def test_close_after_horovod_shut_down_finishes_the_write_in_flight_and_releases_the_folder(tmp_path):
+    comm = ShutDownLater()
+    store = CheckpointStore(tmp_path / "ckpt", comm, keep=3)
+    gate = threading.Event()
+
+    def held_write(folder):
+        assert gate.wait(BOUND_S), "the test never released the write"
+        writer(b"step 40")(folder)
+
+    path = store.save(held_write, 40, 1, background=True)
+    comm.down = True  # Horovod shut down (its atexit handler, or a reset) before the write was waited for
+    threading.Timer(0.2, gate.set).start()
+    store.close()  # before: ValueError "Horovod has not been initialized" from close(), the write not waited for
+    assert not store.writing
+    assert read(path) == b"step 40" and verify(path)["step"] == 40
+    comm.down = False
+    again = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3)  # the lock was released
+    assert again.latest().path == path
+    again.close()
