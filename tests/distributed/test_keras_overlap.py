@@ -5,17 +5,16 @@ both ranks and within 1e-6 of one process on the ranks' batches together (traini
 ~1e-1, so a group left out or averaged twice fails).
 """
 
+import pool
 import pytest
-from helpers import ROOT, run_contract_worker
 
 pytestmark = pytest.mark.dist
-WORKERS = ROOT / "tests" / "distributed" / "workers"
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("keras-overlap")
-    return run_contract_worker("mpirun", WORKERS / "keras_overlap.py", out, timeout=500)
+    return pool.run_worker("mpirun", "keras", "keras_overlap", out, timeout=500)  # a case of the pool's Keras job
 
 
 @pytest.mark.parametrize("groups", ["1", "2", "3", "0"])
