@@ -3,7 +3,7 @@
     python -m hvdkit.bench.ckpt_bench OUT.json [--quick]
     hvdkit run -np 2 -- python -m hvdkit.bench.ckpt_bench OUT.json --restore [--quick] [--megabytes N]
     python -m hvdkit.bench.ckpt_bench OUT.json --async [--quick] [--sizes 64,1024,2263] [--plot OUT.png]
-        [--step-mb MB] [--step-reps N]
+        [--step-mb MB] [--step-reps N] [--free-core]
 
 Variants, interleaved: ``torch_save`` (``torch.save`` to a file), ``torch_save_fsync`` (the same,
 then ``fsync`` of the file and its folder: what durable means) and ``hvdkit`` (``Checkpointer.save``:
@@ -21,8 +21,11 @@ saved model run during the copy and the time the next ``opt.step()`` then waited
 the same forward and backward with nothing in flight), and the time until ``wait()`` returned. Then
 the step time of a "training step" (a chain of small matmuls) while a background write of
 ``--step-mb`` (default: the largest size) is in flight, at each ``writer_priority``, against the same
-steps with none, interleaved write by write, with how long each write took under training. Every
-checkpoint is restored into a fresh model and compared bitwise before anything is timed.
+steps with none, interleaved write by write, with how long each write took under training. With
+``--free-core`` the step times are measured twice: with torch's own thread count (the step keeps every
+core busy: ``step_time``) and with torch threads 1 (``step_time_free_core``: the step leaves the other
+cores free, as a GPU-bound job leaves its CPUs). Every checkpoint is restored into a fresh model and
+compared bitwise before anything is timed.
 
 ``--restore`` (every rank of a job): rank 0 writes one checkpoint of a model and its SGD momentum,
 and the same state as one ``torch.save`` file, then, interleaved: ``torch_load`` (rank 0 alone:
@@ -364,10 +367,23 @@ def _steps_during_write(ckpt, counter, a, b, into):
 PRIORITIES = ("normal", "low")  # Checkpointer(writer_priority=...)
 
 
-def _step_times(ckpts, counter, reps):
+def _step_times(ckpts, counter, reps, threads=None):
     """Step times while the background write of ``ckpt``'s state is in flight at each writer priority, and
     with none; interleaved. Also how long each write took under training, and the training time it cost
-    (the steps during it minus as many steps without a write)."""
+    (the steps during it minus as many steps without a write). ``threads``: torch's thread count for
+    the steps (None: as it is); the count before is put back."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _timed_steps(ckpts, counter, reps)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _timed_steps(ckpts, counter, reps):
     import torch
 
     from ..core.checkpoint.background import WRITER_PRIORITIES
@@ -388,6 +404,8 @@ def _step_times(ckpts, counter, reps):
             quiet.add(time.perf_counter() - t0)
     out = {
         "step": f"{STEP_CHAIN} matmuls of {STEP_SIDE}x{STEP_SIDE} fp32, torch threads {torch.get_num_threads()}",
+        "torch_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
         "no_write": quiet.as_dict(),
     }
     for p in PRIORITIES:
@@ -403,8 +421,9 @@ def _step_times(ckpts, counter, reps):
     return out
 
 
-def run_async(sizes, reps, root, step_reps=3, step_mb=None):
-    """``--async``: blocked time of sync vs async saves per size, then step times during a write of ``step_mb``."""
+def run_async(sizes, reps, root, step_reps=3, step_mb=None, free_core=False):
+    """``--async``: blocked time of sync vs async saves per size, then step times during a write of ``step_mb``
+    (with ``free_core``, also with the step on one torch thread)."""
     import torch
 
     out = {
@@ -421,7 +440,10 @@ def run_async(sizes, reps, root, step_reps=3, step_mb=None):
         del layers, ckpt
     layers = _Layers(step_mb or max(sizes))
     ckpts = {p: _checkpointer(layers, root, "async", f"steps-{p}", writer_priority=p) for p in PRIORITIES}
-    out["step_time"] = {"payload_bytes": layers.nbytes, **_step_times(ckpts, iter(range(1, 10**6)), step_reps)}
+    counter = iter(range(1, 10**6))
+    out["step_time"] = {"payload_bytes": layers.nbytes, **_step_times(ckpts, counter, step_reps)}
+    if free_core:
+        out["step_time_free_core"] = {"payload_bytes": layers.nbytes, **_step_times(ckpts, counter, step_reps, 1)}
     for ckpt in ckpts.values():
         ckpt.store.close()
     out["load_average_at_end"] = os.getloadavg()
@@ -444,11 +466,15 @@ def plot_async(result, path):
     left.set_yscale("log")
     left.set_ylabel("save() blocks training (s, median)")
     left.legend()
-    st = result["step_time"]
-    bars = {"no write": st["no_write"]}
-    bars.update({f"write, {p}\n(nice {st[p]['nice']})": st[p]["during_write"] for p in PRIORITIES})
+    st, bars = result["step_time"], {}
+    for key, label in (("step_time", "all cores"), ("step_time_free_core", "1 thread")):
+        if key in result:
+            one = result[key]
+            bars[f"no write\n{label}"] = one["no_write"]
+            bars.update({f"{p} (nice {one[p]['nice']})\n{label}": one[p]["during_write"] for p in PRIORITIES})
     bars = {k: v for k, v in bars.items() if v.get("median_s") is not None}
     right.bar(list(bars), [v["median_s"] * 1e3 for v in bars.values()])
+    right.tick_params(axis="x", labelsize=7)
     right.set_ylabel(f"step time (ms, median; {st['payload_bytes'] / 2**20:.0f} MB being written)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -472,6 +498,11 @@ def main(argv=None):
     p.add_argument("--step-mb", type=int, default=None, help="with --async: the write the steps are timed under")
     p.add_argument("--step-reps", type=int, default=3, help="with --async: writes timed per writer priority")
     p.add_argument(
+        "--free-core",
+        action="store_true",
+        help="with --async: also time the steps with torch threads 1 (the other cores free, as on a GPU node)",
+    )
+    p.add_argument(
         "--megabytes",
         type=int,
         default=None,
@@ -485,7 +516,10 @@ def main(argv=None):
         if args.async_:
             sizes = [QUICK_MEGABYTES] if args.quick else [int(v) for v in args.sizes.split(",")]
             step_reps = 1 if args.quick else args.step_reps
-            result, writer = run_async(sizes, reps, root, step_reps=step_reps, step_mb=args.step_mb), True
+            result, writer = (
+                run_async(sizes, reps, root, step_reps=step_reps, step_mb=args.step_mb, free_core=args.free_core),
+                True,
+            )
         elif args.restore:
             result, writer = run_restore(megabytes, reps, root, args.pickled)
         else:

@@ -1,0 +1,35 @@
+"""``python -m hvdkit.bench.ckpt_bench --async --free-core``: the step times with every core and with one thread."""
+
+import json
+
+import torch
+
+from hvdkit.bench import ckpt_bench
+
+# torch's first optimizer of a process sets TORCHINDUCTOR_CACHE_DIR, which the env-leak check would
+# report against the first test here: make it at import
+torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+def test_free_core_times_the_steps_on_one_torch_thread_beside_all_threads_and_puts_the_count_back(tmp_path):
+    threads = torch.get_num_threads()
+    out = tmp_path / "async.json"
+    ckpt_bench.main([str(out), "--async", "--quick", "--free-core", "--dir", str(tmp_path)])
+    result = json.loads(out.read_text())
+    assert torch.get_num_threads() == threads
+    assert result["step_time"]["torch_threads"] == threads
+    assert result["step_time_free_core"]["torch_threads"] == 1
+    assert result["step_time_free_core"]["step"].endswith("torch threads 1")
+    for key in ("step_time", "step_time_free_core"):
+        for priority in ckpt_bench.PRIORITIES:
+            assert len(result[key][priority]["steps_per_write"]) == 1  # --quick: one write per priority
+        assert len(result[key]["no_write"]["samples_s"]) >= 20
+    assert result["results"]["1"]["checks"] == {"sync": 0.0, "async_copy_in_save": 0.0, "async": 0.0}
+
+
+def test_without_free_core_only_the_all_threads_step_times_are_recorded(tmp_path):
+    out = tmp_path / "async.json"
+    ckpt_bench.main([str(out), "--async", "--quick", "--dir", str(tmp_path)])
+    result = json.loads(out.read_text())
+    assert "step_time_free_core" not in result
+    assert result["step_time"]["torch_threads"] == torch.get_num_threads()
