@@ -28,7 +28,12 @@ __all__ = ["ARRAYS", "write_arrays", "ArrayFile"]
 
 ARRAYS = "arrays.npz"
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip member's local file header (30 bytes)
-_CHUNK = 4 << 20  # an array's data reaches the zip (CRC), the file and the hash in pieces this size
+# An array's data reaches the zip (CRC), the file and the hash in pieces this size, and the hash thread
+# is at most _HASH_LAG pieces behind the writes: each piece is then read from memory once and found in
+# the cores' caches by the CRC, the copy into the page cache and the hash. With 4 MiB pieces and no bound
+# each of the three read it from memory: 1.4-2.0 s of CPU per GiB written against 1.0 (2 cores, shared).
+_CHUNK = 256 << 10
+_HASH_LAG = 8
 _SYNC_EVERY = 16 << 20  # start the disk write of what is written after each this many bytes
 
 
@@ -60,6 +65,7 @@ class _HashingSink:
     descriptor) instead of going back to its header: the file's bytes are exactly the bytes
     written, in order, and their hash is the file's. ``write`` hands the hash thread the caller's
     buffer itself (no copy); the caller keeps it unchanged until ``drain`` or ``close`` returns.
+    ``write`` waits while the hash thread is ``_HASH_LAG`` buffers behind (they are still in cache).
     ``close`` waits for both threads and raises what they met (a failed ``fdatasync``, say).
     """
 
@@ -69,7 +75,7 @@ class _HashingSink:
         self._size = 0
         self._unsynced = 0
         self._errors = []
-        self._chunks = queue.Queue()
+        self._chunks = queue.Queue(maxsize=_HASH_LAG)  # write() waits when the hash is this far behind
         self._sync_wanted = threading.Event()
         self._sync_asked = False
         self._done = False
