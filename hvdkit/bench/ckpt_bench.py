@@ -421,7 +421,60 @@ def _timed_steps(ckpts, counter, reps):
     return out
 
 
-def run_async(sizes, reps, root, step_reps=3, step_mb=None, free_core=False):
+PIECES = {"before": (4 << 20, 0), "now": None}  # (piece size, hash lag; 0: unbounded) of the arrays writer
+
+
+def _process_cpu():
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _pieces_compare(ckpt, counter, reps, nbytes):
+    """The arrays writer's pieces as they were (4 MiB, the hash unbounded behind) against now, interleaved:
+    a write alone (its wall and process CPU time per GiB), then a write under one-thread steps (their time
+    during it against without)."""
+    import torch
+
+    from ..core.checkpoint import arrays
+
+    now = (arrays._CHUNK, arrays._HASH_LAG)
+    a, b = torch.randn(STEP_SIDE, STEP_SIDE), torch.randn(STEP_SIDE, STEP_SIDE) / STEP_SIDE**0.5
+    wall, cpu, during = ({v: Samples() for v in PIECES} for _ in range(3))
+    quiet, before_threads = Samples(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _, v in interleaved(list(PIECES), reps):
+            arrays._CHUNK, arrays._HASH_LAG = PIECES[v] or now
+            ckpt.store.wait_for_cleanup()
+            os.sync()
+            t0, c0 = time.perf_counter(), _process_cpu()
+            ckpt.save(next(counter), 0)
+            ckpt.wait()
+            wall[v].add(time.perf_counter() - t0)
+            cpu[v].add(_process_cpu() - c0)
+            _steps_during_write(ckpt, counter, a, b, during[v])
+            for _ in range(20):
+                t1 = time.perf_counter()
+                _matmul_step(a, b)
+                quiet.add(time.perf_counter() - t1)
+    finally:
+        arrays._CHUNK, arrays._HASH_LAG = now
+        torch.set_num_threads(before_threads)
+    gib = nbytes / 2**30
+    out = {"pieces": {v: list(PIECES[v] or now) for v in PIECES}, "no_write_1_thread": quiet.as_dict()}
+    for v in PIECES:
+        out[v] = {
+            "write_wall": wall[v].as_dict(),
+            "write_cpu_s_per_gib": [c / gib for c in cpu[v].values],
+            "step_1_thread_during_write": during[v].as_dict(),
+            "step_during_vs_no_write": during[v].median / quiet.median if during[v].values else None,
+        }
+    return out
+
+
+def run_async(sizes, reps, root, step_reps=3, step_mb=None, free_core=False, pieces=False):
     """``--async``: blocked time of sync vs async saves per size, then step times during a write of ``step_mb``
     (with ``free_core``, also with the step on one torch thread)."""
     import torch
@@ -444,6 +497,11 @@ def run_async(sizes, reps, root, step_reps=3, step_mb=None, free_core=False):
     out["step_time"] = {"payload_bytes": layers.nbytes, **_step_times(ckpts, counter, step_reps)}
     if free_core:
         out["step_time_free_core"] = {"payload_bytes": layers.nbytes, **_step_times(ckpts, counter, step_reps, 1)}
+    if pieces:
+        out["pieces_before_vs_now"] = {
+            "payload_bytes": layers.nbytes,
+            **_pieces_compare(ckpts["normal"], counter, step_reps, layers.nbytes),
+        }
     for ckpt in ckpts.values():
         ckpt.store.close()
     out["load_average_at_end"] = os.getloadavg()
@@ -498,6 +556,11 @@ def main(argv=None):
     p.add_argument("--step-mb", type=int, default=None, help="with --async: the write the steps are timed under")
     p.add_argument("--step-reps", type=int, default=3, help="with --async: writes timed per writer priority")
     p.add_argument(
+        "--pieces",
+        action="store_true",
+        help="with --async: also the arrays writer's pieces as they were (4 MiB, hash unbounded) against now",
+    )
+    p.add_argument(
         "--free-core",
         action="store_true",
         help="with --async: also time the steps with torch threads 1 (the other cores free, as on a GPU node)",
@@ -517,7 +580,15 @@ def main(argv=None):
             sizes = [QUICK_MEGABYTES] if args.quick else [int(v) for v in args.sizes.split(",")]
             step_reps = 1 if args.quick else args.step_reps
             result, writer = (
-                run_async(sizes, reps, root, step_reps=step_reps, step_mb=args.step_mb, free_core=args.free_core),
+                run_async(
+                    sizes,
+                    reps,
+                    root,
+                    step_reps=step_reps,
+                    step_mb=args.step_mb,
+                    free_core=args.free_core,
+                    pieces=args.pieces,
+                ),
                 True,
             )
         elif args.restore:

@@ -5,6 +5,7 @@ import json
 import torch
 
 from hvdkit.bench import ckpt_bench
+from hvdkit.core.checkpoint import arrays
 
 # torch's first optimizer of a process sets TORCHINDUCTOR_CACHE_DIR, which the env-leak check would
 # report against the first test here: make it at import
@@ -14,7 +15,7 @@ torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 def test_free_core_times_the_steps_on_one_torch_thread_beside_all_threads_and_puts_the_count_back(tmp_path):
     threads = torch.get_num_threads()
     out = tmp_path / "async.json"
-    ckpt_bench.main([str(out), "--async", "--quick", "--free-core", "--dir", str(tmp_path)])
+    ckpt_bench.main([str(out), "--async", "--quick", "--free-core", "--pieces", "--dir", str(tmp_path)])
     result = json.loads(out.read_text())
     assert torch.get_num_threads() == threads
     assert result["step_time"]["torch_threads"] == threads
@@ -25,11 +26,16 @@ def test_free_core_times_the_steps_on_one_torch_thread_beside_all_threads_and_pu
             assert len(result[key][priority]["steps_per_write"]) == 1  # --quick: one write per priority
         assert len(result[key]["no_write"]["samples_s"]) >= 20
     assert result["results"]["1"]["checks"] == {"sync": 0.0, "async_copy_in_save": 0.0, "async": 0.0}
+    pieces = result["pieces_before_vs_now"]
+    assert pieces["pieces"] == {"before": [4 << 20, 0], "now": [256 << 10, 8]}
+    for variant in ("before", "now"):
+        assert len(pieces[variant]["write_cpu_s_per_gib"]) == 1
+    assert (arrays._CHUNK, arrays._HASH_LAG) == (256 << 10, 8)  # put back after the comparison
 
 
 def test_without_free_core_only_the_all_threads_step_times_are_recorded(tmp_path):
     out = tmp_path / "async.json"
     ckpt_bench.main([str(out), "--async", "--quick", "--dir", str(tmp_path)])
     result = json.loads(out.read_text())
-    assert "step_time_free_core" not in result
+    assert "step_time_free_core" not in result and "pieces_before_vs_now" not in result
     assert result["step_time"]["torch_threads"] == torch.get_num_threads()
