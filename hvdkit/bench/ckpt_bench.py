@@ -529,7 +529,7 @@ def plot_async(result, path):
         if key in result:
             one = result[key]
             bars[f"no write\n{label}"] = one["no_write"]
-            bars.update({f"{p} (nice {one[p]['nice']})\n{label}": one[p]["during_write"] for p in PRIORITIES})
+            bars.update({f"{p}\nnice {one[p]['nice']}\n{label}": one[p]["during_write"] for p in PRIORITIES})
     bars = {k: v for k, v in bars.items() if v.get("median_s") is not None}
     right.bar(list(bars), [v["median_s"] * 1e3 for v in bars.values()])
     right.tick_params(axis="x", labelsize=7)
