@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hvdkit.core import LocalCommunicator  # noqa: E402
+from shut_down_comm import ShutDownLater  # noqa: E402
+
 from hvdkit.core.checkpoint import verify  # noqa: E402
 from hvdkit.core.checkpoint.state import read_newest  # noqa: E402
 from hvdkit.torch.checkpoint import Checkpointer  # noqa: E402
@@ -19,35 +20,6 @@ from hvdkit.torch.checkpoint import Checkpointer  # noqa: E402
 torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1).step()
 
 BOUND_S = 60  # a gate never opened fails the test here instead of hanging it
-
-
-class ShutDownLater(LocalCommunicator):
-    """A size-1 communicator that, while ``down``, raises what Horovod's ``rank()``/``size()`` raise after
-    ``hvd.shutdown()``; it records the name of every thread that used it."""
-
-    def __init__(self):
-        self.down, self.users = False, []
-
-    def _use(self, value):
-        self.users.append(threading.current_thread().name)
-        if self.down:
-            raise ValueError("Horovod has not been initialized; use hvd.init().")
-        return value
-
-    rank = property(lambda self: self._use(0))
-    size = property(lambda self: self._use(1))
-
-    def broadcast_object(self, obj, name, root=0):
-        return self._use(super().broadcast_object(obj, name, root))
-
-    def allgather_object(self, obj, name):
-        return self._use(super().allgather_object(obj, name))
-
-    def allreduce_sum(self, values, name):
-        return self._use(super().allreduce_sum(values, name))
-
-    def barrier(self):
-        self._use(None)
 
 
 class HeldCopy(Checkpointer):
