@@ -13,6 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from held_copy import HeldCopy  # noqa: E402
+
 from hvdkit.core import ConfigError, LocalCommunicator  # noqa: E402
 from hvdkit.core.checkpoint.state import read_newest  # noqa: E402
 from hvdkit.torch.checkpoint import Checkpointer  # noqa: E402
@@ -20,25 +22,6 @@ from hvdkit.torch.checkpoint import Checkpointer  # noqa: E402
 # torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test
 # (the conftest fails a test that changes the environment).
 torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1).step()
-
-BOUND_S = 60  # a gate never opened fails the test here instead of hanging it
-
-
-class HeldCopy(Checkpointer):
-    """A torch Checkpointer whose copies made by the write thread wait until ``gate`` is set."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.gate, self.events = threading.Event(), []
-        self.gate.set()
-
-    def _copy_into(self, items, old, staging, ready=None):
-        if not threading.current_thread().name.startswith("hvdkit-ckpt-write"):
-            return super()._copy_into(items, old, staging, ready)
-        assert self.gate.wait(BOUND_S), "the test never released the copy"
-        out = super()._copy_into(items, old, staging, ready)
-        self.events.append("copied " + ",".join(sorted({n.split("/")[0] for n, _ in items})))
-        return out
 
 
 def _model():

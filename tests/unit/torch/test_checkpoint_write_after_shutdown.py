@@ -2,37 +2,21 @@
 the state at ``save()``: the write thread reads nothing from the communicator (size-1 communicator, real threads).
 """
 
-import threading
 import time
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from held_copy import BOUND_S, HeldCopy  # noqa: E402
 from shut_down_comm import ShutDownLater  # noqa: E402
 
 from hvdkit.core.checkpoint import verify  # noqa: E402
 from hvdkit.core.checkpoint.state import read_newest  # noqa: E402
-from hvdkit.torch.checkpoint import Checkpointer  # noqa: E402
 
 # torch's first optimizer step sets TORCHINDUCTOR_CACHE_DIR: take it at import, not inside a test
 # (the conftest fails a test that changes the environment).
 torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1).step()
-
-BOUND_S = 60  # a gate never opened fails the test here instead of hanging it
-
-
-class HeldCopy(Checkpointer):
-    """A torch Checkpointer whose copy in the write thread waits until ``gate`` is set."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.gate = threading.Event()
-
-    def _copy_into(self, items, old, staging, ready=None):
-        if threading.current_thread().name.startswith("hvdkit-ckpt-write"):
-            assert self.gate.wait(BOUND_S), "the test never released the copy"
-        return super()._copy_into(items, old, staging, ready)
 
 
 def _train_step(model, opt, seed):
@@ -50,6 +34,7 @@ def test_an_async_save_in_flight_when_horovod_shuts_down_is_written_with_the_sta
     _train_step(model, opt, 1)
     comm = ShutDownLater()
     ckpt = HeldCopy(tmp_path, model, opt, comm=comm, async_save=True)
+    ckpt.gate.clear()  # the write thread's copy waits until the test releases it
     expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
     path = ckpt.save(92, 2)
     comm.down = True  # the reset's hvd.shutdown() while the copy and the write are in flight
