@@ -59,15 +59,15 @@ def leftovers(marker):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """Uninterrupted 12-epoch runs of the torch and Keras examples: the references."""
-    refs = {}
-    for name, script in (("torch", TORCH), ("keras", KERAS)):
-        d = tmp_path_factory.mktemp(f"ref-{name}") / "ckpt"
-        t0 = time.monotonic()
-        proc = hvdkit_run("-np", "2", "--", PYTHON, script, "--checkpoint-dir", str(d))
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        refs[name] = {"dir": d, "result": result_line(proc.stdout), "seconds": time.monotonic() - t0}
+def uninterrupted(tmp_path_factory, torch_demo):
+    """Uninterrupted 12-epoch runs of the torch and Keras examples: the references (the torch one is the
+    session's demo run, tests/e2e/conftest.py: read only)."""
+    refs = {"torch": {"dir": torch_demo.ckpt, "result": torch_demo.result, "seconds": torch_demo.seconds}}
+    d = tmp_path_factory.mktemp("ref-keras") / "ckpt"
+    t0 = time.monotonic()
+    proc = hvdkit_run("-np", "2", "--", PYTHON, KERAS, "--checkpoint-dir", str(d))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    refs["keras"] = {"dir": d, "result": result_line(proc.stdout), "seconds": time.monotonic() - t0}
     return refs
 
 

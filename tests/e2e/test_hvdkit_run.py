@@ -20,12 +20,11 @@ BEHAVE = "tests/e2e/scripts/rank_behaviour.py"
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The README's demo with default flags, on 2 ranks over MPI."""
-    ckpt = tmp_path_factory.mktemp("demo") / "ckpt"
-    proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(ckpt))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {"proc": proc, "ckpt": ckpt, "result": result_line(proc.stdout)}
+def demo(torch_demo, tmp_path_factory):
+    """The README's demo with default flags, on 2 ranks over MPI (the session's run, tests/e2e/conftest.py), and
+    this module's own copy of its checkpoints (a test here resumes in them)."""
+    ckpt = torch_demo.copy_to(tmp_path_factory.mktemp("demo") / "ckpt")
+    return {"proc": torch_demo.proc, "ckpt": ckpt, "result": torch_demo.result}
 
 
 def test_demo_reaches_95_percent_validation_accuracy_on_two_ranks(demo):
@@ -51,6 +50,7 @@ def test_rerun_resumes_after_the_last_epoch_and_reports_the_same_model(demo):
     assert proc.returncode == 0, proc.stderr
     again = result_line(proc.stdout)
     assert again["resumed_from_epoch"] == 12 and again["steps"] == demo["result"]["steps"]
+    assert again["preempted"] is False and "hvdkit.trainer: epoch" not in proc.stderr  # nothing left to train
     assert (again["val_accuracy"], again["val_loss"]) == (demo["result"]["val_accuracy"], demo["result"]["val_loss"])
 
 
