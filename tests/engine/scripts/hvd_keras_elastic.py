@@ -24,7 +24,7 @@ import time
 import horovod.tensorflow.keras as hvd
 import keras
 import numpy as np
-from elastic_hosts import happened, mark, path, set_hosts
+from elastic_hosts import happened, mark, path, set_hosts, wait_for_the_join
 
 EPOCHS, STEPS, BATCH = 3, 6, 4
 REMOVE_AT = 3  # global steps at 2 ranks before the host is removed
@@ -103,11 +103,20 @@ def events():
         time.sleep(0.5)  # give host discovery time to see the change before the epochs run out
 
 
+class JoinGate(keras.callbacks.Callback):
+    """After the commit of a batch: hold the survivor until the added host is reported (elastic_hosts.py)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if EVENTS:
+            wait_for_the_join(state, hvd.size())
+
+
 callbacks = [
     hvd.elastic.UpdateBatchStateCallback(state),
     hvd.elastic.UpdateEpochStateCallback(state),
     Record(),
     hvd.elastic.CommitStateCallback(state),
+    JoinGate(),
 ]
 
 

@@ -23,7 +23,7 @@ import time
 
 import horovod.torch as hvd
 import torch
-from elastic_hosts import path, set_hosts
+from elastic_hosts import path, set_hosts, wait_for_the_join
 
 SAMPLES, EPOCHS, BATCH = 24, 3, 2
 REMOVE_AT = 3  # global commits at 2 ranks before the host is removed
@@ -67,6 +67,8 @@ def train(state):
             if EVENTS:
                 events(state)
             state.commit()
+            if EVENTS:
+                wait_for_the_join(state, hvd.size())
         state.epoch += 1
         state.sampler.set_epoch(state.epoch)  # a new epoch: nothing processed yet
         state.commit()
