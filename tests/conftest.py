@@ -21,6 +21,30 @@ def _no_leaked_env():
     assert not changed, f"test leaked environment changes: {sorted(changed)}"
 
 
+# `make test` runs two pytest workers (pytest-xdist, `-n 2 --dist loadgroup`): every test that starts
+# processes stays on one worker, in file order, as in a single run (the module fixtures, the pool's jobs and
+# the session's reference runs are made once, and no two jobs compete for the 2 cores); the unit tests, pure
+# logic in their own process, go to the other worker, into the time the first one waits on its jobs (the
+# cores were idle 30 % of a single-worker run). The groups are made here rather than by xdist_group marks:
+# pytest-xdist 3.8 groups by rewriting a test's node id, which pytest 9 no longer reads.
+JOBS_GROUP = "jobs"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class JobsOnOneWorker(LoadScopeScheduling):
+        """One work unit of every test outside tests/unit (in collection order); a unit test module each."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid.rsplit("::", 1)[0] if nodeid.startswith("tests/unit/") else JOBS_GROUP
+
+    return JobsOnOneWorker(config, log)
+
+
 # Where the suite's time goes (issue 38): seconds per test folder (setup + call + teardown of every
 # test in it, module fixtures included), printed after the run; `make test` adds --durations=30.
 _FOLDER_SECONDS: dict[str, float] = {}
@@ -53,6 +77,19 @@ def pytest_terminal_summary(terminalreporter):
     pool = sys.modules.get("pool")
     if pool is not None and hasattr(pool, "summary"):
         terminalreporter.write_line(pool.summary())
+    for line in _WORKER_POOL_SUMMARIES:  # under pytest-xdist: the pool lives in a worker
+        terminalreporter.write_line(line)
+
+
+_WORKER_POOL_SUMMARIES: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist, in the controller: a worker ended; keep its pool summary for the terminal summary."""
+    line = getattr(node, "workeroutput", {}).get("pool_summary")
+    if line:
+        _WORKER_POOL_SUMMARIES.append(line)
 
 
 @pytest.hookimpl(trylast=True)
@@ -72,5 +109,7 @@ def pytest_runtest_teardown(item, nextitem):
 def pytest_sessionfinish(session):
     """End the pool's long-lived jobs (tests/support/pool.py), if a test used it: no process outlives the session."""
     pool = sys.modules.get("pool")
+    if pool is not None and getattr(pool, "STARTED", None) and hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["pool_summary"] = pool.summary()  # an xdist worker: to the controller
     if pool is not None and hasattr(pool, "close_all"):
         pool.close_all()
