@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
 from . import env as _env
@@ -15,10 +16,38 @@ from .options import check_int_at_least, check_positive_int
 if TYPE_CHECKING:
     from .comm import Communicator
 
-__all__ = ["PreemptionGuard", "report_to_launcher"]
+__all__ = ["PreemptionGuard", "hold_stop_signals", "report_to_launcher"]
 
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 REPORT_MARK = "hvdkit-rank"  # the mark of the reports hvdkit.launcher.rankwrap writes (the launcher reads both)
+_held: list[int] = []  # stop signals caught by hold_stop_signals while no guard was installed, for the next guard
+
+
+def _hold(signum, _frame):
+    _held.append(signum)
+
+
+@contextlib.contextmanager
+def hold_stop_signals(signals: Iterable[signal.Signals] = DEFAULT_SIGNALS) -> Iterator[None]:
+    """While the body runs, a stop signal that comes when no ``PreemptionGuard`` is installed is kept for the
+    next guard made, which then stops at its first check, instead of ending the process at once.
+
+    In-process recovery (``hk.elastic.run``) needs it: between the guard of the training that a lost worker
+    ended and the guard of the training that goes on (the ring forming again, the state synced), SIGTERM's
+    default action killed the process, and with it the progress since the last checkpoint. A guard installs
+    its own handler over this one and puts it back when closed, so a signal while a guard is installed goes
+    to that guard as before. A signal held when the body ends (the training was over) is dropped.
+    Main thread only (elsewhere the body runs without it, as a guard made there has no handler either)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _hold) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _held.clear()
 
 
 def report_to_launcher(record: dict[str, Any]) -> None:
@@ -73,6 +102,9 @@ class PreemptionGuard:
         if threading.current_thread() is threading.main_thread():
             for sig in signals:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
+            if _held:  # a stop signal came while no guard was installed (hold_stop_signals): it is this guard's
+                self.received = _held[0]
+                _held.clear()
 
     def _on_signal(self, signum, _frame):
         self.received = signum

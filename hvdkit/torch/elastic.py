@@ -56,6 +56,7 @@ from ..core import env as _env
 from ..core.checkpoint.tree import reseed_rng
 from ..core.errors import CollectiveError, ConfigError
 from ..core.log import get_logger
+from ..core.preemption import hold_stop_signals
 from ..core.zero import ShardedState
 from . import runtime
 from ._engine import horovod_torch
@@ -366,19 +367,21 @@ def _run_in_process(func, state, args, kwargs):
     notification_manager.register_listener(state)
     _inside[0] += 1
     try:
-        while True:
-            try:
-                state.sync()
-                _say_recovered(state)
-                return func(state, *args, **kwargs)
-            except HorovodInternalError as e:
-                _begin_recovery(state, "a worker was lost", e)
-                state.restore()
-            except HostsUpdatedInterrupt:
-                _begin_recovery(state, "workers join", None)
-            _reset(functools.partial(_restart, hvd), HorovodInternalError, state)
-            runtime.init()  # rank-prefixed logging and threads for this rank and size
-            state.on_reset()
+        # a SIGTERM between two trainings' guards (the ring forming again) stops the next one at its first check
+        with hold_stop_signals():
+            while True:
+                try:
+                    state.sync()
+                    _say_recovered(state)
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError as e:
+                    _begin_recovery(state, "a worker was lost", e)
+                    state.restore()
+                except HostsUpdatedInterrupt:
+                    _begin_recovery(state, "workers join", None)
+                _reset(functools.partial(_restart, hvd), HorovodInternalError, state)
+                runtime.init()  # rank-prefixed logging and threads for this rank and size
+                state.on_reset()
     finally:
         _inside[0] -= 1
         notification_manager.remove_listener(state)

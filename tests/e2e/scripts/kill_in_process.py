@@ -9,6 +9,8 @@ when it reaches a point, once per job (or, with term:N, send SIGTERM to the job'
                                                             # are then forming the ring with it, inside hvd.init
     kill_in_process.py MARKER R term:N SCRIPT [ARGS...]     # at its N-th optimizer step, SIGTERM to the `hvdkit run`
                                                             # above it, as a scheduler preempting the job sends it
+    kill_in_process.py MARKER R step:N,term-at-reset ...    # and at the survivors' reset after the kill, SIGTERM to
+                                                            # the `hvdkit run` (MARKER.term)
 
 MARKER is a file made with O_EXCL by the process that kills itself, so exactly one process of the job
 is killed: a worker that joins later (or the same rank after a recovery) runs unharmed. The example
@@ -103,6 +105,31 @@ def _kill_when_joined(marker):
     worker.wait_until_slot_taken = wait_then_die
 
 
+def _term_at_reset(marker):
+    """At the first in-process reset of the job (a lost worker: the survivors form the ring again), SIGTERM to the
+    job's `hvdkit run`, which passes it to every worker at once: it reaches this process between two trainings'
+    PreemptionGuards. Then wait (at most 10 s) until hvdkit holds the signal for the next guard, and reset."""
+    import time
+
+    from hvdkit.core import preemption
+    from hvdkit.torch import elastic
+
+    original = elastic._reset
+
+    def term_then_reset(*args, **kwargs):
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            return original(*args, **kwargs)
+        _term_hvdkit_run()
+        deadline = time.monotonic() + 10
+        while not getattr(preemption, "_held", None) and time.monotonic() < deadline:
+            time.sleep(0.01)  # without a handler, SIGTERM's default action ends this process here
+        return original(*args, **kwargs)
+
+    elastic._reset = term_then_reset
+
+
 def main():
     marker, rank, where, script, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
     # every process of the job says it started (a joining worker too): its output reaches the job's
@@ -111,6 +138,9 @@ def main():
     if where.endswith(",join"):
         where = where[: -len(",join")]
         _kill_when_joined(marker + ".join")
+    if where.endswith(",term-at-reset"):
+        where = where[: -len(",term-at-reset")]
+        _term_at_reset(marker + ".term")
     if pace:
         import time
 
