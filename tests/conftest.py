@@ -25,9 +25,12 @@ def _no_leaked_env():
 # processes stays on one worker, in file order, as in a single run (the module fixtures, the pool's jobs and
 # the session's reference runs are made once, and no two jobs compete for the 2 cores); the unit tests, pure
 # logic in their own process, go to the other worker, into the time the first one waits on its jobs (the
-# cores were idle 30 % of a single-worker run). The groups are made here rather than by xdist_group marks:
-# pytest-xdist 3.8 groups by rewriting a test's node id, which pytest 9 no longer reads.
+# cores were idle 30 % of a single-worker run). So do the modules in ALONGSIDE: their jobs spend most of their
+# time waiting by design (paced steps, Gloo's timeout after a killed worker), and they assert no timing (they
+# passed under loads of 5-10 before, as every test must). The groups are made here rather than by xdist_group
+# marks: pytest-xdist 3.8 groups by rewriting a test's node id, which pytest 9 no longer reads.
 JOBS_GROUP = "jobs"
+ALONGSIDE = ("tests/e2e/test_in_process_recovery.py", "tests/e2e/test_bench_chaos.py")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -37,10 +40,12 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class JobsOnOneWorker(LoadScopeScheduling):
-        """One work unit of every test outside tests/unit (in collection order); a unit test module each."""
+        """One work unit of every test that starts processes (in collection order); a module each of the unit
+        tests and of ALONGSIDE."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid.rsplit("::", 1)[0] if nodeid.startswith("tests/unit/") else JOBS_GROUP
+            module = nodeid.split("::", 1)[0]
+            return module if module.startswith("tests/unit/") or module in ALONGSIDE else JOBS_GROUP
 
     return JobsOnOneWorker(config, log)
 
