@@ -90,11 +90,17 @@ def check_one_study(results, outs, study):
     for n in set(ran[0]) | set(ran[1]):  # a started trial ran to its end (nothing left RUNNING)
         assert states[n] in ("COMPLETE", "FAIL"), states
     best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
-    # the worker that ended last saw every trial: its CSV has them all and its best.json is the study's best
-    last = max(range(2), key=lambda i: (outs[i] / "best.json").stat().st_mtime)
-    with open(outs[last] / "trials.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert sorted(int(r["number"]) for r in rows if r["state"] == "COMPLETE") == complete
+
+    # the worker whose last trial finished last read the study after every trial had finished: its CSV has them
+    # all and its best.json is the study's best. Which one that is cannot be told from the files' times (under
+    # load 4-12 the other worker once wrote its files later, from a read made before the last trial finished).
+    def complete_in_csv(i):
+        with open(outs[i] / "trials.csv", newline="") as f:
+            return sorted(int(r["number"]) for r in csv.DictReader(f) if r["state"] == "COMPLETE")
+
+    saw_all = [i for i in range(2) if complete_in_csv(i) == complete]
+    assert saw_all, (complete, [complete_in_csv(i) for i in range(2)])
+    last = saw_all[0]
     data = json.loads((outs[last] / "best.json").read_text())
     assert (data["study"], data["number"], data["value"]) == (STUDY, best.number, best.value)
     assert data["params"] == best.params
