@@ -98,8 +98,9 @@ def check_one_study(results, outs, study):
         with open(outs[i] / "trials.csv", newline="") as f:
             return sorted(int(r["number"]) for r in csv.DictReader(f) if r["state"] == "COMPLETE")
 
-    saw_all = [i for i in range(2) if complete_in_csv(i) == complete]
-    assert saw_all, (complete, [complete_in_csv(i) for i in range(2)])
+    in_csv = [complete_in_csv(i) for i in range(2)]
+    saw_all = [i for i in range(2) if in_csv[i] == complete]
+    assert saw_all, (complete, in_csv)
     last = saw_all[0]
     data = json.loads((outs[last] / "best.json").read_text())
     assert (data["study"], data["number"], data["value"]) == (STUDY, best.number, best.value)
