@@ -47,10 +47,10 @@ def test_a_case_that_raises_on_one_rank_fails_with_that_ranks_traceback_and_the_
     message = str(err.value)
     assert "failed on rank(s) [1]" in message
     assert "--- rank 1 of" in message and "ValueError: broken on purpose" in message and "--- rank 0" not in message
-    assert not any(pid_running(pid) for pid, _ in ranks.values()) and job.proc.poll() is not None
+    assert not any(pid_running(rank.pid) for rank in ranks.values()) and job.proc.poll() is not None
     after = pool.run_case("mpirun", "torch", f"{CASES}:allreduce_of_ranks", {"scale": 1})
     assert [g["sum"] for g in after] == [3.0, 3.0]
-    assert {g["pid"] for g in after}.isdisjoint(pid for pid, _ in ranks.values())
+    assert {g["pid"] for g in after}.isdisjoint(rank.pid for rank in ranks.values())
 
 
 def test_a_case_that_hangs_fails_naming_the_rank_with_its_stack_and_leaves_no_process():
@@ -60,7 +60,7 @@ def test_a_case_that_hangs_fails_naming_the_rank_with_its_stack_and_leaves_no_pr
     message = str(err.value)
     assert "did not finish within 10 s on rank(s) [1]" in message
     assert "hang_on" in message  # rank 1's stack, written by faulthandler
-    assert not any(pid_running(pid) for pid, _ in ranks.values()) and job.proc.poll() is not None
+    assert not any(pid_running(rank.pid) for rank in ranks.values()) and job.proc.poll() is not None
     after = pool.run_case("horovodrun-gloo", "torch", f"{CASES}:allreduce_of_ranks", {"scale": 2})
     assert [g["sum"] for g in after] == [6.0, 6.0]
 
@@ -70,4 +70,4 @@ def test_a_case_that_kills_a_rank_fails_naming_it_and_leaves_no_process():
     with pytest.raises(pool.PoolCaseError) as err:
         pool.run_case("mpirun", "torch", f"{CASES}:exit_on", {"rank": 1, "code": 3}, timeout=120)
     assert "rank(s) [1] exited before reporting" in str(err.value)
-    assert not any(pid_running(pid) for pid, _ in ranks.values()) and job.proc.poll() is not None
+    assert not any(pid_running(rank.pid) for rank in ranks.values()) and job.proc.poll() is not None

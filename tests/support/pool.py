@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from helpers import BIN, PYTHON, launcher_argv, pid_running, wait_until_gone
+from helpers import BIN, PYTHON, launcher_argv, pid_running
 
 WORKER = Path(__file__).resolve().parent / "pool_worker.py"
 FRAMEWORKS = ("torch", "keras")
@@ -73,6 +73,53 @@ def _kill_group(pgid):
         pass
 
 
+class Rank:
+    """One rank process of a pool job, held by a pidfd opened when it said it was ready: every signal goes
+    through the pidfd, so it reaches that process or nothing. The ranks are not this process's children, and
+    a job's ranks can die between two modules while its launcher still runs: a signal by pid number then
+    reached whatever process the kernel gave that number next (the suite starts thousands of processes
+    and threads, and pid_max is 32768 here). A SIGSTOP of a park so stopped a unit test's child, which then
+    ignored its SIGTERM for good."""
+
+    def __init__(self, pid, pgid):
+        self.pid, self.pgid = pid, pgid
+        try:
+            self.fd = os.pidfd_open(pid)
+        except ProcessLookupError:  # it ended before we looked: nothing to hold, nothing to signal
+            self.fd = None
+
+    def running(self):
+        """True while the process is there and not a zombie (its pid number is not reused while it is)."""
+        if self.fd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self.fd, 0)
+        except ProcessLookupError:
+            return False
+        return pid_running(self.pid)  # a zombie holds its number: /proc/<pid> is still this process
+
+    def signal(self, sig):
+        """Send ``sig`` to this process; False (and nothing sent) once it has ended."""
+        if self.fd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self.fd, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _wait_until_ranks_gone(ranks, bound):
+    deadline = time.monotonic() + bound
+    while any(rank.running() for rank in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 class Job:
     """One 2-rank pool job: its launcher process (own process group), its ranks, its next case number."""
 
@@ -82,7 +129,7 @@ class Job:
         self.launcher, self.framework = launcher, framework
         self.dir = Path(tempfile.mkdtemp(prefix=f"hvdkit-pool-{framework}-{launcher}-"))
         self.cases = 0
-        self.ranks = {}  # rank -> (pid, process group)
+        self.ranks = {}  # rank -> Rank
         self.parked = False
         env = {k: v for k, v in os.environ.items() if not k.startswith("HVDKIT_")}  # each case brings its own
         env.update(PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
@@ -107,7 +154,7 @@ class Job:
                 path = self.dir / f"ready.rank{r}.json"
                 if r not in self.ranks and path.exists():
                     ready = json.loads(path.read_text())
-                    self.ranks[r] = (ready["pid"], ready["pgid"])
+                    self.ranks[r] = Rank(ready["pid"], ready["pgid"])
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 logs = self.logs()
                 self.end()
@@ -136,7 +183,7 @@ class Job:
                     results[r] = json.loads(path.read_text())
             if len(results) == SIZE:
                 break
-            gone = gone or [r for r, (pid, _) in self.ranks.items() if r not in results and not pid_running(pid)]
+            gone = gone or [r for r, rank in self.ranks.items() if r not in results and not rank.running()]
             if gone or self.proc.poll() is not None:
                 self._wait_for_launcher(5.0)  # its word on which rank ended first, the rank's last words
                 missing, logs = [r for r in range(SIZE) if r not in results], self.logs()
@@ -165,9 +212,8 @@ class Job:
         return [results[r] for r in range(SIZE)], "; ".join(retire) or None
 
     def _signal_ranks(self, sig):
-        for pid, _ in self.ranks.values():
-            if pid_running(pid):
-                os.kill(pid, sig)
+        for rank in self.ranks.values():
+            rank.signal(sig)
 
     def park(self):
         """Stop the ranks (SIGSTOP) until the next case wants this job: idle, they would keep a core busy."""
@@ -190,8 +236,7 @@ class Job:
     def _stacks_of(self, ranks):
         """Every Python thread's stack on each of ``ranks`` (faulthandler, on SIGUSR2), with its log."""
         for r in ranks:
-            if pid_running(self.ranks[r][0]):
-                os.kill(self.ranks[r][0], signal.SIGUSR2)
+            self.ranks[r].signal(signal.SIGUSR2)
         time.sleep(1.0)
         return self.logs()
 
@@ -206,13 +251,15 @@ class Job:
                 pass
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        for pid, pgid in self.ranks.values():  # horovodrun --gloo starts its ranks in sessions of their own
-            if pid_running(pid):
-                if pgid not in (os.getpgrp(), self.proc.pid):
-                    _kill_group(pgid)
-                os.kill(pid, signal.SIGKILL)
+        for rank in self.ranks.values():  # horovodrun --gloo starts its ranks in sessions of their own
+            if rank.running():  # the group it leads lives while it does
+                if rank.pgid not in (os.getpgrp(), self.proc.pid):
+                    _kill_group(rank.pgid)
+                rank.signal(signal.SIGKILL)
         self.proc.wait()
-        wait_until_gone([pid for pid, _ in self.ranks.values()], 30)
+        _wait_until_ranks_gone(self.ranks.values(), 30)
+        for rank in self.ranks.values():
+            rank.close()
         self.log.close()
         if self in LIVE.values():
             del LIVE[(self.launcher, self.framework)]

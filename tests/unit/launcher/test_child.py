@@ -1,6 +1,7 @@
 """The one child-process helper (hvdkit.launcher.child), with real child processes."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -37,6 +38,15 @@ signal.signal(signal.SIGTERM, bye)
 print("ready", flush=True)
 time.sleep(300)
 """
+
+
+def _signal_state(pid):
+    """The lines of /proc/<pid>/status that say whether and how a process takes signals."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "; ".join(line.strip() for line in f if line.startswith(("State", "Sig", "ShdPnd")))
+    except OSError as e:
+        return f"unreadable ({e})"
 
 
 def _pids(output):
@@ -102,7 +112,15 @@ def test_output_to_a_file_and_terminate_of_the_leader_alone(tmp_path):
     while "ready" not in log.read_text():
         assert child.poll() is None, log.read_text()
     child.terminate(group=False)
-    assert child.wait(60) == 7
+    try:
+        code = child.wait(60)
+    except subprocess.TimeoutExpired:
+        state = _signal_state(child.pid)  # stopped (State T) or SIGTERM blocked: what held it
+        child.kill()
+        pytest.fail(
+            f"the child did not end within 60 s of its SIGTERM; its state: {state}; its log: {log.read_text()!r}"
+        )
+    assert code == 7
     assert log.read_text() == "ready\nstopping cleanly\n"
     with pytest.raises(RuntimeError, match="goes to a file"):
         next(child.lines())
