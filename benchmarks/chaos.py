@@ -4,7 +4,8 @@
 
 Each way runs benchmarks/chaos_worker.py (``hk.Trainer``, the digits examples' MLP or ``--model big``
 of about 100 MB, global batch 64, a checkpoint every ``--checkpoint-every`` steps) as
-``hvdkit run -np 2 -H HOSTS --gloo``, one after the other:
+``hvdkit run -np 2 -H HOSTS --gloo``, one after the other (``--together``: all at once, so every way
+meets the same load on a shared machine and their ratios stay comparable):
   in-process  ``--min-np 1 --max-np 2 --recovery in-process`` (Horovod's elastic driver; the survivors
               go back to the last in-memory commit, every ``--commit-every`` steps, and go on);
   restart     ``--min-np 1 --max-np 2 --max-restarts 100000`` (the job is relaunched and resumes from
@@ -30,7 +31,10 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -123,12 +127,27 @@ def wait_first_step(steps: Steps, proc: subprocess.Popen, timeout: float = 600) 
     raise RuntimeError(f"no step at 2 ranks within {timeout} s")
 
 
-def inject(way: str, proc: subprocess.Popen, steps: Steps, args: argparse.Namespace, rng: random.Random):
-    """Train ``args.minutes`` from the first step at 2 ranks, a kill every ``fault_every`` s; ``(t0, t1, faults)``."""
+class WayAborted(RuntimeError):
+    """Another way of a ``--together`` run failed: this one stops too instead of training out its window."""
+
+
+def inject(
+    way: str,
+    proc: subprocess.Popen,
+    steps: Steps,
+    args: argparse.Namespace,
+    rng: random.Random,
+    abort: threading.Event | None = None,
+):
+    """Train ``args.minutes`` from the first step at 2 ranks, a kill every ``fault_every`` s; ``(t0, t1, faults,
+    loads)``, ``loads`` the machine's 1-minute load average at the start and every 30 s."""
     t0 = wait_first_step(steps, proc)
     t1 = t0 + args.minutes * 60
     faults, due, shown = [], t0 + args.fault_every, time.time()
+    loads = [os.getloadavg()[0]]
     while time.time() < t1:
+        if abort is not None and abort.is_set():
+            raise WayAborted(f"the {way} job was stopped: another way of this run failed")
         records = steps.poll()
         if proc.poll() is not None:
             raise RuntimeError(f"the {way} job ended (exit code {proc.returncode}) before the end of its window")
@@ -146,13 +165,16 @@ def inject(way: str, proc: subprocess.Popen, steps: Steps, args: argparse.Namesp
                 due = killed_at + args.fault_every
         if time.time() - shown >= 30:
             shown = time.time()
+            loads.append(os.getloadavg()[0])
             reached = max((r["step"] for r in records), default=0)
             print(f"chaos {way}: {shown - t0:.0f}/{t1 - t0:.0f} s, step {reached}, {len(faults)} faults", flush=True)
         time.sleep(0.1)
-    return t0, t1, faults
+    return t0, t1, faults, loads
 
 
-def run_way(way: str, out: Path, args: argparse.Namespace, rng: random.Random) -> dict:
+def run_way(
+    way: str, out: Path, args: argparse.Namespace, rng: random.Random, abort: threading.Event | None = None
+) -> dict:
     """Run ``way`` once in ``out/jobs/<way>``; its record (also written to ``out/<way>.json``)."""
     jobdir = out / "jobs" / way
     jobdir.mkdir(parents=True)
@@ -164,7 +186,7 @@ def run_way(way: str, out: Path, args: argparse.Namespace, rng: random.Random) -
     with open(jobdir / "job.log", "w") as log:
         job = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=jobdir, start_new_session=True)
         with group_ended(job) as proc:
-            t0, t1, faults = inject(way, proc, steps, args, rng)
+            t0, t1, faults, loads = inject(way, proc, steps, args, rng, abort)
             (jobdir / "stop").touch()
             code = proc.wait(timeout=300)
     records = steps.poll()
@@ -178,6 +200,7 @@ def run_way(way: str, out: Path, args: argparse.Namespace, rng: random.Random) -
         series=report.useful_series(records, schedule, t0, t1, args.bin),
         fault_times=[round(f["killed_at"] - t0, 3) for f in faults],
         fault_list=[_relative(f, t0) for f in faults],
+        load_1min=[round(min(loads), 2), round(max(loads), 2)],
     )
     (out / f"{way}.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -191,6 +214,33 @@ def _relative(fault: dict, t0: float) -> dict:
         out.update(recovered_s=round(rec["seconds"], 3), reached=rec["reached"], resumed_step=rec["step"])
         out.update(lost=rec["lost"])
     return out
+
+
+def run_ways(
+    ways: Sequence[str], run: Callable[[str, threading.Event | None], dict], together: bool = False
+) -> list[dict]:
+    """``run(way, abort)`` for each of ``ways``: one after the other, or (``together``) all at once, each in a
+    thread of its own; the records in the order of ``ways``. Together, the first way that fails sets ``abort``
+    for the others (their jobs stop at their next check, and are ended) and its error is raised once all
+    have returned."""
+    if not together:
+        return [run(way, None) for way in ways]
+    abort = threading.Event()
+
+    def one(way: str) -> dict:
+        try:
+            return run(way, abort)
+        except BaseException:
+            abort.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=len(ways), thread_name_prefix="chaos-way") as pool:
+        futures = [pool.submit(one, way) for way in ways]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    first = next((e for e in errors if not isinstance(e, WayAborted)), errors[0] if errors else None)
+    if first is not None:
+        raise first
+    return [f.result() for f in futures]
 
 
 def schedule_of(args: argparse.Namespace) -> report.Schedule:
@@ -210,6 +260,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-every", type=int, default=5, help="optimizer steps between in-memory commits")
     p.add_argument("--bin", type=float, default=5.0, help="seconds per point of the throughput plot")
     p.add_argument("--seed", type=int, default=0, help="of the draw of the rank to kill")
+    p.add_argument(
+        "--together",
+        action="store_true",
+        help="run the ways at the same time, side by side under the same load (each draws its kills from its own seed)",
+    )
     return p
 
 
@@ -224,11 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     if (out / "jobs").exists():
         raise ConfigError(f"{out / 'jobs'} exists (an earlier run's jobs); remove it or pass another --out")
     out.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(args.seed)
-    ways = [run_way(way, out, args, rng) for way in args.ways]
+    rng = random.Random(args.seed)  # one draw for all the ways when they run one after the other, as before
+
+    def run(way: str, abort: threading.Event | None) -> dict:
+        return run_way(way, out, args, random.Random(f"{args.seed}-{way}") if args.together else rng, abort)
+
+    ways = run_ways(args.ways, run, args.together)
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load": os.getloadavg(),
+        "together": args.together,
         "minutes": args.minutes,
         "fault_every_s": args.fault_every,
         "hosts": args.hosts,
