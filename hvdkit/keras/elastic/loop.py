@@ -122,7 +122,15 @@ def _begin_recovery(state, cause, error):
     step = getattr(state, "step", None)
     state.recoveries.append({"cause": cause, "from_size": hvd.size(), "t0": time.monotonic(), "step": step})
     if error is not None:
-        _log.warning("rank %d: %s (%s); going back to the last commit", hvd.rank(), cause, str(error)[:300])
+        _log.warning("rank %d: %s (%s); going back to the last commit", hvd.rank(), cause, _summary(error))
+
+
+def _summary(error):
+    """One line of ``error``: TensorFlow's message of a failed op is many lines of where the op was made; the
+    line that names Horovod says what failed."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "Horovod" in line or "Gloo" in line]
+    return (named or lines or [type(error).__name__])[0][:300]
 
 
 def _say_recovered(state):
