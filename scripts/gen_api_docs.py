@@ -21,6 +21,7 @@ PAGES = {
     "core.md": ("hvdkit.core", "Framework-free core: `import hvdkit.core`"),
     "tune.md": ("hvdkit.tune", "Hyperparameter search (`hvdkit tune`): `import hvdkit.tune`"),
     "torch-elastic.md": ("hvdkit.torch.elastic", "In-process recovery (`--recovery in-process`): `hk.elastic`"),
+    "keras-elastic.md": ("hvdkit.keras.elastic", "In-process recovery for Keras: `hk.elastic`"),
 }
 
 

@@ -30,7 +30,11 @@ def _no_leaked_env():
 # passed under loads of 5-10 before, as every test must). The groups are made here rather than by xdist_group
 # marks: pytest-xdist 3.8 groups by rewriting a test's node id, which pytest 9 no longer reads.
 JOBS_GROUP = "jobs"
-ALONGSIDE = ("tests/e2e/test_in_process_recovery.py", "tests/e2e/test_bench_chaos.py")
+ALONGSIDE = (
+    "tests/e2e/test_in_process_recovery.py",
+    "tests/e2e/test_in_process_recovery_keras.py",
+    "tests/e2e/test_bench_chaos.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -18,6 +18,7 @@ Why not ``horovod.tensorflow.keras``: under Keras 3 its DistributedOptimizer hoo
 from ..tensorflow import Resumed, Tracker, batch_plan, broadcast_variables, epoch_dataset, shard
 from ..tensorflow.runtime import *  # noqa: F403 - exactly its __all__, re-exported through _RUNTIME
 from ..tensorflow.runtime import __all__ as _RUNTIME  # one runtime for TensorFlow and Keras
+from . import elastic as elastic  # hk.elastic.fit, hk.elastic.State, hk.elastic.run (docs/api/keras-elastic.md)
 from ._deprecated import (  # noqa: F401
     BroadcastInitialState,
     Checkpoint,

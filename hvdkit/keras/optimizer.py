@@ -14,6 +14,7 @@ from ..core.options import AUTO, check_compression, check_number_above, check_po
 from ..tensorflow import autocompress
 from ..tensorflow.gradients import allreduce_gradients
 from ..tensorflow.runtime import communicator
+from ._recovery_scope import check_inside_run, in_process
 from .allreduce_clock import AllreduceClock, allreduce_seconds
 from .loss_scale import OuterScalingWatch, loss_scale_optimizer, uses_global_loss_scale
 from .zero import ShardedMixin, check_shardable
@@ -60,10 +61,20 @@ class _AveragingMixin(OuterScalingWatch):
 
     def build(self, variables):
         self._hvdkit_check_unwrapped()  # before any collective (a sharded build makes none either)
-        return super().build(variables)
+        if self.gradient_accumulation_steps or isinstance(self, ShardedMixin) or not in_process():
+            return super().build(variables)
+        # In-process recovery may have to accumulate at a smaller world size (hk.elastic.set_accumulation), and
+        # Keras makes its gradient accumulators only when it accumulates at build time: make them now (zeros,
+        # unused while it does not accumulate).
+        self.gradient_accumulation_steps = 2
+        try:
+            return super().build(variables)
+        finally:
+            self.gradient_accumulation_steps = None
 
     def apply(self, grads, trainable_variables=None):
         self._hvdkit_check_unwrapped()
+        check_inside_run("the optimizer's apply()")  # under --recovery in-process: a fit it can recover
         if self._hvdkit_compression == AUTO:  # decided once, at the first apply (while tracing: eagerly)
             grads = list(grads)
             self._hvdkit_compression = autocompress.resolve(AUTO, grads)

@@ -81,6 +81,7 @@ def epoch_dataset(
     backward_passes_per_step: int = 1,
     drop_last: bool = False,
     on_batch: Callable[[int, int, list[int]], object] | None = None,
+    start: int = 0,
 ) -> tuple[tf.data.Dataset, int]:
     """This rank's batches of in-memory ``arrays`` for epochs ``initial_epoch .. epochs-1``, and the
     number of batches per epoch: ``model.fit(ds, steps_per_epoch=steps, epochs=epochs, initial_epoch=...)``.
@@ -95,6 +96,11 @@ def epoch_dataset(
     if given, is called for each batch, in order, when the input pipeline starts its epoch (so
     ahead of training; ``step``: the optimizer step within the epoch, from 0; ``indices``: the
     sample indices of the batch).
+
+    ``start`` (a mid-epoch resume, ``hvdkit.keras.elastic``): the global sample offset where epoch
+    ``initial_epoch`` goes on; the dataset then holds the rest of that one epoch (``epochs`` must be
+    ``initial_epoch + 1``) and the number returned is its batches. ``on_batch``'s ``step`` still
+    counts from the epoch's start.
     """
     rank = _rank() if rank is None else rank
     size = _size() if size is None else size
@@ -102,7 +108,13 @@ def epoch_dataset(
     tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
     n = int(tf.nest.flatten(tensors)[0].shape[0])
     plan.check_dataset(n)
-    bounds = step_bounds(n, 0, plan.global_batch_size, plan.slots, drop_last)
+    if start and epochs != initial_epoch + 1:
+        raise ConfigError(
+            f"epoch_dataset(start={start}) holds the rest of one epoch: pass epochs=initial_epoch + 1 "
+            f"(got initial_epoch={initial_epoch}, epochs={epochs}) and make the next epochs' dataset with start=0"
+        )
+    bounds = step_bounds(n, start, plan.global_batch_size, plan.slots, drop_last)
+    before = len(step_bounds(n, 0, plan.global_batch_size, plan.slots, drop_last)) - len(bounds) if start else 0
     k = plan.accumulation
     rows_per_epoch = len(bounds) * k
 
@@ -111,7 +123,7 @@ def epoch_dataset(
         rows = list(rank_batches(epoch_order(n, seed, epoch, shuffle), bounds, rank, size, k))
         if on_batch is not None:
             for i, row in enumerate(rows):
-                on_batch(epoch, i // k, row)
+                on_batch(epoch, before + i // k, row)
         return np.concatenate(rows).astype(np.int64), np.array([len(r) for r in rows], dtype=np.int64)
 
     def one_epoch(epoch):

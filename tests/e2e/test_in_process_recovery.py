@@ -9,10 +9,11 @@ fix 09 replaces a lost worker there). Each job is bounded in time and leaves no 
 import json
 import re
 import signal
-from collections import defaultdict
 
 import numpy as np
 import pytest
+from elastic_jobs import assert_every_sample_once_per_epoch as assert_samples_once
+from elastic_jobs import last_generation
 from helpers import PYTHON, hvdkit_run, pid_running, read_sample_logs
 
 from hvdkit.core.checkpoint.state import read_newest
@@ -47,29 +48,8 @@ def assert_close(a, b, bound):
     return worst
 
 
-def last_generation(records):
-    """The records of each (epoch, step) as finally trained: a step redone after a recovery is logged again,
-    later, by every rank of the new size; the earlier records of it were rolled back."""
-    by_step = defaultdict(list)
-    for r in records:
-        by_step[(r["epoch"], r["step"])].append(r)
-    final = {}
-    for key, rs in by_step.items():
-        rs.sort(key=lambda r: r["time"])
-        size = rs[-1]["size"]
-        final[key] = rs[-size:]
-        assert sorted(r["rank"] for r in final[key]) == list(range(size)), (key, rs)
-    return final
-
-
 def assert_every_sample_once_per_epoch(records):
-    final = last_generation(records)
-    for epoch in range(EPOCHS):
-        seen = [i for (e, _), rs in final.items() if e == epoch for r in rs for i in r["indices"]]
-        assert sorted(seen) == list(range(TRAIN_SAMPLES)), (
-            f"epoch {epoch}: {len(seen)} samples, {len(set(seen))} distinct"
-        )
-    assert sorted(s for _, s in final) == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+    assert_samples_once(records, EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH)
 
 
 @pytest.fixture(scope="module")

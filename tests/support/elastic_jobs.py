@@ -5,6 +5,7 @@ change that file to remove and add hosts while the job runs.
 """
 
 import os
+from collections import defaultdict
 
 from helpers import BIN, PYTHON, run_bounded
 
@@ -39,3 +40,29 @@ def run_elastic(script, out, hosts, np_, min_np, max_np, extra=(), timeout=240, 
         *extra,
     ]
     return run_bounded(argv, timeout, env=clean_env(env), cwd=out)
+
+
+def last_generation(records):
+    """The sample-log records of each (epoch, step) as finally trained, under in-process recovery: a step redone
+    after a recovery is logged again, later, by every rank of the new size; the earlier records of it were rolled
+    back. Asserts that every rank of that size logged it."""
+    by_step = defaultdict(list)
+    for r in records:
+        by_step[(r["epoch"], r["step"])].append(r)
+    final = {}
+    for key, rs in by_step.items():
+        rs.sort(key=lambda r: r["time"])
+        size = rs[-1]["size"]
+        final[key] = rs[-size:]
+        assert sorted(r["rank"] for r in final[key]) == list(range(size)), (key, rs)
+    return final
+
+
+def assert_every_sample_once_per_epoch(records, epochs, samples, steps_per_epoch):
+    """Every one of ``samples`` training samples once in each of ``epochs`` epochs, and the steps 1 ..
+    ``epochs * steps_per_epoch`` each trained (their last generation, ``last_generation``)."""
+    final = last_generation(records)
+    for epoch in range(epochs):
+        seen = [i for (e, _), rs in final.items() if e == epoch for r in rs for i in r["indices"]]
+        assert sorted(seen) == list(range(samples)), f"epoch {epoch}: {len(seen)} samples, {len(set(seen))} distinct"
+    assert sorted(s for _, s in final) == list(range(1, epochs * steps_per_epoch + 1))

@@ -1,0 +1,183 @@
+"""``hk.elastic.fit``: Keras ``model.fit`` over in-memory data that survives lost workers in-process."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ...core.data import plan_batches, position_after, step_bounds
+from ...core.log import get_logger
+from ...core.options import check_positive_int
+from ...tensorflow import runtime
+from ...tensorflow.data import epoch_dataset
+from .loop import run
+from .state import State, _optimizer, accumulation, set_accumulation
+
+__all__ = ["fit"]
+
+_log = get_logger("elastic")
+
+
+class _Progress(keras.callbacks.Callback):
+    """In one ``model.fit`` of ``fit``: counts optimizer steps, records epoch, step and sample offset in the
+    state, commits every ``every`` steps and at every epoch end, and tells ``on_step`` what each step trained."""
+
+    def __init__(self, state, plan, bounds, full_bounds, start, every, batches, on_step):
+        super().__init__()
+        self.state, self.plan, self.bounds, self.full_bounds, self.start = state, plan, bounds, full_bounds, start
+        self.every, self.batches, self.on_step = every, batches, on_step
+        self.epoch, self.steps, self.micro, self.pending = 0, 0, 0, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch, self.steps, self.micro, self.pending = epoch, 0, 0, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.pending += self.batches.popleft()
+        self.micro += 1
+        if self.micro % self.plan.accumulation:
+            return
+        self.steps += 1
+        step = int(self.model.optimizer.iterations.numpy())
+        if self.on_step is not None:
+            self.on_step(self.epoch, step, self.pending)
+        self.pending = []
+        state = self.state
+        state.step, state.samples_done = step, position_after(self.bounds, self.steps, self.start)
+        if step % self.every == 0 and self.steps < len(self.bounds):  # an epoch's end commits below
+            state.commit()
+
+    def on_epoch_end(self, epoch, logs=None):
+        state = self.state
+        # committed with the epoch (a joining worker gets it too): a fit that a recovery cuts short returns no History
+        state.history[epoch] = {k: _plain(v) for k, v in (logs or {}).items()}
+        state.epoch, state.step, state.samples_done = epoch + 1, int(self.model.optimizer.iterations.numpy()), 0
+        state.commit()  # the epoch's end: a lost worker does not redo it
+        self.start, self.bounds = 0, self.full_bounds  # the next epoch starts at its beginning
+
+
+class _Fit:
+    """The training function ``fit`` runs under ``run``: from the committed epoch and sample offset, at this size."""
+
+    def __init__(self, model, data, batch_size, epochs, options, fit_kwargs):
+        self.model, self.data, self.batch_size, self.epochs = model, data, batch_size, epochs
+        self.o, self.fit_kwargs = options, fit_kwargs
+        self.n = int(tf.nest.flatten(tf.nest.map_structure(np.asarray, data))[0].shape[0])
+        self.plan = None
+
+    def resize(self, size):
+        o = self.o
+        self.plan = plan_batches(self.batch_size, size, o["global_batch_size"], o["backward_passes_per_step"])
+        if runtime.is_rank0():
+            _log.info("%s", self.plan.describe())
+        set_accumulation(self.model.optimizer, self.plan.accumulation)
+
+    def __call__(self, state):
+        epoch, start = state.epoch, state.samples_done
+        if start and epoch < self.epochs:
+            self._fit(state, epoch, epoch + 1, start)
+            epoch += 1
+        if epoch < self.epochs:
+            self._fit(state, epoch, self.epochs, 0)
+        return _history(state.history)
+
+    def _fit(self, state, first, last, start):
+        o, plan = self.o, self.plan
+        batches = deque()  # this fit's batches, announced by its input pipeline ahead of training
+        ds, steps = epoch_dataset(
+            self.data, self.batch_size, last, first, seed=o["seed"], shuffle=o["shuffle"],
+            global_batch_size=o["global_batch_size"], backward_passes_per_step=plan.accumulation,
+            drop_last=o["drop_last"], on_batch=lambda e, s, idx: batches.append(idx), start=start,
+        )  # fmt: skip
+        bounds = [step_bounds(self.n, s, plan.global_batch_size, plan.slots, o["drop_last"]) for s in (start, 0)]
+        progress = _Progress(state, plan, *bounds, start, o["commit_every"], batches, o["on_step"])
+        val = o["validation_data"]
+        self.model.fit(
+            ds,
+            steps_per_epoch=steps,
+            epochs=last,
+            initial_epoch=first,
+            validation_data=val() if callable(val) else val,
+            callbacks=[*o["callbacks"], progress],
+            verbose=o["verbose"],
+            **self.fit_kwargs,
+        )
+
+
+def _plain(value):
+    """A logged metric as a Python number (picklable, committed by value); anything else as it is."""
+    return float(value) if isinstance(value, (int, float, np.generic)) or tf.is_tensor(value) else value
+
+
+def _history(epochs):
+    """A Keras History of ``{epoch: logs}``."""
+    h = keras.callbacks.History()
+    h.epoch = sorted(epochs)
+    h.history = {}
+    for e in h.epoch:
+        for k, v in epochs[e].items():
+            h.history.setdefault(k, []).append(v)
+    return h
+
+
+def fit(
+    model: keras.Model,
+    data: Any,
+    *,
+    batch_size: int,
+    epochs: int,
+    global_batch_size: int | None = None,
+    backward_passes_per_step: int | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    commit_every: int = 10,
+    callbacks: list[keras.callbacks.Callback] | tuple = (),
+    validation_data: Any = None,
+    on_step: Callable[[int, int, list[int]], Any] | None = None,
+    verbose: int = 0,
+    **fit_kwargs: Any,
+) -> keras.callbacks.History:
+    """``model.fit`` over in-memory ``data`` (arrays, or a tuple/dict of them, as ``hk.epoch_dataset`` takes)
+    that survives lost workers in-process under ``hvdkit run --recovery in-process``; elsewhere one plain
+    ``fit`` (rank 0's initial state on every rank first).
+
+    ``model`` is compiled with ``hk.DistributedOptimizer`` (unsharded). The data of each world size comes
+    from ``hk.epoch_dataset`` (the order of epoch e from ``(seed, e)``, the batches by global sample offset),
+    the batch plan from ``hk.batch_plan(batch_size, global_batch_size, backward_passes_per_step)``: with
+    ``global_batch_size`` every optimizer step trains on the same samples at any size, by Keras's gradient
+    accumulation (``set_accumulation``). A commit (``State``: weights, optimizer variables, epoch, step,
+    the epoch's sample offset) is made every ``commit_every`` optimizer steps (when the step count is a
+    multiple of it) and at every epoch end; after a recovery ``fit`` goes on from it: the rest of the
+    committed epoch first (its logged metrics cover the batches since the recovery), then the epochs left.
+    ``validation_data``: as ``model.fit``'s, or a function of no arguments that returns it, called at each
+    (re)start (shard it there with ``hk.shard``: the shards of the world size then). ``on_step(epoch, step,
+    indices)`` is called after every optimizer step with the sample indices this rank trained on in it.
+    ``callbacks`` are ``fit``'s (leave out ``BroadcastInitialStateCallback``: the sync does it). The
+    History has one entry per epoch, the last run of it. Other keywords go to ``model.fit``.
+    Collective: every rank calls it with the same arguments.
+    """
+    check_positive_int("epochs", epochs, "the total number of epochs, e.g. epochs=10")
+    check_positive_int("commit_every", commit_every, "the optimizer steps between two commits, e.g. 10")
+    opt = _optimizer(model)
+    options = {
+        "global_batch_size": global_batch_size,
+        "backward_passes_per_step": accumulation(opt) if backward_passes_per_step is None else backward_passes_per_step,
+        "seed": seed,
+        "shuffle": shuffle,
+        "drop_last": drop_last,
+        "commit_every": commit_every,
+        "callbacks": list(callbacks),
+        "validation_data": validation_data,
+        "on_step": on_step,
+        "verbose": verbose,
+    }
+    train = _Fit(model, data, batch_size, epochs, options, fit_kwargs)
+    state = State(model, seed=seed, on_resize=train.resize, epoch=0, step=0, samples_done=0, history={})
+    history = run(train)(state)
+    history.recoveries = state.recoveries
+    return history

@@ -1,0 +1,152 @@
+"""``hk.elastic.run`` for Keras: the loop that syncs the state, runs the training and recovers in-process."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from ...core.errors import CollectiveError, ConfigError
+from ...core.log import get_logger
+from ...tensorflow import runtime
+from ...tensorflow._engine import horovod_tf
+from .._recovery_scope import _inside, in_process
+from .state import State
+
+__all__ = ["RESET_ATTEMPTS", "run"]
+
+_log = get_logger("elastic")
+RESET_ATTEMPTS = 5  # tries in a row to form the ring again, each failed by a worker lost meanwhile
+
+
+def _lost_worker(error):
+    """True for a failed Horovod collective: Horovod's own error, or TensorFlow's for a Horovod op."""
+    from horovod.common.exceptions import HorovodInternalError
+
+    if isinstance(error, HorovodInternalError):
+        return True
+    return isinstance(error, tf.errors.OpError) and "Horovod" in str(error.message)
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate the training function ``func(state, ...)`` so that it survives lost workers in-process.
+
+    Under ``hvdkit run --recovery in-process``: the state is synced (the start: ``on_start``; later the newest
+    commit) and ``func`` called; when a collective fails because a worker was lost (in ``fit``'s train step or
+    in a commit), every rank left goes back to its last commit, Horovod re-forms the ring without the lost
+    worker, and ``func`` is called again from there (at the smaller size: ``on_resize``); when the driver
+    has a new worker, the ranks stop at their next commit and ``func`` goes on with it. Rank 0 logs each
+    recovery with its time. Outside in-process recovery, ``func`` runs once after the start's sync.
+    Collective: every rank calls the decorated function with its ``State``.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(state, State):
+            raise ConfigError(
+                f"@hk.elastic.run needs an hk.elastic.State as the first argument (got {type(state).__name__})"
+            )
+        runtime.init()
+        _inside[0] += 1
+        try:
+            if not in_process():
+                state.sync()
+                return func(state, *args, **kwargs)
+            return _run_in_process(func, state, args, kwargs)
+        finally:
+            _inside[0] -= 1
+
+    return wrapper
+
+
+def _run_in_process(func, state, args, kwargs):
+    from horovod.common.elastic import notification_manager
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+    notification_manager.init()
+    notification_manager.register_listener(state)
+    # No hold_stop_signals() here, unlike torch's: fit has no PreemptionGuard of its own to hand a held SIGTERM
+    # to, so a held one would be ignored until the end; SIGTERM ends the worker (a guard callback of the user's
+    # installs its own handler, as outside recovery).
+    try:
+        while True:
+            try:
+                state.sync()
+                _say_recovered(state)
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt:
+                _begin_recovery(state, "workers join", None)
+            except Exception as e:
+                if not _lost_worker(e):
+                    raise
+                _begin_recovery(state, "a worker was lost", e)
+                state.restore()
+            _reset(state, HorovodInternalError)
+            runtime.init()  # rank-prefixed logging for this rank and size
+            state.on_reset()
+    finally:
+        notification_manager.remove_listener(state)
+
+
+def _reset(state, lost):
+    """Shut Horovod down and start it again (the driver's next rendezvous forms the new ring); a worker lost
+    while it forms fails ``hvd.init()`` (engine fix 17): try again, at most ``RESET_ATTEMPTS`` times."""
+    hvd = horovod_tf()
+    for attempt in range(1, RESET_ATTEMPTS + 1):
+        try:
+            hvd.shutdown()
+            hvd.init()
+            return
+        except lost as e:
+            if attempt == RESET_ATTEMPTS:
+                raise CollectiveError(
+                    f"in-process recovery gave up: the ring could not be formed again {attempt} times in a row, "
+                    f"each time because a worker was lost while it formed ({e}); start the job again, and check "
+                    "why workers keep failing"
+                ) from e
+            if state.recoveries:
+                state.recoveries[-1]["failed_resets"] = attempt
+            _log.warning(
+                "a worker was lost while the ring formed again (%s); trying again (%d of %d)",
+                e,
+                attempt,
+                RESET_ATTEMPTS,
+            )
+
+
+def _begin_recovery(state, cause, error):
+    hvd = horovod_tf()
+    step = getattr(state, "step", None)
+    state.recoveries.append({"cause": cause, "from_size": hvd.size(), "t0": time.monotonic(), "step": step})
+    if error is not None:
+        _log.warning("rank %d: %s (%s); going back to the last commit", hvd.rank(), cause, _summary(error))
+
+
+def _summary(error):
+    """One line of ``error``: TensorFlow's message of a failed op is many lines of where the op was made; the
+    line that names Horovod says what failed."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "Horovod" in line or "Gloo" in line]
+    return (named or lines or [type(error).__name__])[0][:300]
+
+
+def _say_recovered(state):
+    if not state.recoveries or "seconds" in state.recoveries[-1]:
+        return
+    last = state.recoveries[-1]
+    last["seconds"] = time.monotonic() - last["t0"]
+    last["to_size"] = runtime.size()
+    last["resumed_step"] = getattr(state, "step", None)
+    if runtime.is_rank0():
+        failed = last.get("failed_resets")
+        _log.info(
+            "%s: %d -> %d ranks, going on from step %s (committed in memory) after %.2f s",
+            last["cause"] + (f" ({failed} failed reset(s): a worker lost while the ring formed)" if failed else ""),
+            last["from_size"],
+            last["to_size"],
+            last["resumed_step"],
+            last["seconds"],
+        )

@@ -1,0 +1,128 @@
+"""Keras ``model.fit`` through ``hk.elastic.fit`` on the digits data (docs/elastic.md, "In-process recovery").
+
+    keras_elastic_fit.py OUT [--epochs 3] [--sample-log PREFIX] [--kill MARKER:RANK:STEP] [--wait-for-join]
+
+Global batch 64 = 32 per rank x 2 ranks (1 rank: 2 accumulation steps), SGD with momentum, a commit every 5
+optimizer steps and at every epoch end. ``--kill``: the process that is rank RANK SIGKILLs itself right after
+optimizer step STEP (before that step's commit, if any), once per job (MARKER, made with O_EXCL).
+``--wait-for-join``: at 1 rank, the survivor waits (at most 240 s) after each step until Horovod's driver
+tells it that a worker is ready to join (the new process engine fix 09 starts in the lost worker's slot), so
+that the next commit takes it in. Every rank prints where it imports hvdkit from; at the end every rank writes
+its weights to OUT.rank<r>.npz, and rank 0 prints one JSON line.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples"))
+from digits_common import SampleLog, keras_model, load_split  # noqa: E402
+
+import hvdkit  # noqa: E402
+import hvdkit.keras as hk  # noqa: E402
+
+JOIN_WAIT_S = 240
+
+
+class Kill(keras.callbacks.Callback):
+    def __init__(self, spec):
+        super().__init__()
+        self.marker, rank, step = spec.rsplit(":", 2)
+        self.rank, self.step = int(rank), int(step)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step < self.step or hk.rank() != self.rank or os.path.exists(self.marker):
+            return
+        try:
+            os.close(os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            return
+        print(f"keras_elastic_fit: rank {hk.rank()} kills itself after step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Notices:
+    """Horovod's notification listener: a worker is ready to join (a notice that slots were added)."""
+
+    def __init__(self):
+        self.heard = 0
+
+    def on_hosts_updated(self, timestamp, update_res):
+        from horovod.runner.elastic.worker import HostUpdateResult
+
+        if int(update_res) & int(HostUpdateResult.added):
+            self.heard += 1
+
+
+class WaitForJoin(keras.callbacks.Callback):
+    def __init__(self, notices):
+        super().__init__()
+        self.notices = notices
+
+    def on_train_batch_end(self, batch, logs=None):
+        t0 = time.monotonic()
+        while hk.size() == 1 and not self.notices.heard:
+            if time.monotonic() - t0 > JOIN_WAIT_S:
+                raise RuntimeError(f"no worker was reported ready to join within {JOIN_WAIT_S} s")
+            time.sleep(0.2)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--sample-log", default=None)
+    p.add_argument("--kill", default=None)
+    p.add_argument("--wait-for-join", action="store_true")
+    args = p.parse_args()
+    hk.init()
+    print(f"keras_elastic_fit: process {os.getpid()} imports hvdkit from {hvdkit.__file__}", flush=True)
+    keras.utils.set_random_seed(0)
+    x_train, y_train, x_val, y_val = load_split(0)
+    model = keras_model()
+    model.compile(
+        optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    callbacks = [hk.MetricAverageCallback()]
+    if args.kill:
+        callbacks.append(Kill(args.kill))
+    if args.wait_for_join:
+        from horovod.common.elastic import notification_manager
+
+        notices = Notices()
+        notification_manager.init()
+        notification_manager.register_listener(notices)
+        callbacks.append(WaitForJoin(notices))
+    log = SampleLog(args.sample_log, hk.rank, hk.size)
+    history = hk.elastic.fit(
+        model, (x_train, y_train), batch_size=32, global_batch_size=64, epochs=args.epochs, seed=0,
+        commit_every=5, callbacks=callbacks, on_step=log.write,
+    )  # fmt: skip
+    val = hk.shard(tf.data.Dataset.from_tensor_slices((x_val, y_val)), even=False).batch(256)  # at the size now
+    model.evaluate(val, verbose=0)
+    final = hk.average_model_metrics(model)
+    np.savez(f"{args.out}.rank{hk.rank()}.npz", *[np.asarray(w) for w in model.get_weights()])
+    if hk.rank() == 0:
+        result = {
+            "steps": int(model.optimizer.iterations.numpy()),
+            "size": hk.size(),
+            "epochs": history.epoch,
+            "recoveries": [(r["cause"], r["from_size"], r["to_size"], r["resumed_step"]) for r in history.recoveries],
+            "val_loss": final["loss"],
+            "val_accuracy": final["accuracy"],
+        }
+        print("keras_elastic_fit: " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

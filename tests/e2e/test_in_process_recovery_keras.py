@@ -1,0 +1,94 @@
+"""In-process recovery for Keras `model.fit` (`hk.elastic.fit` under `hvdkit run --recovery in-process`): a worker
+killed mid-epoch, the job goes on in the process that is left from its last in-memory commit, a new worker joins
+and gets the state, and the run ends as an uninterrupted one.
+
+Real ranks: Horovod's elastic driver over Gloo, one host (`localhost:2`; engine fix 09 starts a new worker in the
+lost one's slot), real TensorFlow/Keras. The script (scripts/keras_elastic_fit.py): the digits MLP, global batch
+64 = 32 per rank (1 rank: 2 accumulation steps), a commit every 5 optimizer steps and at every epoch end.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from elastic_jobs import assert_every_sample_once_per_epoch, last_generation
+from helpers import PYTHON, ROOT, hvdkit_run, read_sample_logs
+
+pytestmark = pytest.mark.dist
+SCRIPT = str(ROOT / "tests" / "e2e" / "scripts" / "keras_elastic_fit.py")
+EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH = 3, 1437, 23  # global batch 64
+BOUND = 1e-5  # the bound a restart at another world size holds (tests/distributed/test_world_size_change_keras.py)
+IN_PROCESS = ("-np", "2", "--min-np", "1", "--max-np", "2", "--recovery", "in-process")
+
+
+def result(out):
+    (line,) = re.findall(r"keras_elastic_fit: (\{.*\})$", out, re.M)
+    return json.loads(line)
+
+
+def weights(prefix, rank):
+    with np.load(f"{prefix}.rank{rank}.npz") as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def worst_difference(a, b):
+    assert [w.shape for w in a] == [w.shape for w in b]
+    return max(float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) for x, y in zip(a, b, strict=True))
+
+
+def imports_from_this_tree(out, processes):
+    found = re.findall(r"keras_elastic_fit: process (\d+) imports hvdkit from (\S+)", out)
+    assert len({p for p, _ in found}) == processes, out[-3000:]
+    return all(path.startswith(str(ROOT / "hvdkit")) for _, path in found)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The same script on 2 ranks, uninterrupted and outside in-process recovery: hk.elastic.fit is one plain fit."""
+    out = tmp_path_factory.mktemp("keras-ref") / "weights"
+    proc = hvdkit_run("-np", "2", "--gloo", "--", PYTHON, SCRIPT, str(out), timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    assert imports_from_this_tree(text, 2)
+    return {"weights": weights(out, 0), "result": result(text)}
+
+
+def test_a_keras_worker_killed_mid_epoch_is_recovered_in_process_a_new_one_joins_and_the_run_ends_as_without_the_kill(
+    uninterrupted, tmp_path
+):
+    out, log, marker = tmp_path / "weights", tmp_path / "samples", tmp_path / "killed"
+    proc = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, SCRIPT, str(out), "--sample-log", str(log), "--kill", f"{marker}:1:33",
+        "--wait-for-join", timeout=400,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-6000:]
+    assert marker.exists() and "rank 1 kills itself after step 33" in text  # the kill happened, mid-epoch 2
+    assert imports_from_this_tree(text, 3)  # the two first workers and the one that joined
+    # rank 1 died after step 33, before a commit: the survivor went back to step 30 (a commit every 5 steps, in
+    # mid-epoch: 7 of epoch 2's 23 steps), at 1 rank; the new worker joined at a later commit (step 35, unless its
+    # notice reached the survivor's state a few steps after the script's wait saw it)
+    events = re.findall(r"(a worker was lost|workers join): (\d+ -> \d+) ranks, going on from step (\d+)", text)
+    assert [e[:2] for e in events] == [("a worker was lost", "2 -> 1"), ("workers join", "1 -> 2")], text[-6000:]
+    resumed, joined = int(events[0][2]), int(events[1][2])
+    commits = {s for s in range(35, EPOCHS * STEPS_PER_EPOCH) if s % 5 == 0 or s % STEPS_PER_EPOCH == 0}
+    assert resumed == 30 and joined in commits, events
+    assert "restarting" not in text and text.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
+    got = result(text)
+    assert got["steps"] == EPOCHS * STEPS_PER_EPOCH and got["size"] == 2 and got["epochs"] == [0, 1, 2]
+    records = read_sample_logs(log)
+    final = last_generation(records)
+    # the steps from the recovery to the join trained at 1 rank (2 batches of 32 accumulated), the others at 2
+    alone = sorted(s for (_, s), rs in final.items() if rs[-1]["size"] == 1)
+    assert alone == list(range(resumed + 1, joined + 1))
+    assert all(
+        len(r["indices"]) == 64 for (_, s), rs in final.items() if s in alone and s % STEPS_PER_EPOCH for r in rs
+    )
+    assert_every_sample_once_per_epoch(records, EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH)
+    # the new worker got the survivor's state: both ranks end bitwise equal, and equal to the uninterrupted run
+    mine = weights(out, 0)
+    assert worst_difference(mine, weights(out, 1)) == 0.0
+    assert worst_difference(mine, uninterrupted["weights"]) <= BOUND
+    assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
+    assert got["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
