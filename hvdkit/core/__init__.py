@@ -3,7 +3,7 @@
 - Ground: ``errors``, ``env`` (every variable), ``options``, ``log``, ``engine_import``,
   ``horovod_settings``, ``deprecation``.
 - The rank's process: ``topology``, ``devices``, ``comm`` (the ``Communicator`` interface),
-  ``runtime``, ``preemption``.
+  ``runtime``, ``preemption``, ``recovery`` (in-process recovery's shared parts).
 - Training arithmetic: ``metrics``, ``lr``, ``data``, ``zero``, ``autocompress``.
 - Channels, what leaves a running job: ``checkpoint`` (to disk and back), ``monitoring`` (progress,
   stragglers, tracking), ``tune_channel`` (to ``hvdkit tune``).

@@ -45,7 +45,6 @@ import copy
 import functools
 import math
 import os
-import queue
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -54,9 +53,10 @@ import torch
 
 from ..core import env as _env
 from ..core.checkpoint.tree import reseed_rng
-from ..core.errors import CollectiveError, ConfigError
+from ..core.errors import ConfigError
 from ..core.log import get_logger
 from ..core.preemption import hold_stop_signals
+from ..core.recovery import CommittedState, begin_recovery, reset_with_retries, say_recovered
 from ..core.zero import ShardedState
 from . import runtime
 from ._engine import horovod_torch
@@ -93,7 +93,7 @@ def check_inside_run(what: str) -> None:
         )
 
 
-class State:
+class State(CommittedState):
     """What a training loop needs to go back to after a lost worker, committed in host memory.
 
     ``model`` (a ``torch.nn.Module``) and ``optimizer`` (``hk.DistributedOptimizer``'s result, sharded or
@@ -121,45 +121,12 @@ class State:
         on_start: Callable[[], Any] | None = None,
         **values: Any,
     ) -> None:
-        for name in values:
-            if name.startswith("_") or hasattr(type(self), name):
-                raise ConfigError(f"State value {name!r} would hide an attribute of hk.elastic.State; rename it")
+        super().__init__(seed=seed, on_resize=on_resize, on_start=on_start, values=values)
         self.model = model
         self.optimizer = optimizer
         self.objects = dict(objects or {})
-        self.seed = seed
-        self.on_resize = on_resize
-        self.on_start = on_start
-        self._names = tuple(values)
-        for name, value in values.items():
-            setattr(self, name, value)
-        self._commit: dict[str, Any] | None = None
-        self._commit_id = 0
-        self._since_commit = 0
-        self._messages: queue.Queue = queue.Queue()
-        self._last_update = 0
-        self.recoveries: list[dict[str, Any]] = []  # one entry per recovery: cause, sizes, step, seconds
 
     # ------------------------------------------------------------------ commits
-    @property
-    def values(self) -> dict[str, Any]:
-        """The keyword values, as now (not as committed)."""
-        return {name: getattr(self, name) for name in self._names}
-
-    def commit(self) -> None:
-        """Copy the state into host memory, then let a waiting worker join (it may raise Horovod's
-        ``HostsUpdatedInterrupt``, which ``run`` handles). Collective: every rank calls it alike."""
-        self.save()
-        self.check_host_updates()
-
-    def commit_every(self, steps: int) -> bool:
-        """Count a step; every ``steps``-th call commits (``commit()``). True when it committed. Collective."""
-        self._since_commit += 1
-        if self._since_commit < steps:
-            return False
-        self.commit()
-        return True
-
     def save(self) -> None:
         """Copy the state into host memory (no host check). Collective only with a sharded optimizer."""
         optimizer = None
@@ -168,49 +135,29 @@ class State:
                 optimizer = _host_copy(self.optimizer.consolidate(to=None), self._old("optimizer"))
             else:
                 optimizer = _host_copy(self.optimizer.state_dict(), self._old("optimizer"))
-        self._commit_id += 1
-        self._commit = {
-            "id": self._commit_id,
-            "size": runtime.size(),
-            "model": _host_copy(self.model.state_dict(), self._old("model")) if self.model is not None else None,
-            "optimizer": optimizer,
-            "objects": {name: copy.deepcopy(obj.state_dict()) for name, obj in self.objects.items()},
-            "values": copy.deepcopy(self.values),
-        }
-        self._since_commit = 0
+        self._saved(
+            {
+                "size": runtime.size(),
+                "model": _host_copy(self.model.state_dict(), self._old("model")) if self.model is not None else None,
+                "optimizer": optimizer,
+                "objects": {name: copy.deepcopy(obj.state_dict()) for name, obj in self.objects.items()},
+                "values": copy.deepcopy(self.values),
+            }
+        )
 
     def _old(self, key):
         return None if self._commit is None else self._commit.get(key)
-
-    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
-        """Horovod's worker notification service: the driver has workers to add or remove."""
-        self._messages.put((timestamp, update_res))
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank alike when the driver said hosts changed. Collective."""
         from horovod.common.exceptions import HostsUpdatedInterrupt
         from horovod.runner.elastic.worker import HostUpdateResult
 
-        newest, update = self._last_update, HostUpdateResult.no_update
-        while not self._messages.empty():
-            timestamp, result = self._messages.get()
-            if timestamp > newest:
-                newest, update = timestamp, update | result
-        # Any rank may have heard of it: the newest timestamp over all ranks decides, measured against the
-        # newest update any rank has acted on, so every rank decides alike. A worker that has just joined
-        # acted on none (0): against its own 0, the update it joined by would look new to it alone, and it
-        # alone would reset at the next commit (the others then saw "Horovod has been shut down").
-        comm = runtime.communicator()
-        seen = comm.allgather_object((self._last_update, newest, int(update)), name="hvdkit.elastic.hosts")
-        acted = max(a for a, _, _ in seen)
-        latest = max(t for _, t, _ in seen)
-        self._last_update = max(acted, latest)
-        if latest > acted:
-            merged = 0
-            for _, t, u in seen:
-                if t > acted:
-                    merged |= u
-            raise HostsUpdatedInterrupt(merged == int(HostUpdateResult.removed))
+        removed = self._host_update(
+            runtime.communicator(), int(HostUpdateResult.no_update), int(HostUpdateResult.removed)
+        )
+        if removed is not None:
+            raise HostsUpdatedInterrupt(removed)
 
     # ------------------------------------------------------------------ recovery
     def restore(self) -> None:
@@ -273,10 +220,6 @@ class State:
         _reseed(self.seed, step, comm.rank)
         self._commit_id = newest
         self.save()  # every rank (a new worker too) holds the state it goes on from
-
-    def on_reset(self) -> None:
-        """After Horovod re-formed the ring (``run`` calls it): forget host messages of the old ring."""
-        self._messages = queue.Queue()
 
 
 def _zero_grads(optimizer):
@@ -387,33 +330,11 @@ def _run_in_process(func, state, args, kwargs):
         notification_manager.remove_listener(state)
 
 
-RESET_ATTEMPTS = 5  # tries in a row to form the ring again, each failed by a worker lost meanwhile
-
-
 def _reset(restart: Callable[[], Any], lost: type[BaseException], state: State) -> None:
-    """``restart()`` (Horovod shut down and started again: the driver's next rendezvous forms the new ring). A worker
-    lost while it forms makes ``hvd.init()`` raise ``lost`` (HorovodInternalError; engine fix 17, before it the process
-    aborted inside Gloo): try again, the driver answers without that worker, at most ``RESET_ATTEMPTS`` times; each
-    failed try is counted in the recovery being made (``state.recoveries[-1]["failed_resets"]``)."""
-    for attempt in range(1, RESET_ATTEMPTS + 1):
-        try:
-            restart()
-            return
-        except lost as e:
-            if attempt == RESET_ATTEMPTS:
-                raise CollectiveError(
-                    f"in-process recovery gave up: the ring could not be formed again {attempt} times in a row, "
-                    f"each time because a worker was lost while it formed ({e}); the job ends here: start it "
-                    "again (it resumes from its newest checkpoint), and check why workers keep failing"
-                ) from e
-            if state.recoveries:
-                state.recoveries[-1]["failed_resets"] = attempt
-            _log.warning(
-                "a worker was lost while the ring formed again (%s); trying again (%d of %d)",
-                e,
-                attempt,
-                RESET_ATTEMPTS,
-            )
+    """``hvdkit.core.recovery.reset_with_retries``; a job whose ring cannot be formed again resumes from its
+    newest checkpoint at its next start."""
+    then = "start it again (it resumes from its newest checkpoint), and check why workers keep failing"
+    reset_with_retries(restart, lost, state, then=then)
 
 
 def _restart(hvd):
@@ -422,31 +343,12 @@ def _restart(hvd):
 
 
 def _begin_recovery(state, cause, error):
-    size = horovod_torch().size()
-    state.recoveries.append(
-        {"cause": cause, "from_size": size, "t0": time.monotonic(), "step": getattr(state, "step", None)}
-    )
-    if error is not None:
-        _log.warning("rank %d: %s (%s); going back to the last commit", horovod_torch().rank(), cause, error)
+    hvd = horovod_torch()
+    begin_recovery(state, cause, hvd.size(), hvd.rank(), None if error is None else str(error))
 
 
 def _say_recovered(state):
-    if not state.recoveries or "seconds" in state.recoveries[-1]:
-        return
-    last = state.recoveries[-1]
-    last["seconds"] = time.monotonic() - last["t0"]
-    last["to_size"] = runtime.size()
-    last["resumed_step"] = getattr(state, "step", None)
-    if runtime.is_rank0():
-        failed = last.get("failed_resets")
-        _log.info(
-            "%s: %d -> %d ranks, going on from step %s (committed in memory) after %.2f s",
-            last["cause"] + (f" ({failed} failed reset(s): a worker lost while the ring formed)" if failed else ""),
-            last["from_size"],
-            last["to_size"],
-            last["resumed_step"],
-            last["seconds"],
-        )
+    say_recovered(state, runtime.size(), runtime.is_rank0())
 
 
 AUTO_BUDGET = 0.02  # commit_every="auto": commits may cost this share of the training time

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
-from ...core.errors import CollectiveError, ConfigError
-from ...core.log import get_logger
+from ...core.errors import ConfigError
+from ...core.recovery import RESET_ATTEMPTS, begin_recovery, reset_with_retries, say_recovered
 from ...tensorflow import runtime
 from ...tensorflow._engine import horovod_tf
 from .._recovery_scope import _inside, in_process
@@ -18,8 +17,6 @@ from .state import State
 
 __all__ = ["RESET_ATTEMPTS", "run"]
 
-_log = get_logger("elastic")
-RESET_ATTEMPTS = 5  # tries in a row to form the ring again, each failed by a worker lost meanwhile
 
 
 def _lost_worker(error):
@@ -92,37 +89,20 @@ def _run_in_process(func, state, args, kwargs):
 
 
 def _reset(state, lost):
-    """Shut Horovod down and start it again (the driver's next rendezvous forms the new ring); a worker lost
-    while it forms fails ``hvd.init()`` (engine fix 17): try again, at most ``RESET_ATTEMPTS`` times."""
+    """Shut Horovod down and start it again (the driver's next rendezvous forms the new ring), tried again when a
+    worker is lost while it forms (``hvdkit.core.recovery.reset_with_retries``)."""
     hvd = horovod_tf()
-    for attempt in range(1, RESET_ATTEMPTS + 1):
-        try:
-            hvd.shutdown()
-            hvd.init()
-            return
-        except lost as e:
-            if attempt == RESET_ATTEMPTS:
-                raise CollectiveError(
-                    f"in-process recovery gave up: the ring could not be formed again {attempt} times in a row, "
-                    f"each time because a worker was lost while it formed ({e}); start the job again, and check "
-                    "why workers keep failing"
-                ) from e
-            if state.recoveries:
-                state.recoveries[-1]["failed_resets"] = attempt
-            _log.warning(
-                "a worker was lost while the ring formed again (%s); trying again (%d of %d)",
-                e,
-                attempt,
-                RESET_ATTEMPTS,
-            )
+
+    def restart():
+        hvd.shutdown()
+        hvd.init()
+
+    reset_with_retries(restart, lost, state)
 
 
 def _begin_recovery(state, cause, error):
     hvd = horovod_tf()
-    step = getattr(state, "step", None)
-    state.recoveries.append({"cause": cause, "from_size": hvd.size(), "t0": time.monotonic(), "step": step})
-    if error is not None:
-        _log.warning("rank %d: %s (%s); going back to the last commit", hvd.rank(), cause, _summary(error))
+    begin_recovery(state, cause, hvd.size(), hvd.rank(), None if error is None else _summary(error))
 
 
 def _summary(error):
@@ -134,19 +114,4 @@ def _summary(error):
 
 
 def _say_recovered(state):
-    if not state.recoveries or "seconds" in state.recoveries[-1]:
-        return
-    last = state.recoveries[-1]
-    last["seconds"] = time.monotonic() - last["t0"]
-    last["to_size"] = runtime.size()
-    last["resumed_step"] = getattr(state, "step", None)
-    if runtime.is_rank0():
-        failed = last.get("failed_resets")
-        _log.info(
-            "%s: %d -> %d ranks, going on from step %s (committed in memory) after %.2f s",
-            last["cause"] + (f" ({failed} failed reset(s): a worker lost while the ring formed)" if failed else ""),
-            last["from_size"],
-            last["to_size"],
-            last["resumed_step"],
-            last["seconds"],
-        )
+    say_recovered(state, runtime.size(), runtime.is_rank0())

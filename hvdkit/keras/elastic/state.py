@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import queue
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ import tensorflow as tf
 from ...core.data import rank_seed
 from ...core.errors import ConfigError
 from ...core.options import check_positive_int
+from ...core.recovery import CommittedState
 from ...tensorflow import runtime
 from ...tensorflow.variables import broadcast_variables
 from ..optimizer import _AveragingMixin
@@ -107,7 +107,7 @@ def _host_copy(values, old):
     return out
 
 
-class State:
+class State(CommittedState):
     """What Keras training needs to go back to after a lost worker, committed in host memory.
 
     ``model`` is compiled with ``hk.DistributedOptimizer`` (not sharded). A commit holds the model's weights,
@@ -133,92 +133,39 @@ class State:
         on_start: Callable[[], Any] | None = None,
         **values: Any,
     ) -> None:
-        for name in values:
-            if name.startswith("_") or hasattr(type(self), name):
-                raise ConfigError(f"State value {name!r} would hide an attribute of hk.elastic.State; rename it")
+        super().__init__(seed=seed, on_resize=on_resize, on_start=on_start, values=values)
         self.model = model
         self.optimizer = _optimizer(model)
-        self.seed = seed
-        self.on_resize = on_resize
-        self.on_start = on_start
-        self._names = tuple(values)
-        for name, value in values.items():
-            setattr(self, name, value)
-        self._commit: dict[str, Any] | None = None
-        self._commit_id = 0
-        self._since_commit = 0
-        self._messages: queue.Queue = queue.Queue()
-        self._last_update = 0
-        self.recoveries: list[dict[str, Any]] = []  # one entry per recovery: cause, sizes, step, seconds
-
-    @property
-    def values(self) -> dict[str, Any]:
-        """The keyword values, as now (not as committed)."""
-        return {name: getattr(self, name) for name in self._names}
 
     def _build(self):
         if not self.optimizer.built:  # a worker that joins has not stepped yet: the same variables as the others
             self.optimizer.build(self.model.trainable_variables)
 
     # ------------------------------------------------------------------ commits
-    def commit(self) -> None:
-        """Copy the state into host memory, then let a waiting worker join (it may raise Horovod's
-        ``HostsUpdatedInterrupt``, which ``run`` handles). Collective: every rank calls it alike."""
-        self.save()
-        self.check_host_updates()
-
-    def commit_every(self, steps: int) -> bool:
-        """Count a step; every ``steps``-th call commits (``commit()``). True when it committed. Collective."""
-        self._since_commit += 1
-        if self._since_commit < steps:
-            return False
-        self.commit()
-        return True
-
     def save(self) -> None:
         """Copy the state into host memory (no host check, no collective)."""
         self._build()
         old = self._commit or {}
-        self._commit_id += 1
-        self._commit = {
-            "id": self._commit_id,
-            "size": runtime.size(),
-            "step": int(self.optimizer.iterations.numpy()),  # optimizer steps, at any accumulation
-            "model": _host_copy(list(self.model.weights), old.get("model")),
-            "optimizer": _host_copy(_state_variables(self.optimizer), old.get("optimizer")),
-            "values": copy.deepcopy(self.values),
-        }
-        self._since_commit = 0
-
-    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
-        """Horovod's worker notification service: the driver has workers to add or remove."""
-        self._messages.put((timestamp, update_res))
+        self._saved(
+            {
+                "size": runtime.size(),
+                "step": int(self.optimizer.iterations.numpy()),  # optimizer steps, at any accumulation
+                "model": _host_copy(list(self.model.weights), old.get("model")),
+                "optimizer": _host_copy(_state_variables(self.optimizer), old.get("optimizer")),
+                "values": copy.deepcopy(self.values),
+            }
+        )
 
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank alike when the driver said hosts changed. Collective.
-
-        The newest notice any rank has heard decides, against the newest any rank has acted on (a worker
-        that has just joined acted on none, and must not take the notice it joined by for a new one)."""
+        """Raise ``HostsUpdatedInterrupt`` on every rank alike when the driver said hosts changed. Collective."""
         from horovod.common.exceptions import HostsUpdatedInterrupt
         from horovod.runner.elastic.worker import HostUpdateResult
 
-        heard, kinds = self._last_update, 0
-        while not self._messages.empty():
-            timestamp, result = self._messages.get()
-            if timestamp > heard:
-                heard, kinds = timestamp, kinds | int(result)
-        everyone = runtime.communicator().allgather_object(
-            (self._last_update, heard, kinds), name="hvdkit.keras.elastic.hosts"
+        removed = self._host_update(
+            runtime.communicator(), int(HostUpdateResult.no_update), int(HostUpdateResult.removed)
         )
-        acted = max(a for a, _, _ in everyone)
-        newest = max(t for _, t, _ in everyone)
-        self._last_update = max(acted, newest)
-        if newest > acted:
-            merged = 0
-            for _, t, k in everyone:
-                if t > acted:
-                    merged |= k
-            raise HostsUpdatedInterrupt(merged == int(HostUpdateResult.removed))
+        if removed is not None:
+            raise HostsUpdatedInterrupt(removed)
 
     # ------------------------------------------------------------------ recovery
     def restore(self) -> None:
@@ -283,6 +230,6 @@ class State:
     def on_reset(self) -> None:
         """After Horovod re-formed the ring (``run`` calls it): forget host notices of the old ring, and trace
         the train step again (its collectives and accumulation belong to the world size it was traced at)."""
-        self._messages = queue.Queue()
+        super().on_reset()
         if getattr(self.model, "train_function", None) is not None:
             self.model.make_train_function(force=True)

@@ -6,6 +6,7 @@ Horovod down and start it again, here a function that fails a given number of ti
 import pytest
 from horovod.common.exceptions import HorovodInternalError
 
+from hvdkit.core import recovery
 from hvdkit.core.errors import CollectiveError
 from hvdkit.torch import elastic
 
@@ -35,7 +36,7 @@ def test_a_reset_that_keeps_failing_stops_after_the_bound_naming_the_cause_and_w
     restart, calls = failing(100)
     with pytest.raises(CollectiveError) as caught:
         elastic._reset(restart, HorovodInternalError, state)
-    assert calls == list(range(1, elastic.RESET_ATTEMPTS + 1)) and elastic.RESET_ATTEMPTS == 5
+    assert calls == list(range(1, recovery.RESET_ATTEMPTS + 1)) and recovery.RESET_ATTEMPTS == 5
     message = str(caught.value)
     assert "could not be formed again 5 times in a row" in message and "ring not formed, try 5" in message
     assert "start it again (it resumes from its newest checkpoint)" in message

@@ -1,0 +1,183 @@
+"""In-process recovery's framework-free parts, one copy for ``hk.elastic`` of torch and of Keras.
+
+``CommittedState`` is what the two ``hk.elastic.State`` classes share: the keyword values a commit holds, the
+count of steps since the last commit, the driver's notices of hosts added or removed and the decision of
+every rank alike to act on them, and the list of recoveries made. ``reset_with_retries``,
+``begin_recovery`` and ``say_recovered`` are the steps of ``hk.elastic.run``'s loop around a reset. The
+adapters hold what depends on the framework (what is copied at a commit, how it is shared, Horovod's
+exceptions), and pass in what these need of it (the communicator, the world size, the rank).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .comm import Communicator
+from .errors import CollectiveError, ConfigError
+from .log import get_logger
+
+__all__ = ["RESET_ATTEMPTS", "CommittedState", "begin_recovery", "reset_with_retries", "say_recovered"]
+
+_log = get_logger("elastic")
+RESET_ATTEMPTS = 5  # tries in a row to form the ring again, each failed by a worker lost meanwhile
+
+
+class CommittedState:
+    """The shared part of ``hk.elastic.State``: keyword ``values`` as attributes (``state.epoch``; committed by
+    value), ``seed``, ``on_resize``, ``on_start``, the commit counter and the host notices. A subclass
+    provides ``save()`` (copy its state into host memory, then ``_saved()``) and ``check_host_updates()``
+    (``_host_update`` with Horovod's values, raising Horovod's ``HostsUpdatedInterrupt``)."""
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        on_resize: Callable[[int], Any] | None = None,
+        on_start: Callable[[], Any] | None = None,
+        values: dict[str, Any],
+    ) -> None:
+        for name in values:
+            if name.startswith("_") or hasattr(type(self), name):
+                raise ConfigError(f"State value {name!r} would hide an attribute of hk.elastic.State; rename it")
+        self.seed = seed
+        self.on_resize = on_resize
+        self.on_start = on_start
+        self._names = tuple(values)
+        for name, value in values.items():
+            setattr(self, name, value)
+        self._commit: dict[str, Any] | None = None
+        self._commit_id = 0
+        self._since_commit = 0
+        self._messages: queue.Queue = queue.Queue()
+        self._last_update = 0
+        self.recoveries: list[dict[str, Any]] = []  # one entry per recovery: cause, sizes, step, seconds
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The keyword values, as now (not as committed)."""
+        return {name: getattr(self, name) for name in self._names}
+
+    def save(self) -> None:  # pragma: no cover - each adapter's State has its own
+        raise NotImplementedError
+
+    def check_host_updates(self) -> None:  # pragma: no cover - each adapter's State has its own
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        """Copy the state into host memory, then let a waiting worker join (it may raise Horovod's
+        ``HostsUpdatedInterrupt``, which ``run`` handles). Collective: every rank calls it alike."""
+        self.save()
+        self.check_host_updates()
+
+    def commit_every(self, steps: int) -> bool:
+        """Count a step; every ``steps``-th call commits (``commit()``). True when it committed. Collective."""
+        self._since_commit += 1
+        if self._since_commit < steps:
+            return False
+        self.commit()
+        return True
+
+    def _saved(self, commit: dict[str, Any]) -> None:
+        """``save()``'s last step: ``commit`` (without its id) is now this rank's newest commit."""
+        self._commit_id += 1
+        self._commit = {"id": self._commit_id, **commit}
+        self._since_commit = 0
+
+    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
+        """Horovod's worker notification service: the driver has workers to add or remove."""
+        self._messages.put((timestamp, update_res))
+
+    def _host_update(self, comm: Communicator, no_update: int, removed: int) -> bool | None:
+        """Whether the ranks act on a host update now, decided alike on every rank (collective): None for no;
+        else whether the update only removed hosts (``HostsUpdatedInterrupt``'s argument). ``no_update``,
+        ``removed``: Horovod's ``HostUpdateResult`` values.
+
+        Any rank may have heard of it: the newest notice over all ranks decides, measured against the newest
+        update any rank has acted on. A worker that has just joined acted on none (0): against its own 0, the
+        update it joined by would look new to it alone, and it alone would reset at the next commit (the others
+        then saw "Horovod has been shut down")."""
+        newest, update = self._last_update, no_update
+        while not self._messages.empty():
+            timestamp, result = self._messages.get()
+            if timestamp > newest:
+                newest, update = timestamp, update | int(result)
+        seen = comm.allgather_object((self._last_update, newest, int(update)), name="hvdkit.elastic.hosts")
+        acted = max(a for a, _, _ in seen)
+        latest = max(t for _, t, _ in seen)
+        self._last_update = max(acted, latest)
+        if latest <= acted:
+            return None
+        merged = 0
+        for _, t, u in seen:
+            if t > acted:
+                merged |= u
+        return merged == removed
+
+    def on_reset(self) -> None:
+        """After Horovod re-formed the ring (``run`` calls it): forget host messages of the old ring."""
+        self._messages = queue.Queue()
+
+
+def reset_with_retries(
+    restart: Callable[[], Any],
+    lost: type[BaseException],
+    state: CommittedState,
+    then: str = "start it again, and check why workers keep failing",
+) -> None:
+    """``restart()`` (Horovod shut down and started again: the driver's next rendezvous forms the new ring). A
+    worker lost while it forms makes ``hvd.init()`` raise ``lost`` (HorovodInternalError; engine fix 17): try
+    again, the driver answers without that worker, at most ``RESET_ATTEMPTS`` times; each failed try is counted
+    in the recovery being made (``state.recoveries[-1]["failed_resets"]``). Then a CollectiveError that ends with
+    ``then`` (what to do)."""
+    for attempt in range(1, RESET_ATTEMPTS + 1):
+        try:
+            restart()
+            return
+        except lost as e:
+            if attempt == RESET_ATTEMPTS:
+                raise CollectiveError(
+                    f"in-process recovery gave up: the ring could not be formed again {attempt} times in a row, "
+                    f"each time because a worker was lost while it formed ({e}); the job ends here: {then}"
+                ) from e
+            if state.recoveries:
+                state.recoveries[-1]["failed_resets"] = attempt
+            _log.warning(
+                "a worker was lost while the ring formed again (%s); trying again (%d of %d)",
+                e,
+                attempt,
+                RESET_ATTEMPTS,
+            )
+
+
+def begin_recovery(state: CommittedState, cause: str, size: int, rank: int, error: str | None) -> None:
+    """A recovery starts (``cause``: "a worker was lost", "workers join"), at world size ``size``; a lost worker
+    (``error``, one line) is logged by every rank."""
+    state.recoveries.append(
+        {"cause": cause, "from_size": size, "t0": time.monotonic(), "step": getattr(state, "step", None)}
+    )
+    if error is not None:
+        _log.warning("rank %d: %s (%s); going back to the last commit", rank, cause, error)
+
+
+def say_recovered(state: CommittedState, size: int, is_rank0: bool) -> None:
+    """After the sync that ends a recovery: its time, the new size and the step it goes on from; logged on
+    rank 0. Nothing when no recovery is under way."""
+    if not state.recoveries or "seconds" in state.recoveries[-1]:
+        return
+    last = state.recoveries[-1]
+    last["seconds"] = time.monotonic() - last["t0"]
+    last["to_size"] = size
+    last["resumed_step"] = getattr(state, "step", None)
+    if is_rank0:
+        failed = last.get("failed_resets")
+        _log.info(
+            "%s: %d -> %d ranks, going on from step %s (committed in memory) after %.2f s",
+            last["cause"] + (f" ({failed} failed reset(s): a worker lost while the ring formed)" if failed else ""),
+            last["from_size"],
+            last["to_size"],
+            last["resumed_step"],
+            last["seconds"],
+        )
