@@ -60,7 +60,10 @@ def _entry(module, name):
         return [f"### `{name}`", "", f"`{obj!r}`", ""]
     lines = [f"### `{name}{_signature(obj)}`", "", f"*{_kind(obj)}*", "", doc or "(no docstring)", ""]
     if inspect.isclass(obj):
-        for attr, member in sorted(vars(obj).items()):
+        members = {}  # the class's own methods and those it inherits from hvdkit's classes (not Keras's, torch's)
+        for cls in reversed([c for c in obj.__mro__ if c.__module__.startswith("hvdkit.")]):
+            members.update(vars(cls))
+        for attr, member in sorted(members.items()):
             own = getattr(member, "__doc__", None)  # not an inherited one (Keras' on_* hooks)
             if attr.startswith(("_", "on_")) or not callable(member) or not own:
                 continue
