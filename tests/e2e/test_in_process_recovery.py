@@ -182,8 +182,8 @@ def test_a_new_worker_joins_after_the_loss_and_the_run_ends_as_without_the_kill(
     there (before: the Checkpointer's preflight broadcast met the sync's allgather and the job hung)."""
     d, log = tmp_path / "ckpt", tmp_path / "samples"
     proc = hvdkit_run(
-        *IN_PROCESS, "--", PYTHON, KILL, str(tmp_path / "killed"), "1", "step:10,pace:0.25", TORCH, *ARGS,
-        "--checkpoint-dir", str(d), "--sample-log", str(log), timeout=400,
+        *IN_PROCESS, "--", PYTHON, KILL, str(tmp_path / "killed"), "1", "step:10,hold-for-join,pace:0.25", TORCH, *ARGS,
+        "--checkpoint-dir", str(d), "--sample-log", str(log), timeout=600,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]

@@ -7,6 +7,10 @@ when it reaches a point, once per job (or, with term:N, send SIGTERM to the job'
     kill_in_process.py MARKER R step:N,join SCRIPT ...      # and the first worker that joins later, right after a
                                                             # rendezvous took its slot (MARKER.join): the others
                                                             # are then forming the ring with it, inside hvd.init
+    kill_in_process.py MARKER R step:N,hold-for-join,pace:S ...  # and after the kill, a process training alone
+                                                            # waits at its commits (at most 300 s) until the driver
+                                                            # has told it of a worker to add, so a new worker that is
+                                                            # slow to start (a loaded machine) still joins mid-run
     kill_in_process.py MARKER R term:N SCRIPT [ARGS...]     # at its N-th optimizer step, SIGTERM to the `hvdkit run`
                                                             # above it, as a scheduler preempting the job sends it
     kill_in_process.py MARKER R step:N,term-at-reset ...    # and at the survivors' reset after the kill, SIGTERM to
@@ -105,6 +109,29 @@ def _kill_when_joined(marker):
     worker.wait_until_slot_taken = wait_then_die
 
 
+def _hold_for_join(marker):
+    """After the kill (``marker`` exists), a process that trains alone waits at each commit's host check until
+    Horovod's driver has told it of a host update (a new worker ready to join), at most 300 s: the run cannot
+    end before the join it is meant to show. Before, the steps were only paced, and under a load of 14 a new
+    worker took longer to start than the survivor took to train to the end."""
+    import time
+
+    import horovod.torch as hvd
+
+    from hvdkit.torch import elastic
+
+    original = elastic.State.check_host_updates
+
+    def held(self):
+        if os.path.exists(marker) and hvd.size() == 1:
+            deadline = time.monotonic() + 300
+            while self._messages.empty() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return original(self)
+
+    elastic.State.check_host_updates = held
+
+
 def _term_at_reset(marker):
     """At the first in-process reset of the job (a lost worker: the survivors form the ring again), SIGTERM to the
     job's `hvdkit run`, which passes it to every worker at once: it reaches this process between two trainings'
@@ -138,6 +165,9 @@ def main():
     if where.endswith(",join"):
         where = where[: -len(",join")]
         _kill_when_joined(marker + ".join")
+    if where.endswith(",hold-for-join"):
+        where = where[: -len(",hold-for-join")]
+        _hold_for_join(marker)
     if where.endswith(",term-at-reset"):
         where = where[: -len(",term-at-reset")]
         _term_at_reset(marker + ".term")
