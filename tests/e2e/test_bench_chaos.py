@@ -16,6 +16,7 @@ pytestmark = pytest.mark.dist
 
 FIELDS = {
     "way",
+    "load_1min",
     "window_s",
     "steps_reached",
     "steps_run",
@@ -43,6 +44,8 @@ def test_a_short_soak_kills_ranks_recovers_and_trains_every_sample_once_per_epoc
     way = json.loads((out / "in-process.json").read_text())
     assert set(way) == FIELDS
     assert way["way"] == "in-process" and way["exit_code"] == 0 and way["window_s"] == 24.0
+    low, high = way["load_1min"]  # the machine's load while the way ran, lowest and highest
+    assert 0 <= low <= high
     assert way["faults"] >= 1 and way["faults_recovered"] == way["faults"]
     for fault in way["fault_list"]:
         assert fault["rank"] in (0, 1) and fault["killed_s"] >= fault["due_s"] >= 6.0
@@ -58,5 +61,6 @@ def test_a_short_soak_kills_ranks_recovers_and_trains_every_sample_once_per_epoc
     assert [p["t"] for p in way["series"]] == [4.0 * i for i in range(1, 7)]
     summary = json.loads((out / "summary.json").read_text())
     assert [w["way"] for w in summary["ways"]] == ["in-process"] and summary["fault_every_s"] == 6.0
+    assert summary["together"] is False
     assert (out / "table.md").read_text().splitlines()[2].startswith("| in-process | ")
     assert (out / "chaos.png").read_bytes()[:4] == b"\x89PNG"
