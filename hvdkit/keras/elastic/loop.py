@@ -18,7 +18,6 @@ from .state import State
 __all__ = ["RESET_ATTEMPTS", "run"]
 
 
-
 def _lost_worker(error):
     """True for a failed Horovod collective: Horovod's own error, or TensorFlow's for a Horovod op."""
     from horovod.common.exceptions import HorovodInternalError
