@@ -9,6 +9,13 @@ import pytest
 # _MLFLOW_TELEMETRY_SESSION_ID at a moment of its choosing (a spurious "leak" below), and tries to
 # reach the internet. Off for the whole test session and the ranks it starts.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# Open MPI busy-polls while a rank waits in MPI (Horovod's background thread negotiates in a blocking MPI
+# collective every 0.2 ms cycle under hvdkit), and it yields the core only when it sees more ranks than
+# slots: 2 ranks on 2 cores is not that, yet each rank also runs torch's or TensorFlow's threads, so the
+# polling took CPU from the ranks' own work. Measured side by side on the 2-core machine (2026-12-02):
+# examples/torch_digits.py under mpirun -np 2 7.2 and 7.1 s polling, 5.6 and 5.2 s yielding; the TF2
+# synthetic benchmark 40.9 s and 35.0 s. Scheduling only; no test asserts a time. A value set wins.
+os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 
 @pytest.fixture(autouse=True)
