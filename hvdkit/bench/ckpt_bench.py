@@ -364,7 +364,7 @@ def _steps_during_write(ckpt, counter, a, b, into):
     return steps, took
 
 
-PRIORITIES = ("normal", "low")  # Checkpointer(writer_priority=...)
+PRIORITIES = ("normal", "low", "idle")  # Checkpointer(writer_priority=...)
 
 
 def _step_times(ckpts, counter, reps, threads=None):
@@ -412,6 +412,7 @@ def _timed_steps(ckpts, counter, reps):
         lost = sum(during[p].values) - len(during[p].values) * quiet.median
         out[p] = {
             "nice": WRITER_PRIORITIES[p],
+            "policy": "SCHED_IDLE" if p == "idle" else "SCHED_OTHER",
             "during_write": during[p].as_dict(),
             "step_time_during_vs_no_write": during[p].median / quiet.median if during[p].values else None,
             "write_took_under_training": took[p].as_dict(),
@@ -508,6 +509,12 @@ def run_async(sizes, reps, root, step_reps=3, step_mb=None, free_core=False, pie
     return out
 
 
+def _how(priority_result):
+    """A writer priority's scheduling in a plot label: its nice value, or its policy where that is not the usual."""
+    policy = priority_result.get("policy", "SCHED_OTHER")
+    return f"nice {priority_result['nice']}" if policy == "SCHED_OTHER" else policy
+
+
 def plot_async(result, path):
     """Blocked time per size (sync vs async, log scale) and the step-time ratio, as a PNG."""
     import matplotlib
@@ -529,7 +536,7 @@ def plot_async(result, path):
         if key in result:
             one = result[key]
             bars[f"no write\n{label}"] = one["no_write"]
-            bars.update({f"{p}\nnice {one[p]['nice']}\n{label}": one[p]["during_write"] for p in PRIORITIES})
+            bars.update({f"{p}\n{_how(one[p])}\n{label}": one[p]["during_write"] for p in PRIORITIES if p in one})
     bars = {k: v for k, v in bars.items() if v.get("median_s") is not None}
     right.bar(list(bars), [v["median_s"] * 1e3 for v in bars.values()])
     right.tick_params(axis="x", labelsize=7)

@@ -75,9 +75,10 @@ class Checkpointer(CheckpointerBase):
     copied (see ``wait_copied``; any other optimizer, or none: all is copied in ``save``). Rank 0
     keeps that copy between saves and reuses it (memory: one more state on rank 0).
     ``writer_priority``: "normal" (the default: the write competes with training as an equal and is
-    on disk soonest) or "low" (nice 19: training's steps keep their time on busy CPUs, but the write
-    takes only what they leave, so the newest checkpoint lags further behind a crash);
-    docs/checkpoint-format.md has the measurements.
+    on disk soonest), "low" (nice 19: training's steps keep their time on busy CPUs, but the write
+    takes only what they leave, so the newest checkpoint lags further behind a crash) or "idle"
+    (Linux's SCHED_IDLE: the write runs only on CPU time training leaves, and gives a core back to a
+    training thread at once); docs/checkpoint-format.md has the measurements.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """

@@ -99,7 +99,7 @@ class TrainerOptions:
                 "pass 'auto' (commits cost at most 2 % of the time) or a number of optimizer steps, e.g. 50",
             )
         self._check_monitoring()
-        writer_nice(self.writer_priority)  # ConfigError naming "normal" and "low"
+        writer_nice(self.writer_priority)  # ConfigError naming the choices
 
     def _set(self, name, value):
         object.__setattr__(self, name, value)  # a checked form of a field, once, while it is built

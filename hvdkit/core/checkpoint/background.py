@@ -43,19 +43,24 @@ _UNSHARED: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # writes whose
 # value). "normal" (0): the write competes with training as an equal and is on disk soonest. "low" (19):
 # a step keeps its time while a write runs (0.99x vs 3.97x for 1 GiB on 2 busy cores), but the write
 # takes only what training leaves (about 20x longer there), so the newest checkpoint lags further behind
-# a crash. The default and why: docs/checkpoint-format.md, "Writer priority".
-WRITER_PRIORITIES = {"normal": 0, "low": 19}
+# a crash. "idle": Linux's SCHED_IDLE as well (nice 19 where that is refused): the write runs only on a
+# core training leaves, and a training thread that wakes takes the core from it at once, where a nice-19
+# task may first finish its time slice (which a step split over torch's threads waits for). The default
+# and why: docs/checkpoint-format.md, "Writer priority".
+WRITER_PRIORITIES = {"normal": 0, "low": 19, "idle": 19}
+_IDLE_POLICY = "idle"
 DEFAULT_WRITER_PRIORITY = "normal"
 _COPYING: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # saves whose state may still be being copied
 _COPYING_LOCK = threading.Lock()  # _COPYING is changed by the thread that saves and read by the one that steps
 
 
 def writer_nice(priority: str) -> int:
-    """The nice value of a ``writer_priority`` ("normal" or "low"); ConfigError naming the choices otherwise."""
+    """The nice value of a ``writer_priority`` ("normal", "low" or "idle"); ConfigError naming the choices otherwise."""
     if not isinstance(priority, str) or priority not in WRITER_PRIORITIES:
         raise ConfigError(
             f"writer_priority must be one of {sorted(WRITER_PRIORITIES)} (got {priority!r}): 'normal' writes a "
-            "background checkpoint at training's priority (on disk soonest), 'low' yields the CPUs to training"
+            "background checkpoint at training's priority (on disk soonest), 'low' yields the CPUs to training, "
+            "'idle' writes only on CPU time training leaves"
         )
     return WRITER_PRIORITIES[priority]
 
@@ -74,8 +79,12 @@ def wait_for_copies() -> None:
         writes.wait_copied()
 
 
-def _yield_to_training(nice: int) -> None:
-    """Lower the calling thread's scheduling priority to ``nice`` (Linux; elsewhere nothing)."""
+def _yield_to_training(priority: str) -> None:
+    """Lower the calling thread's scheduling priority to ``priority``'s (Linux; elsewhere nothing).
+
+    The threads it starts afterwards inherit both its nice value and its policy.
+    """
+    nice = WRITER_PRIORITIES[priority]
     if nice <= 0:
         return
     try:
@@ -83,7 +92,12 @@ def _yield_to_training(nice: int) -> None:
         if os.getpriority(os.PRIO_PROCESS, tid) < nice:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
     except (AttributeError, OSError):  # no per-thread priority here: the write still happens, at full priority
-        pass
+        return
+    if priority == _IDLE_POLICY:
+        try:  # on Linux a thread's id names that thread alone
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):  # refused (a seccomp profile, say): nice 19 stays
+            pass
 
 
 class BackgroundWrites:
@@ -93,10 +107,11 @@ class BackgroundWrites:
     after the save's own broadcast said the write may start (it only starts a thread on rank 0).
     """
 
-    def __init__(self, comm: Communicator, root: str, nice: int = 0) -> None:
+    def __init__(self, comm: Communicator, root: str, priority: str = DEFAULT_WRITER_PRIORITY) -> None:
+        writer_nice(priority)  # ConfigError for a bad name
         self.comm = comm
         self.root = root
-        self.nice = nice  # the write's (not the copy's: training may be waiting for that)
+        self.priority = priority  # the write's (not the copy's: training may be waiting for that)
         self.step: int | None = None  # the step whose write is in flight, or unsettled (every rank)
         self._thread: threading.Thread | None = None
         self._outcome: tuple[str, str] | None = None
@@ -155,7 +170,7 @@ class BackgroundWrites:
                     self._copied.set()
                     with _COPYING_LOCK:
                         _COPYING.discard(self)
-            _yield_to_training(self.nice)
+            _yield_to_training(self.priority)
             self._outcome = ("ok", write())
         except Exception as e:  # noqa: BLE001 - any failure must reach every rank at the next settle
             self._outcome = (

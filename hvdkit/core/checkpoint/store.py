@@ -100,7 +100,7 @@ class CheckpointStore:
     constructor checks on rank 0 that ``root`` can be created and written and takes the folder's
     lock (held until ``close``, the store's garbage collection or the process's exit), so a bad
     path, or a folder in use by another job, fails on every rank before any training happens.
-    ``writer_priority`` ("normal" or "low"): the scheduling priority of background writes (see
+    ``writer_priority`` ("normal", "low" or "idle"): the scheduling priority of background writes (see
     ``hvdkit.core.checkpoint.background``).
     """
 
@@ -114,7 +114,7 @@ class CheckpointStore:
     ) -> None:
         if not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep must be an integer >= 1 (got {keep!r}): how many checkpoints to keep")
-        nice = writer_nice(writer_priority)
+        writer_nice(writer_priority)  # a bad name fails before anything is made
         self.root = os.path.abspath(os.fspath(root))
         self.comm = comm
         self.keep = keep
@@ -122,7 +122,7 @@ class CheckpointStore:
         self._lock = self._finalizer = None
         self._verified = {}  # path -> signature() of a checkpoint known to verify (rank 0)
         self._deferred = False  # the folder's check and lock wait for rank 0's first restore or save
-        self._writes = BackgroundWrites(comm, self.root, nice)  # the write of a background save, in flight
+        self._writes = BackgroundWrites(comm, self.root, writer_priority)  # the write of a background save, in flight
         if os.environ.get(_env.RECOVERY) == "in-process":
             # no collective here: a worker that joins builds its store while the others wait in the elastic
             # sync; rank 0 checks and locks the folder at the first restore or save (_become_rank0)

@@ -239,9 +239,9 @@ def test_writer_priority_low_writes_at_nice_19_after_copying_at_training_priorit
     ckpt.store.close()
 
 
-@pytest.mark.parametrize("priority", ["idle", 19, None])
-def test_a_writer_priority_other_than_normal_or_low_is_a_config_error_naming_both(tmp_path, priority):
+@pytest.mark.parametrize("priority", ["lowest", 19, None])
+def test_a_writer_priority_other_than_the_three_is_a_config_error_naming_them(tmp_path, priority):
     model = _model()
-    with pytest.raises(ConfigError, match=r"writer_priority must be one of \['low', 'normal'\] \(got"):
+    with pytest.raises(ConfigError, match=r"writer_priority must be one of \['idle', 'low', 'normal'\] \(got"):
         Checkpointer(tmp_path / "c", model, comm=LocalCommunicator(), writer_priority=priority)
     assert not (tmp_path / "c").exists()  # refused before the folder was made

@@ -155,6 +155,33 @@ def test_the_write_and_the_threads_it_starts_run_at_the_low_writer_priority_the_
     assert _nice_of_this_thread() == before  # the training thread keeps its priority
 
 
+def _policy_of_this_thread():
+    return os.sched_getscheduler(threading.get_native_id())
+
+
+def test_the_idle_writer_priority_runs_the_write_and_its_threads_under_sched_idle_the_copy_and_training_not(tmp_path):
+    # "low" alone did not keep 2-thread steps at their time on 2 busy cores (docs/checkpoint-format.md): a
+    # nice-19 task keeps the core for its slice; a SCHED_IDLE one gives it up to a waking training thread
+    store = CheckpointStore(tmp_path / "ckpt", LocalCommunicator(), keep=3, writer_priority="idle")
+    seen, before = {}, (_nice_of_this_thread(), _policy_of_this_thread())
+
+    def write(folder):
+        seen["writer"] = (_nice_of_this_thread(), _policy_of_this_thread())
+        helper = threading.Thread(target=lambda: seen.update(helper=(_nice_of_this_thread(), _policy_of_this_thread())))
+        helper.start()
+        helper.join()
+        writer(b"x")(folder)
+
+    def copy():
+        seen["copy"] = (_nice_of_this_thread(), _policy_of_this_thread())
+
+    store.save(write, 1, 0, background=True, copy=copy)
+    assert store.wait().endswith("ckpt-000000000001")
+    assert before[1] == os.SCHED_OTHER
+    assert seen == {"copy": before, "writer": (19, os.SCHED_IDLE), "helper": (19, os.SCHED_IDLE)}
+    assert (_nice_of_this_thread(), _policy_of_this_thread()) == before
+
+
 class RankChanges(LocalCommunicator):
     """A size-1 communicator whose rank is what the test sets: a process that becomes rank 0 (in-process
     recovery after rank 0 was lost) is rank 0 from then on, in the same process."""
