@@ -173,7 +173,9 @@ class CheckpointCallback(keras.callbacks.Callback):
     carries over across accumulation changes. A checkpoint written by another number of ranks is
     resumed with this run's learning rate (what the script set for this world size, e.g.
     ``scaled_lr``; a ``ScaledLRSchedule`` follows the size anyway) and the RNGs re-seeded
-    (``keras.utils.set_random_seed``) from ``(seed, step, rank)``; both logged on rank 0.
+    (``keras.utils.set_random_seed``) from ``(seed, step, rank)``; both logged on rank 0. In the callbacks of
+    ``hk.elastic.fit`` it is restored and written by that ``fit`` (mid-epoch too, at a stop on SIGTERM): no
+    ``restore()`` or ``initial_epoch`` there.
     Collective: every rank creates it, calls ``restore`` and has it in ``fit``.
     """
 
@@ -239,10 +241,19 @@ class CheckpointCallback(keras.callbacks.Callback):
                 )
         return self.resumed
 
+    def save(self, epoch: int, extra: Any = None) -> str:
+        """Write a checkpoint of the optimizer's step count now, ``epoch`` epochs completed (rank 0 writes):
+        what ``on_epoch_end`` writes every ``every`` epochs, and what ``hk.elastic.fit`` writes when a stop
+        signal ends it mid-epoch (``extra``: the epoch's sample offset and the History so far). ``extra`` takes
+        what ``Checkpointer.save`` takes; ``restore()`` gives it back as ``resumed.extra``. The checkpoint's path.
+        Collective: every rank calls it.
+        """
+        opt = self._checkpointer().optimizer
+        return self._checkpointer().save(step=int(opt.iterations) if opt is not None else 0, epoch=epoch, extra=extra)
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if (epoch + 1) % self.every == 0:
-            opt = self.model.optimizer
-            self._checkpointer().save(step=int(opt.iterations) if opt is not None else 0, epoch=epoch + 1)
+            self.save(epoch + 1)
 
 
 def _constant_lr(optimizer):

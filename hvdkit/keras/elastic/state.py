@@ -198,7 +198,6 @@ class State(CommittedState):
         if self.on_resize is not None:
             self.on_resize(comm.size)
         self._build()
-        variables = list(self.model.weights) + _state_variables(self.optimizer)
         ids = comm.allgather_object(
             self._commit["id"] if self._commit is not None else -1, name="hvdkit.keras.elastic.ids"
         )
@@ -207,7 +206,7 @@ class State(CommittedState):
             if self.on_start is not None:
                 self.on_start()
             else:
-                broadcast_variables(variables, 0)
+                self.broadcast_from(0)
             self.save()
             return
         root = ids.index(newest)
@@ -216,7 +215,7 @@ class State(CommittedState):
             self._load(self._commit)  # at this size: its accumulation, its rate
             header = {"values": self._commit["values"]}
         header = comm.broadcast_object(header, name="hvdkit.keras.elastic.values", root=root)
-        broadcast_variables(variables, root)
+        self.broadcast_from(root)
         if comm.rank != root:
             for name, value in copy.deepcopy(header["values"]).items():
                 setattr(self, name, value)
@@ -226,6 +225,12 @@ class State(CommittedState):
         keras.utils.set_random_seed(rank_seed(self.seed, step, comm.rank) & 0xFFFFFFFF)
         self._commit_id = newest
         self.save()  # every rank (a new worker too) holds the state it goes on from
+
+    def broadcast_from(self, root: int) -> None:
+        """Give every rank ``root``'s weights and optimizer variables (not its accumulators): what ``sync`` does at
+        the job's start without ``on_start``, and what an ``on_start`` that found nothing to restore does.
+        Collective: every rank calls it."""
+        broadcast_variables(list(self.model.weights) + _state_variables(self.optimizer), root)
 
     def on_reset(self) -> None:
         """After Horovod re-formed the ring (``run`` calls it): forget host notices of the old ring, and trace
