@@ -12,8 +12,10 @@ Under ``--recovery in-process`` a lost worker sends the others back to their las
 the ring at the smaller size and ``fit`` goes on from the committed epoch and global sample offset, with the
 batch plan of the new size (a fixed global batch by Keras's gradient accumulation), so every sample of an
 epoch is trained on once and the steps are those of an uninterrupted run. A new worker joins at the next
-commit and gets the state there. Outside it, the same call is one plain ``fit``. The parts, for a ``fit`` of
-your own: ``State``, ``run``, ``set_accumulation`` (torch's ``hk.elastic`` has the same names).
+commit and gets the state there. Outside it, the same call is one plain ``fit``. With an ``hk.CheckpointCallback``
+in ``callbacks``, SIGTERM stops every rank after the same step with a checkpoint of it (``history.stopped``), and
+the next start resumes from the newest checkpoint. The parts, for a ``fit`` of your own: ``State``, ``run``,
+``set_accumulation`` (torch's ``hk.elastic`` has the same names).
 """
 
 from .._recovery_scope import check_inside_run, in_process, inside_run

@@ -16,6 +16,7 @@ from ...core.options import check_positive_int
 from ...tensorflow import runtime
 from ...tensorflow.data import epoch_dataset
 from .loop import run
+from .preempt import Preemption, checkpoint_callback, position
 from .state import State, _optimizer, accumulation, set_accumulation
 
 __all__ = ["fit"]
@@ -25,13 +26,16 @@ _log = get_logger("elastic")
 
 class _Progress(keras.callbacks.Callback):
     """In one ``model.fit`` of ``fit``: counts optimizer steps, records epoch, step and sample offset in the
-    state, commits every ``every`` steps and at every epoch end, and tells ``on_step`` what each step trained."""
+    state, commits every ``every`` steps and at every epoch end, tells ``on_step`` what each step trained, and
+    after every step asks the guard whether to stop (``preempt``: every rank stops after the same step, the
+    checkpoint of that step written)."""
 
-    def __init__(self, state, plan, bounds, full_bounds, start, every, batches, on_step):
+    def __init__(self, state, plan, bounds, full_bounds, start, every, batches, on_step, preempt):
         super().__init__()
         self.state, self.plan, self.bounds, self.full_bounds, self.start = state, plan, bounds, full_bounds, start
-        self.every, self.batches, self.on_step = every, batches, on_step
+        self.every, self.batches, self.on_step, self.preempt = every, batches, on_step, preempt
         self.epoch, self.steps, self.micro, self.pending = 0, 0, 0, []
+        self.stopped = False
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.steps, self.micro, self.pending = epoch, 0, 0, []
@@ -48,26 +52,52 @@ class _Progress(keras.callbacks.Callback):
         self.pending = []
         state = self.state
         state.step, state.samples_done = step, position_after(self.bounds, self.steps, self.start)
-        if step % self.every == 0 and self.steps < len(self.bounds):  # an epoch's end commits below
+        ends_epoch = self.steps >= len(self.bounds)
+        if self.preempt.should_stop(step):
+            # no commit: a host update it may raise would start the training again
+            self.model.stop_training = self.stopped = True
+            if not ends_epoch:  # else on_epoch_end saves the epoch's end
+                self.preempt.save(self.epoch, state.samples_done, state.history)
+                self.preempt.say_stopped(self.epoch, step)
+        elif step % self.every == 0 and not ends_epoch:  # an epoch's end commits below
             state.commit()
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.stopped and self.steps < len(self.bounds):
+            return  # Keras ends the epoch a stop broke out of; it is not done (the checkpoint says where it stopped)
         state = self.state
         # committed with the epoch (a joining worker gets it too): a fit that a recovery cuts short returns no History
         state.history[epoch] = {k: _plain(v) for k, v in (logs or {}).items()}
         state.epoch, state.step, state.samples_done = epoch + 1, int(self.model.optimizer.iterations.numpy()), 0
+        if self.stopped or self.preempt.due(epoch + 1):  # before the commit: a join it may raise skips what follows
+            self.preempt.save(epoch + 1, 0, state.history)
+        if self.stopped:
+            self.preempt.say_stopped(epoch, state.step)
+            return
         state.commit()  # the epoch's end: a lost worker does not redo it
         self.start, self.bounds = 0, self.full_bounds  # the next epoch starts at its beginning
 
 
 class _Fit:
-    """The training function ``fit`` runs under ``run``: from the committed epoch and sample offset, at this size."""
+    """The training function ``fit`` runs under ``run``: from the committed epoch and sample offset, at this size.
+    ``stopped``: the last training ended on a stop signal."""
 
-    def __init__(self, model, data, batch_size, epochs, options, fit_kwargs):
+    def __init__(self, model, data, batch_size, epochs, options, fit_kwargs, preempt):
         self.model, self.data, self.batch_size, self.epochs = model, data, batch_size, epochs
-        self.o, self.fit_kwargs = options, fit_kwargs
+        self.o, self.fit_kwargs, self.preempt = options, fit_kwargs, preempt
         self.n = int(tf.nest.flatten(tf.nest.map_structure(np.asarray, data))[0].shape[0])
         self.plan = None
+        self.stopped = False
+        self.resumed_from_epoch = 0
+
+    def start(self, state):
+        """``State.on_start``: the newest checkpoint of the checkpoint callback, or rank 0's state. Collective."""
+        resumed = self.preempt.restore()
+        if resumed is None:
+            state.broadcast_from(0)
+        for name, value in position(resumed).items():
+            setattr(state, name, value)
+        self.resumed_from_epoch = state.epoch
 
     def resize(self, size):
         o = self.o
@@ -77,12 +107,14 @@ class _Fit:
         set_accumulation(self.model.optimizer, self.plan.accumulation)
 
     def __call__(self, state):
+        self.stopped = False
         epoch, start = state.epoch, state.samples_done
-        if start and epoch < self.epochs:
-            self._fit(state, epoch, epoch + 1, start)
-            epoch += 1
-        if epoch < self.epochs:
-            self._fit(state, epoch, self.epochs, 0)
+        with self.preempt.guarded():
+            if start and epoch < self.epochs:
+                self.stopped = self._fit(state, epoch, epoch + 1, start)
+                epoch += 1
+            if epoch < self.epochs and not self.stopped:
+                self.stopped = self._fit(state, epoch, self.epochs, 0)
         return _history(state.history)
 
     def _fit(self, state, first, last, start):
@@ -94,7 +126,7 @@ class _Fit:
             drop_last=o["drop_last"], on_batch=lambda e, s, idx: batches.append(idx), start=start,
         )  # fmt: skip
         bounds = [step_bounds(self.n, s, plan.global_batch_size, plan.slots, o["drop_last"]) for s in (start, 0)]
-        progress = _Progress(state, plan, *bounds, start, o["commit_every"], batches, o["on_step"])
+        progress = _Progress(state, plan, *bounds, start, o["commit_every"], batches, o["on_step"], self.preempt)
         val = o["validation_data"]
         self.model.fit(
             ds,
@@ -106,6 +138,7 @@ class _Fit:
             verbose=o["verbose"],
             **self.fit_kwargs,
         )
+        return progress.stopped
 
 
 def _plain(value):
@@ -159,6 +192,17 @@ def fit(
     indices)`` is called after every optimizer step with the sample indices this rank trained on in it.
     ``callbacks`` are ``fit``'s (leave out ``BroadcastInitialStateCallback``: the sync does it). The
     History has one entry per epoch, the last run of it. Other keywords go to ``model.fit``.
+
+    Stop and resume: after every optimizer step the ranks decide together (``PreemptionGuard``, one tiny
+    allreduce) whether any got SIGTERM or SIGUSR1 (``hvdkit run`` passes a scheduler's SIGTERM on); then every
+    rank stops after that same step, and the ``hk.CheckpointCallback`` in ``callbacks`` (at most one) writes
+    the checkpoint of it: weights, optimizer variables, epoch, step, the epoch's sample offset and the History
+    so far. ``fit`` returns with ``history.stopped`` True (exit 0: ``hvdkit run`` then exits 128 + 15). At its
+    start, before the first commit, ``fit`` restores the newest good checkpoint of that callback, and goes on
+    from its step (``history.resumed_from_epoch``: the epochs it had completed; ``history.step``: the optimizer
+    steps done at the end). ``fit`` writes that callback itself (at the epoch ends it would, and at a stop),
+    rather than ``model.fit``. Keras ends the epoch a stop broke out of (``on_epoch_end``, validation); the
+    History leaves it out, and a resumed epoch's metrics cover the batches after the resume.
     Collective: every rank calls it with the same arguments.
     """
     check_positive_int("epochs", epochs, "the total number of epochs, e.g. epochs=10")
@@ -176,8 +220,12 @@ def fit(
         "on_step": on_step,
         "verbose": verbose,
     }
-    train = _Fit(model, data, batch_size, epochs, options, fit_kwargs)
-    state = State(model, seed=seed, on_resize=train.resize, epoch=0, step=0, samples_done=0, history={})
+    ckpt, options["callbacks"] = checkpoint_callback(options["callbacks"])
+    preempt = Preemption(ckpt, model)
+    train = _Fit(model, data, batch_size, epochs, options, fit_kwargs, preempt)
+    state = State(model, seed=seed, on_resize=train.resize, on_start=None, **position(None))
+    state.on_start = lambda: train.start(state)
     history = run(train)(state)
     history.recoveries = state.recoveries
+    history.stopped, history.resumed_from_epoch, history.step = train.stopped, train.resumed_from_epoch, state.step
     return history

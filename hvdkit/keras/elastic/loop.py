@@ -9,6 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 from ...core.errors import ConfigError
+from ...core.preemption import hold_stop_signals
 from ...core.recovery import RESET_ATTEMPTS, begin_recovery, reset_with_retries, say_recovered
 from ...tensorflow import runtime
 from ...tensorflow._engine import horovod_tf
@@ -64,25 +65,25 @@ def _run_in_process(func, state, args, kwargs):
 
     notification_manager.init()
     notification_manager.register_listener(state)
-    # No hold_stop_signals() here, unlike torch's: fit has no PreemptionGuard of its own to hand a held SIGTERM
-    # to, so a held one would be ignored until the end; SIGTERM ends the worker (a guard callback of the user's
-    # installs its own handler, as outside recovery).
     try:
-        while True:
-            try:
-                state.sync()
-                _say_recovered(state)
-                return func(state, *args, **kwargs)
-            except HostsUpdatedInterrupt:
-                _begin_recovery(state, "workers join", None)
-            except Exception as e:
-                if not _lost_worker(e):
-                    raise
-                _begin_recovery(state, "a worker was lost", e)
-                state.restore()
-            _reset(state, HorovodInternalError)
-            runtime.init()  # rank-prefixed logging for this rank and size
-            state.on_reset()
+        # a stop signal while no PreemptionGuard is installed (the first sync, a reset) is held for the next guard
+        # made (hk.elastic.fit's); SIGTERM's default action would end the worker and the steps since a checkpoint
+        with hold_stop_signals():
+            while True:
+                try:
+                    state.sync()
+                    _say_recovered(state)
+                    return func(state, *args, **kwargs)
+                except HostsUpdatedInterrupt:
+                    _begin_recovery(state, "workers join", None)
+                except Exception as e:
+                    if not _lost_worker(e):
+                        raise
+                    _begin_recovery(state, "a worker was lost", e)
+                    state.restore()
+                _reset(state, HorovodInternalError)
+                runtime.init()  # rank-prefixed logging for this rank and size
+                state.on_reset()
     finally:
         notification_manager.remove_listener(state)
 

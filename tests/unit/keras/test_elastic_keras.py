@@ -81,3 +81,122 @@ def test_a_fit_outside_hk_elastic_run_under_in_process_recovery_stops_at_its_fir
         model.fit(np.ones((4, 2), np.float32), np.ones((4, 1), np.float32), epochs=1, verbose=0)
     assert "the optimizer's apply() was called outside hk.elastic.run" in str(e.value)
     assert "hk.elastic.fit" in str(e.value) and "--recovery restart" in str(e.value)
+
+
+# ---------------------------------------------------------------- stop on a signal, resume from disk
+class Stops:
+    """hk.elastic.fit's Preemption as _Progress uses it: the guard's decision given (a stop after ``at``), the
+    checkpoints it would write recorded."""
+
+    def __init__(self, at, every=1):
+        self.at, self.every, self.saved, self.said = at, every, [], []
+
+    def should_stop(self, step):
+        return step == self.at
+
+    def due(self, epochs_done):
+        return epochs_done % self.every == 0
+
+    def save(self, epoch, samples_done, history):
+        self.saved.append((epoch, samples_done, sorted(history)))
+
+    def say_stopped(self, epoch, step):
+        self.said.append((epoch, step))
+
+
+class Commits:
+    """The State's part _Progress writes (its values) and calls (``commit``, counted)."""
+
+    def __init__(self):
+        self.epoch, self.step, self.samples_done, self.history, self.commits = 0, 0, 0, {}, 0
+
+    def commit(self):
+        self.commits += 1
+
+
+def progress_fit(stops, epochs=3, n=40, batch=8):
+    """A plain one-process ``model.fit`` of ``epochs`` epochs of ``n`` samples with fit's _Progress (a commit
+    every 100 steps: only at epoch ends); the state, and the epochs whose end Keras called."""
+    from collections import deque
+
+    from hvdkit.core.data import plan_batches, step_bounds
+    from hvdkit.keras.elastic.fit import _Progress
+
+    plan = plan_batches(batch, 1, None, 1)
+    bounds = step_bounds(n, 0, plan.global_batch_size, plan.slots)
+    state, ended = Commits(), []
+    batches = deque([[i] for i in range(epochs * len(bounds))])  # what the input pipeline would announce
+    progress = _Progress(state, plan, bounds, bounds, 0, 100, batches, None, stops)
+    ends = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: ended.append(e))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x, y = np.ones((n, 2), np.float32), np.ones((n, 1), np.float32)
+    model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, callbacks=[ends, progress])
+    return state, ended, progress
+
+
+def test_a_stop_mid_epoch_checkpoints_that_step_with_its_sample_offset_and_leaves_the_cut_epoch_out():
+    stops = Stops(at=7)  # 5 steps of 8 an epoch: step 7 is the second of epoch 1
+    state, ended, progress = progress_fit(stops)
+    assert progress.stopped and progress.model.stop_training
+    assert stops.saved == [(1, 0, [0]), (1, 16, [0])]  # epoch 0 done, then the stop: 1 epoch done and 16 samples
+    assert stops.said == [(1, 7)]
+    # Keras still ended the epoch it broke out of (epoch 1); fit's History and commits leave it out
+    assert ended == [0, 1] and sorted(state.history) == [0]
+    assert (state.epoch, state.step, state.samples_done, state.commits) == (1, 7, 16, 1)
+
+
+def test_a_stop_at_an_epochs_last_step_checkpoints_the_epochs_end_whatever_the_callbacks_every():
+    stops = Stops(at=10, every=5)  # the last step of epoch 1; the callback alone would write every 5 epochs
+    state, ended, _ = progress_fit(stops)
+    assert stops.saved == [(2, 0, [0, 1])] and stops.said == [(1, 10)]
+    assert ended == [0, 1] and sorted(state.history) == [0, 1]
+    assert (state.epoch, state.step, state.samples_done) == (2, 10, 0)
+    assert state.commits == 1  # epoch 0's end; not the stop's (a host update there would start training again)
+
+
+def test_without_a_stop_every_epoch_end_commits_and_checkpoints_at_the_callbacks_every():
+    stops = Stops(at=None, every=2)
+    state, ended, progress = progress_fit(stops, epochs=4)
+    assert not progress.stopped and ended == [0, 1, 2, 3] and sorted(state.history) == [0, 1, 2, 3]
+    assert [s[:2] for s in stops.saved] == [(2, 0), (4, 0)] and state.commits == 4
+
+
+def test_fit_writes_its_one_checkpoint_callback_itself_and_refuses_two_naming_them():
+    from hvdkit.keras.elastic.preempt import checkpoint_callback
+
+    average, ckpt = hk.MetricAverageCallback(), hk.CheckpointCallback("ckpt/a")
+    assert checkpoint_callback([average, ckpt]) == (ckpt, [average])
+    assert checkpoint_callback([average]) == (None, [average])
+    with pytest.raises(ConfigError, match="one hk.CheckpointCallback \\(got 2: 'ckpt/a', 'ckpt/b'\\)"):
+        checkpoint_callback([ckpt, hk.CheckpointCallback("ckpt/b")])
+
+
+def test_the_position_a_checkpoint_of_fit_holds_reads_back_as_it_was_saved(tmp_path):
+    """Through the real Checkpointer (size-1 communicator): the epoch, the step, the epoch's sample offset and the
+    History's {epoch: logs}, whose int keys come back as ints."""
+    from hvdkit.core import LocalCommunicator
+    from hvdkit.keras.elastic.preempt import extra, position
+    from hvdkit.tensorflow.checkpoint import Checkpointer
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.1)
+    opt.build(model.trainable_variables)
+    opt.iterations.assign(30)
+    history = {0: {"loss": 0.5, "accuracy": 0.75}}
+    ckpt = Checkpointer(tmp_path, model, opt, comm=LocalCommunicator())
+    ckpt.save(30, 1, extra=extra(448, history))
+    got = position(Checkpointer(tmp_path, model, opt, comm=LocalCommunicator()).restore())
+    assert got == {"epoch": 1, "step": 30, "samples_done": 448, "history": history}
+    assert position(None) == {"epoch": 0, "step": 0, "samples_done": 0, "history": {}}
+    ckpt.save(46, 2, extra=extra(0, {**history, 1: {"loss": 0.25}}))  # an epoch's end: no offset stored
+    assert position(Checkpointer(tmp_path, model, opt, comm=LocalCommunicator()).restore())["samples_done"] == 0
+
+
+def test_a_checkpoint_whose_sample_offset_is_not_a_count_is_refused_naming_it():
+    from hvdkit.core.checkpoint.store import Resumed
+    from hvdkit.keras.elastic.preempt import position
+
+    with pytest.raises(ConfigError, match="samples_done='16'"):
+        position(Resumed(7, 1, 2, {"samples_done": "16"}, "ckpt/step-7"))
+    assert position(Resumed(23, 1, 2, None, "ckpt/step-23"))["epoch"] == 1  # an epoch-end one of a plain fit
