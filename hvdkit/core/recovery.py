@@ -2,8 +2,9 @@
 
 ``CommittedState`` is what the two ``hk.elastic.State`` classes share: the keyword values a commit holds, the
 count of steps since the last commit, the driver's notices of hosts added or removed and the decision of
-every rank alike to act on them, and the list of recoveries made. ``reset_with_retries``,
-``begin_recovery`` and ``say_recovered`` are the steps of ``hk.elastic.run``'s loop around a reset. The
+every rank alike to act on them, and the list of recoveries made. ``recover_in_process`` is
+``hk.elastic.run``'s loop; ``reset_with_retries``, ``begin_recovery`` and ``say_recovered`` are its steps around a
+reset. The
 adapters hold what depends on the framework (what is copied at a commit, how it is shared, Horovod's
 exceptions), and pass in what these need of it (the communicator, the world size, the rank).
 """
@@ -18,8 +19,16 @@ from typing import Any
 from .comm import Communicator
 from .errors import CollectiveError, ConfigError
 from .log import get_logger
+from .preemption import hold_stop_signals
 
-__all__ = ["RESET_ATTEMPTS", "CommittedState", "begin_recovery", "reset_with_retries", "say_recovered"]
+__all__ = [
+    "RESET_ATTEMPTS",
+    "CommittedState",
+    "begin_recovery",
+    "recover_in_process",
+    "reset_with_retries",
+    "say_recovered",
+]
 
 _log = get_logger("elastic")
 RESET_ATTEMPTS = 5  # tries in a row to form the ring again, each failed by a worker lost meanwhile
@@ -64,6 +73,12 @@ class CommittedState:
         raise NotImplementedError
 
     def check_host_updates(self) -> None:  # pragma: no cover - each adapter's State has its own
+        raise NotImplementedError
+
+    def sync(self) -> None:  # pragma: no cover - each adapter's State has its own
+        raise NotImplementedError
+
+    def restore(self) -> None:  # pragma: no cover - each adapter's State has its own
         raise NotImplementedError
 
     def commit(self) -> None:
@@ -119,6 +134,40 @@ class CommittedState:
     def on_reset(self) -> None:
         """After Horovod re-formed the ring (``run`` calls it): forget host messages of the old ring."""
         self._messages = queue.Queue()
+
+
+def recover_in_process(
+    attempt: Callable[[], Any],
+    state: CommittedState,
+    *,
+    joins: type[BaseException],
+    is_lost: Callable[[BaseException], bool],
+    begin: Callable[[str, BaseException | None], Any],
+    reset: Callable[[], Any],
+    recovered: Callable[[], Any],
+) -> Any:
+    """``hk.elastic.run``'s loop under in-process recovery, one copy for torch and Keras: ``state.sync()``, then
+    ``recovered()`` (the recovery that ends there, logged), then ``attempt()`` (the training), whose value it
+    returns. A join (``joins``: Horovod's ``HostsUpdatedInterrupt``) or a lost worker (an error ``is_lost`` says
+    is one; the state goes back to its last commit) starts a recovery (``begin(cause, error)``), ``reset()``
+    forms the ring again, and the loop goes on; any other error is raised as it is. A stop signal that comes
+    while no ``PreemptionGuard`` is installed (the sync, a reset) is held for the next guard made
+    (``hold_stop_signals``): its default action would end the process, and the steps since the last checkpoint.
+    Collective: every rank runs it alike."""
+    with hold_stop_signals():
+        while True:
+            try:
+                state.sync()
+                recovered()
+                return attempt()
+            except joins:
+                begin("workers join", None)
+            except Exception as e:
+                if not is_lost(e):
+                    raise
+                begin("a worker was lost", e)
+                state.restore()
+            reset()
 
 
 def reset_with_retries(

@@ -55,8 +55,7 @@ from ..core import env as _env
 from ..core.checkpoint.tree import reseed_rng
 from ..core.errors import ConfigError
 from ..core.log import get_logger
-from ..core.preemption import hold_stop_signals
-from ..core.recovery import CommittedState, begin_recovery, reset_with_retries, say_recovered
+from ..core.recovery import CommittedState, begin_recovery, recover_in_process, reset_with_retries, say_recovered
 from ..core.zero import ShardedState
 from . import runtime
 from ._engine import horovod_torch
@@ -310,24 +309,26 @@ def _run_in_process(func, state, args, kwargs):
     notification_manager.register_listener(state)
     _inside[0] += 1
     try:
-        # a SIGTERM between two trainings' guards (the ring forming again) stops the next one at its first check
-        with hold_stop_signals():
-            while True:
-                try:
-                    state.sync()
-                    _say_recovered(state)
-                    return func(state, *args, **kwargs)
-                except HorovodInternalError as e:
-                    _begin_recovery(state, "a worker was lost", e)
-                    state.restore()
-                except HostsUpdatedInterrupt:
-                    _begin_recovery(state, "workers join", None)
-                _reset(functools.partial(_restart, hvd), HorovodInternalError, state)
-                runtime.init()  # rank-prefixed logging and threads for this rank and size
-                state.on_reset()
+        return recover_in_process(
+            lambda: func(state, *args, **kwargs),
+            state,
+            joins=HostsUpdatedInterrupt,
+            is_lost=lambda error: isinstance(error, HorovodInternalError),
+            begin=lambda cause, error: _begin_recovery(state, cause, error),
+            reset=lambda: _form_again(hvd, state, HorovodInternalError),
+            recovered=lambda: _say_recovered(state),
+        )
     finally:
         _inside[0] -= 1
         notification_manager.remove_listener(state)
+
+
+def _form_again(hvd, state, lost):
+    """The ring formed again (``_reset``), rank-prefixed logging and threads for this rank and size, the state
+    told."""
+    _reset(functools.partial(_restart, hvd), lost, state)
+    runtime.init()
+    state.on_reset()
 
 
 def _reset(restart: Callable[[], Any], lost: type[BaseException], state: State) -> None:

@@ -9,8 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 from ...core.errors import ConfigError
-from ...core.preemption import hold_stop_signals
-from ...core.recovery import RESET_ATTEMPTS, begin_recovery, reset_with_retries, say_recovered
+from ...core.recovery import RESET_ATTEMPTS, begin_recovery, recover_in_process, reset_with_retries, say_recovered
 from ...tensorflow import runtime
 from ...tensorflow._engine import horovod_tf
 from .._recovery_scope import _inside, in_process
@@ -66,26 +65,24 @@ def _run_in_process(func, state, args, kwargs):
     notification_manager.init()
     notification_manager.register_listener(state)
     try:
-        # a stop signal while no PreemptionGuard is installed (the first sync, a reset) is held for the next guard
-        # made (hk.elastic.fit's); SIGTERM's default action would end the worker and the steps since a checkpoint
-        with hold_stop_signals():
-            while True:
-                try:
-                    state.sync()
-                    _say_recovered(state)
-                    return func(state, *args, **kwargs)
-                except HostsUpdatedInterrupt:
-                    _begin_recovery(state, "workers join", None)
-                except Exception as e:
-                    if not _lost_worker(e):
-                        raise
-                    _begin_recovery(state, "a worker was lost", e)
-                    state.restore()
-                _reset(state, HorovodInternalError)
-                runtime.init()  # rank-prefixed logging for this rank and size
-                state.on_reset()
+        return recover_in_process(
+            lambda: func(state, *args, **kwargs),
+            state,
+            joins=HostsUpdatedInterrupt,
+            is_lost=_lost_worker,
+            begin=lambda cause, error: _begin_recovery(state, cause, error),
+            reset=lambda: _form_again(state, HorovodInternalError),
+            recovered=lambda: _say_recovered(state),
+        )
     finally:
         notification_manager.remove_listener(state)
+
+
+def _form_again(state, lost):
+    """The ring formed again (``_reset``), rank-prefixed logging for this rank and size, the state told."""
+    _reset(state, lost)
+    runtime.init()
+    state.on_reset()
 
 
 def _reset(state, lost):

@@ -64,3 +64,99 @@ def test_a_notice_no_newer_than_the_last_one_acted_on_is_ignored_and_a_reset_for
     state.on_hosts_updated(30.0, ADDED)
     state.on_reset()
     assert state._host_update(comm, NO_UPDATE, REMOVED) is None
+
+
+# ---------------------------------------------------------------- recover_in_process: hk.elastic.run's loop
+class Lost(RuntimeError):
+    """What a failed collective raises (Horovod's HorovodInternalError in the adapters)."""
+
+
+class Joins(RuntimeError):
+    """Horovod's HostsUpdatedInterrupt in the adapters."""
+
+
+class Syncing(Counting):
+    def __init__(self, **values):
+        super().__init__(**values)
+        self.events = []
+
+    def sync(self):
+        self.events.append("sync")
+
+    def restore(self):
+        self.events.append("restore")
+
+
+def loop(state, attempts):
+    """``recover_in_process`` over ``attempts`` (each raises its exception or returns its value), recording each
+    step of the loop in ``state.events``."""
+    from hvdkit.core.recovery import recover_in_process
+
+    todo = list(attempts)
+
+    def attempt():
+        state.events.append("train")
+        outcome = todo.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    return recover_in_process(
+        attempt,
+        state,
+        joins=Joins,
+        is_lost=lambda e: isinstance(e, Lost),
+        begin=lambda cause, error: state.events.append((cause, None if error is None else str(error))),
+        reset=lambda: state.events.append("reset"),
+        recovered=lambda: state.events.append("recovered"),
+    )
+
+
+def test_a_lost_worker_goes_back_to_the_commit_a_join_does_not_and_each_trains_again_after_a_reset():
+    state = Syncing()
+    assert loop(state, [Lost("ring broken"), Joins(), "done"]) == "done"
+    once = ["sync", "recovered", "train"]
+    assert state.events == [
+        *once, ("a worker was lost", "ring broken"), "restore", "reset",
+        *once, ("workers join", None), "reset",
+        *once,
+    ]  # fmt: skip
+
+
+def test_any_other_error_of_the_training_ends_the_loop_as_it_is():
+    state = Syncing()
+    with pytest.raises(ValueError, match="a bug of the script"):
+        loop(state, [ValueError("a bug of the script")])
+    assert state.events == ["sync", "recovered", "train"]
+
+
+def test_a_sigterm_in_a_reset_is_held_and_the_default_handler_is_back_after_the_loop():
+    import os
+    import signal
+    import time
+
+    from hvdkit.core import preemption
+
+    state = Syncing()
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+
+    def attempt():
+        state.events.append("train")
+        if len(seen) == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # no guard installed: without the hold the process ends here
+            deadline = time.monotonic() + 5
+            while not preemption._held and time.monotonic() < deadline:
+                time.sleep(0.001)
+            seen.append(list(preemption._held))
+            raise Lost("then a worker is lost")
+        return "went on"
+
+    from hvdkit.core.recovery import recover_in_process
+
+    got = recover_in_process(
+        attempt, state, joins=Joins, is_lost=lambda e: isinstance(e, Lost), begin=lambda c, e: None,
+        reset=lambda: None, recovered=lambda: None,
+    )  # fmt: skip
+    assert got == "went on" and seen == [[signal.SIGTERM]]
+    assert signal.getsignal(signal.SIGTERM) is before and preemption._held == []
