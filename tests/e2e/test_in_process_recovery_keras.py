@@ -9,11 +9,14 @@ lost one's slot), real TensorFlow/Keras. The script (scripts/keras_elastic_fit.p
 
 import json
 import re
+import signal
 
 import numpy as np
 import pytest
 from elastic_jobs import assert_every_sample_once_per_epoch, last_generation
-from helpers import PYTHON, ROOT, hvdkit_run, read_sample_logs
+from helpers import PYTHON, ROOT, hvdkit_run, pid_running, read_sample_logs
+
+from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = pytest.mark.dist
 SCRIPT = str(ROOT / "tests" / "e2e" / "scripts" / "keras_elastic_fit.py")
@@ -90,5 +93,57 @@ def test_a_keras_worker_killed_mid_epoch_is_recovered_in_process_a_new_one_joins
     mine = weights(out, 0)
     assert worst_difference(mine, weights(out, 1)) == 0.0
     assert worst_difference(mine, uninterrupted["weights"]) <= BOUND
+    assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
+    assert got["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
+
+
+def test_sigterm_to_hvdkit_run_stops_every_keras_rank_at_a_checkpointed_step_and_the_next_in_process_start_continues(
+    uninterrupted, tmp_path
+):
+    """Preemption as Kubernetes does it (SIGTERM to `hvdkit run`, which passes it on to the local workers): after
+    rank 1's step 26 (epoch 2, steps 24-46) the script sends it. hk.elastic.fit's guard must stop every rank after
+    the same step, the hk.CheckpointCallback write that step with its sample offset, every rank exit 0 and the job
+    exit 143 leaving no process; the next in-process start must go on from that step (restored before its first
+    commit) and end as the uninterrupted run. Before, SIGTERM ended the workers where they were (exit 143 without
+    a clean stop and no checkpoint of the step), and a new start trained from epoch 0 again."""
+    d, log, out = tmp_path / "ckpt", tmp_path / "samples", tmp_path / "weights"
+    args = ("--checkpoint-dir", str(d), "--sample-log", str(log))
+    proc = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, SCRIPT, str(out), *args, "--term", f"{tmp_path / 'termed'}:1:26", "--pace", "0.1",
+        timeout=300,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert (tmp_path / "termed").exists() and "rank 1 preempts the job after step 26" in text, text[-6000:]
+    assert proc.returncode == 128 + signal.SIGTERM, text[-6000:]
+    assert "stopped by SIGTERM: every rank exited cleanly" in text, text[-6000:]
+    stops = {int(r): int(s) for r, s in re.findall(r"keras_elastic_fit: rank (\d) of 2 stopped after step (\d+)", text)}
+    assert sorted(stops) == [0, 1] and len(set(stops.values())) == 1, text[-6000:]  # every rank after the same step
+    (step,) = set(stops.values())
+    assert 26 <= step < 2 * STEPS_PER_EPOCH, text[-6000:]  # mid-epoch 2
+    got = result(text)
+    assert got["stopped"] is True and got["steps"] == step and got["epochs"] == [0]
+    newest = read_newest(d)  # the checkpoint of that step, with the epoch's global sample offset
+    assert newest.step == step and newest.epoch == 1, (newest.step, newest.epoch)
+    assert newest.extra["samples_done"] == (step - STEPS_PER_EPOCH) * 64 and sorted(newest.extra["history"]) == [0]
+    assert "a worker was lost" not in text and text.count("2 rank(s) over Gloo") == 1  # nothing taken for a failure
+    (listed,) = re.findall(r"kill_in_process: SIGTERM to hvdkit run \d+; below it: ([\d ]+)$", text, re.M)
+    workers = [int(p) for p in re.findall(r"keras_elastic_fit: process (\d+) imports hvdkit", text)]
+    assert len(workers) == 2 and set(workers) <= {int(p) for p in listed.split()}, text[-6000:]
+    assert [p for p in map(int, listed.split()) if pid_running(p)] == []
+    assert imports_from_this_tree(text, 2)
+    # the next start, in-process again, goes on from that step and ends as the uninterrupted run
+    again = hvdkit_run(*IN_PROCESS, "--", PYTHON, SCRIPT, str(out), *args, timeout=300)
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text[-6000:]
+    assert f"resumed from {newest.path} (step {step}, epoch 1)" in text, text[-6000:]
+    got = result(text)
+    assert got["stopped"] is False and got["resumed_from_epoch"] == 1
+    assert got["steps"] == EPOCHS * STEPS_PER_EPOCH and got["epochs"] == [0, 1, 2]  # the History of the whole run
+    assert read_newest(d).step == EPOCHS * STEPS_PER_EPOCH
+    assert_every_sample_once_per_epoch(read_sample_logs(log), EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH)
+    # at the same size, from a checkpoint of every weight and optimizer variable: bitwise the uninterrupted run
+    mine = weights(out, 0)
+    assert worst_difference(mine, weights(out, 1)) == 0.0
+    assert worst_difference(mine, uninterrupted["weights"]) == 0.0
     assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
     assert got["val_accuracy"] == uninterrupted["result"]["val_accuracy"]

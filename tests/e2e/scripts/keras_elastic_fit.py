@@ -1,14 +1,19 @@
 """Keras ``model.fit`` through ``hk.elastic.fit`` on the digits data (docs/elastic.md, "In-process recovery").
 
     keras_elastic_fit.py OUT [--epochs 3] [--sample-log PREFIX] [--kill MARKER:RANK:STEP] [--wait-for-join]
+                         [--checkpoint-dir DIR] [--term MARKER:RANK:STEP] [--pace SECONDS]
 
 Global batch 64 = 32 per rank x 2 ranks (1 rank: 2 accumulation steps), SGD with momentum, a commit every 5
 optimizer steps and at every epoch end. ``--kill``: the process that is rank RANK SIGKILLs itself right after
 optimizer step STEP (before that step's commit, if any), once per job (MARKER, made with O_EXCL).
 ``--wait-for-join``: at 1 rank, the survivor waits (at most 240 s) after each step until Horovod's driver
 tells it that a worker is ready to join (the new process engine fix 09 starts in the lost worker's slot), so
-that the next commit takes it in. Every rank prints where it imports hvdkit from; at the end every rank writes
-its weights to OUT.rank<r>.npz, and rank 0 prints one JSON line.
+that the next commit takes it in. ``--checkpoint-dir``: an ``hk.CheckpointCallback`` there in ``fit``'s callbacks
+(``hk.elastic.fit`` resumes from it and checkpoints a stop). ``--term``: the process that is rank RANK sends
+SIGTERM to the job's ``hvdkit run`` right after optimizer step STEP, once per job (MARKER), as a scheduler
+preempting the job does (kill_in_process.py's ``term:``). ``--pace``: every rank sleeps SECONDS after each
+optimizer step. Every rank prints where it imports hvdkit from, and after a stop the step it stopped after; at
+the end every rank writes its weights to OUT.rank<r>.npz, and rank 0 prints one JSON line.
 """
 
 import argparse
@@ -32,6 +37,8 @@ JOIN_WAIT_S = 240
 
 
 class Kill(keras.callbacks.Callback):
+    """Rank RANK, after optimizer step STEP, once per job (MARKER): ``act`` (SIGKILL to itself)."""
+
     def __init__(self, spec):
         super().__init__()
         self.marker, rank, step = spec.rsplit(":", 2)
@@ -45,8 +52,30 @@ class Kill(keras.callbacks.Callback):
             os.close(os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         except FileExistsError:
             return
+        self.act(step)
+
+    def act(self, step):
         print(f"keras_elastic_fit: rank {hk.rank()} kills itself after step {step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Term(Kill):
+    """Rank RANK, after optimizer step STEP: SIGTERM to the `hvdkit run` above this process (once per job)."""
+
+    def act(self, step):
+        from kill_in_process import _term_hvdkit_run  # this script's folder is on sys.path
+
+        print(f"keras_elastic_fit: rank {hk.rank()} preempts the job after step {step}", flush=True)
+        _term_hvdkit_run()
+
+
+class Pace(keras.callbacks.Callback):
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(self.seconds)  # a step the stop signal reaches every rank within
 
 
 class Notices:
@@ -82,6 +111,9 @@ def main():
     p.add_argument("--sample-log", default=None)
     p.add_argument("--kill", default=None)
     p.add_argument("--wait-for-join", action="store_true")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--term", default=None)
+    p.add_argument("--pace", type=float, default=0.0)
     args = p.parse_args()
     hk.init()
     print(f"keras_elastic_fit: process {os.getpid()} imports hvdkit from {hvdkit.__file__}", flush=True)
@@ -96,6 +128,12 @@ def main():
     callbacks = [hk.MetricAverageCallback()]
     if args.kill:
         callbacks.append(Kill(args.kill))
+    if args.term:
+        callbacks.append(Term(args.term))
+    if args.pace:
+        callbacks.append(Pace(args.pace))
+    if args.checkpoint_dir:
+        callbacks.append(hk.CheckpointCallback(args.checkpoint_dir, model))
     if args.wait_for_join:
         from horovod.common.elastic import notification_manager
 
@@ -108,14 +146,19 @@ def main():
         model, (x_train, y_train), batch_size=32, global_batch_size=64, epochs=args.epochs, seed=0,
         commit_every=5, callbacks=callbacks, on_step=log.write,
     )  # fmt: skip
+    steps = int(model.optimizer.iterations.numpy())
+    if history.stopped:  # every rank says where it stopped; exit 0
+        print(f"keras_elastic_fit: rank {hk.rank()} of {hk.size()} stopped after step {steps}", flush=True)
     val = hk.shard(tf.data.Dataset.from_tensor_slices((x_val, y_val)), even=False).batch(256)  # at the size now
     model.evaluate(val, verbose=0)
     final = hk.average_model_metrics(model)
     np.savez(f"{args.out}.rank{hk.rank()}.npz", *[np.asarray(w) for w in model.get_weights()])
     if hk.rank() == 0:
         result = {
-            "steps": int(model.optimizer.iterations.numpy()),
+            "steps": steps,
             "size": hk.size(),
+            "stopped": history.stopped,
+            "resumed_from_epoch": history.resumed_from_epoch,
             "epochs": history.epoch,
             "recoveries": [(r["cause"], r["from_size"], r["to_size"], r["resumed_step"]) for r in history.recoveries],
             "val_loss": final["loss"],
