@@ -4,13 +4,15 @@
 count of steps since the last commit, the driver's notices of hosts added or removed and the decision of
 every rank alike to act on them, and the list of recoveries made. ``recover_in_process`` is
 ``hk.elastic.run``'s loop; ``reset_with_retries``, ``begin_recovery`` and ``say_recovered`` are its steps around a
-reset. The
-adapters hold what depends on the framework (what is copied at a commit, how it is shared, Horovod's
-exceptions), and pass in what these need of it (the communicator, the world size, the rank).
+reset. ``CommitSchedule`` says which steps commit (a number of steps, or ``"auto"``: measured), for the torch
+Trainer and Keras's ``hk.elastic.fit`` alike. The adapters hold what depends on the framework (what is copied at
+a commit, how it is shared, Horovod's exceptions), and pass in what these need of it (the communicator, the
+world size, the rank).
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from collections.abc import Callable
@@ -19,11 +21,17 @@ from typing import Any
 from .comm import Communicator
 from .errors import CollectiveError, ConfigError
 from .log import get_logger
+from .options import AUTO, check_positive_int
 from .preemption import hold_stop_signals
 
 __all__ = [
+    "AUTO_BUDGET",
+    "AUTO_MOST",
+    "AUTO_PROBE",
     "RESET_ATTEMPTS",
+    "CommitSchedule",
     "CommittedState",
+    "check_commit_every",
     "begin_recovery",
     "recover_in_process",
     "reset_with_retries",
@@ -32,6 +40,9 @@ __all__ = [
 
 _log = get_logger("elastic")
 RESET_ATTEMPTS = 5  # tries in a row to form the ring again, each failed by a worker lost meanwhile
+AUTO_BUDGET = 0.02  # commit_every="auto": commits may cost this share of the training time
+AUTO_PROBE = 5  # ... measured over this many steps, each committed
+AUTO_MOST = 1000  # never fewer commits than one per this many steps
 
 
 class CommittedState:
@@ -230,3 +241,90 @@ def say_recovered(state: CommittedState, size: int, is_rank0: bool) -> None:
             last["resumed_step"],
             last["seconds"],
         )
+
+
+def check_commit_every(value: Any) -> int | str:
+    """``value`` if it is ``"auto"`` or an int >= 1 (not a bool), else ConfigError naming it and the fix."""
+    if isinstance(value, str) and value == AUTO:
+        return value
+    return check_positive_int(
+        "commit_every",
+        value,
+        f"pass 'auto' (commits cost at most {100 * AUTO_BUDGET:g} % of the time) or a number of optimizer steps, "
+        "e.g. 50",
+    )
+
+
+class CommitSchedule:
+    """Which steps commit: every ``every`` steps (counted from the last sync), or ``"auto"``: every step for the
+    first ``AUTO_PROBE`` steps while the time of a step and of a commit are measured, then every ``n`` steps where
+    ``n`` is the fewest that keeps commits under ``AUTO_BUDGET`` of the time (the largest over ranks; at most
+    ``AUTO_MOST``), logged on rank 0. ``comm``: the communicator, or a function of no arguments that returns the
+    one of now (the adapter's ``runtime.communicator``); ``clock``: seconds, as ``time.perf_counter``.
+    Collective: every rank calls ``due`` after every step alike, ``commit`` when it says so, and ``restart``.
+    """
+
+    def __init__(
+        self,
+        every: int | str,
+        comm: Communicator | Callable[[], Communicator],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        check_commit_every(every)
+        self.every = None if every == AUTO else int(every)
+        self._comm, self._clock = comm, clock
+        self._count = 0
+        self._probe: list[float] = []  # step seconds while probing, commits left out
+        self._commits: list[float] = []  # commit seconds while probing
+        self._last: float | None = None
+
+    def _communicator(self) -> Communicator:
+        return self._comm if isinstance(self._comm, Communicator) else self._comm()
+
+    def due(self) -> bool:
+        """After a step: True when this step commits (then call ``commit``)."""
+        now = self._clock()
+        self._count += 1
+        if self.every is not None:
+            return self._count % self.every == 0
+        if self._last is not None:
+            self._probe.append(now - self._last)
+        self._last = now
+        return True  # probing: every step commits
+
+    def commit(self, fn: Callable[[], Any]) -> None:
+        """Run the commit ``fn`` (collective), timed; at the end of the probe, decide ``n`` (collective)."""
+        t0 = self._clock()
+        fn()
+        seconds = self._clock() - t0
+        if self.every is not None:
+            return
+        self._commits.append(seconds)
+        if self._last is not None:
+            self._last += seconds  # a step's time leaves the commit out
+        if len(self._probe) < AUTO_PROBE:
+            return
+        step = sum(self._probe) / len(self._probe)
+        commit = sum(self._commits) / len(self._commits)
+        wanted = max(1, min(AUTO_MOST, math.ceil(commit / max(AUTO_BUDGET * step, 1e-9))))
+        comm = self._communicator()
+        self.every = max(comm.allgather_object(wanted, name="hvdkit.elastic.every"))
+        if comm.is_rank0:
+            _log.info(
+                "in-process recovery: a commit takes %.1f ms, a step %.1f ms: committing every %d step(s) "
+                "(at most %g%% of the time; set commit_every to choose)",
+                1e3 * commit,
+                1e3 * step,
+                self.every,
+                100 * AUTO_BUDGET,
+            )
+        self._count = 0
+
+    def restart(self) -> None:
+        """After every sync (the start, a recovery, a join): count from the commit every rank now holds, with
+        the ``n`` the ranks that had decided it use (a new worker takes it; none decided: all probe anew).
+        Collective."""
+        decided = max(self._communicator().allgather_object(self.every or 0, name="hvdkit.elastic.every"))
+        if decided:
+            self.every = decided
+        self._probe, self._commits, self._count, self._last = [], [], 0, None

@@ -43,15 +43,14 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 import os
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from ..core import env as _env
+from ..core import recovery
 from ..core.checkpoint.tree import reseed_rng
 from ..core.errors import ConfigError
 from ..core.log import get_logger
@@ -352,70 +351,10 @@ def _say_recovered(state):
     say_recovered(state, runtime.size(), runtime.is_rank0())
 
 
-AUTO_BUDGET = 0.02  # commit_every="auto": commits may cost this share of the training time
-AUTO_PROBE = 5  # ... measured over this many steps, each committed
-AUTO_MOST = 1000  # never fewer commits than one per this many steps
-
-
-class CommitSchedule:
-    """Which steps commit: every ``every`` steps, or ``"auto"``: every step for the first ``AUTO_PROBE``
-    steps while the time of a step and of a commit are measured, then every ``n`` steps where ``n`` is the
-    fewest that keeps commits under ``AUTO_BUDGET`` of the time (the largest over ranks; at most
-    ``AUTO_MOST``), logged on rank 0. Collective: every rank calls ``due`` after every step alike, and
-    ``commit`` when it says so.
-    """
+class CommitSchedule(recovery.CommitSchedule):
+    """Which steps of torch training commit: ``hvdkit.core.recovery.CommitSchedule`` over this process's Horovod
+    communicator. ``every``: a number of steps, or ``"auto"`` (measured over the first ``AUTO_PROBE`` steps, then
+    commits cost at most ``AUTO_BUDGET`` of the time). Collective: as the core's."""
 
     def __init__(self, every: int | str) -> None:
-        self.every = None if every == "auto" else int(every)
-        self._count = 0
-        self._probe: list[float] = []  # step seconds while probing, commits left out
-        self._commits: list[float] = []  # commit seconds while probing
-        self._last = None
-
-    def due(self) -> bool:
-        """After a step: True when this step commits (then call ``commit``)."""
-        now = time.perf_counter()
-        self._count += 1
-        if self.every is not None:
-            return self._count % self.every == 0
-        if self._last is not None:
-            self._probe.append(now - self._last)
-        self._last = now
-        return True  # probing: every step commits
-
-    def commit(self, fn: Callable[[], Any]) -> None:
-        """Run the commit ``fn`` (collective), timed; at the end of the probe, decide ``n`` (collective)."""
-        t0 = time.perf_counter()
-        fn()
-        seconds = time.perf_counter() - t0
-        if self.every is not None:
-            return
-        self._commits.append(seconds)
-        if self._last is not None:
-            self._last += seconds  # a step's time leaves the commit out
-        if len(self._probe) < AUTO_PROBE:
-            return
-        step = sum(self._probe) / len(self._probe)
-        commit = sum(self._commits) / len(self._commits)
-        wanted = max(1, min(AUTO_MOST, math.ceil(commit / max(AUTO_BUDGET * step, 1e-9))))
-        comm = runtime.communicator()
-        self.every = max(comm.allgather_object(wanted, name="hvdkit.elastic.every"))
-        if comm.is_rank0:
-            _log.info(
-                "in-process recovery: a commit takes %.1f ms, a step %.1f ms: committing every %d step(s) "
-                "(at most %g%% of the time; set commit_every to choose)",
-                1e3 * commit,
-                1e3 * step,
-                self.every,
-                100 * AUTO_BUDGET,
-            )
-        self._count = 0
-
-    def restart(self) -> None:
-        """After every sync (the start, a recovery, a join): count from the commit every rank now holds, with
-        the ``n`` the ranks that had decided it use (a new worker takes it; none decided: all probe anew).
-        Collective."""
-        decided = max(runtime.communicator().allgather_object(self.every or 0, name="hvdkit.elastic.every"))
-        if decided:
-            self.every = decided
-        self._probe, self._commits, self._count, self._last = [], [], 0, None
+        super().__init__(every, runtime.communicator)

@@ -17,6 +17,7 @@ from ..core.checkpoint.background import writer_nice
 from ..core.errors import ConfigError
 from ..core.lr import RULES
 from ..core.options import check_compression, check_int_at_least, check_number_above, check_positive_int
+from ..core.recovery import check_commit_every
 from . import zero
 from .monitoring import Tracker
 from .trainer_parts import check_callbacks
@@ -92,12 +93,7 @@ class TrainerOptions:
         self._set("callbacks", check_callbacks(self.callbacks))
         check_int_at_least("seed", self.seed, 0)
         check_int_at_least("num_workers", self.num_workers, 0)
-        if self.commit_every != "auto":
-            check_positive_int(
-                "commit_every",
-                self.commit_every,
-                "pass 'auto' (commits cost at most 2 % of the time) or a number of optimizer steps, e.g. 50",
-            )
+        check_commit_every(self.commit_every)
         self._check_monitoring()
         writer_nice(self.writer_priority)  # ConfigError naming the choices
 
