@@ -6,7 +6,7 @@ One call in place of ``model.fit`` (the data in memory, as ``hk.epoch_dataset`` 
 
     model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss=..., metrics=[...])
     history = hk.elastic.fit(model, (x, y), batch_size=32, global_batch_size=64, epochs=10, seed=0,
-                             callbacks=[hk.MetricAverageCallback()], commit_every=10)
+                             callbacks=[hk.MetricAverageCallback()])   # commit_every="auto": measured
 
 Under ``--recovery in-process`` a lost worker sends the others back to their last commit; Horovod re-forms
 the ring at the smaller size and ``fit`` goes on from the committed epoch and global sample offset, with the

@@ -13,6 +13,7 @@ import tensorflow as tf
 from ...core.data import plan_batches, position_after, step_bounds
 from ...core.log import get_logger
 from ...core.options import check_positive_int
+from ...core.recovery import CommitSchedule, check_commit_every
 from ...tensorflow import runtime
 from ...tensorflow.data import epoch_dataset
 from .loop import run
@@ -26,14 +27,14 @@ _log = get_logger("elastic")
 
 class _Progress(keras.callbacks.Callback):
     """In one ``model.fit`` of ``fit``: counts optimizer steps, records epoch, step and sample offset in the
-    state, commits every ``every`` steps and at every epoch end, tells ``on_step`` what each step trained, and
-    after every step asks the guard whether to stop (``preempt``: every rank stops after the same step, the
-    checkpoint of that step written)."""
+    state, commits at the steps ``schedule`` (a ``CommitSchedule``) says and at every epoch end (timed by it too),
+    tells ``on_step`` what each step trained, and after every step asks the guard whether to stop (``preempt``:
+    every rank stops after the same step, the checkpoint of that step written)."""
 
-    def __init__(self, state, plan, bounds, full_bounds, start, every, batches, on_step, preempt):
+    def __init__(self, state, plan, bounds, full_bounds, start, schedule, batches, on_step, preempt):
         super().__init__()
         self.state, self.plan, self.bounds, self.full_bounds, self.start = state, plan, bounds, full_bounds, start
-        self.every, self.batches, self.on_step, self.preempt = every, batches, on_step, preempt
+        self.schedule, self.batches, self.on_step, self.preempt = schedule, batches, on_step, preempt
         self.epoch, self.steps, self.micro, self.pending = 0, 0, 0, []
         self.stopped = False
 
@@ -53,14 +54,15 @@ class _Progress(keras.callbacks.Callback):
         state = self.state
         state.step, state.samples_done = step, position_after(self.bounds, self.steps, self.start)
         ends_epoch = self.steps >= len(self.bounds)
+        due = self.schedule.due()  # every step counts, and is timed while "auto" measures
         if self.preempt.should_stop(step):
             # no commit: a host update it may raise would start the training again
             self.model.stop_training = self.stopped = True
             if not ends_epoch:  # else on_epoch_end saves the epoch's end
                 self.preempt.save(self.epoch, state.samples_done, state.history)
                 self.preempt.say_stopped(self.epoch, step)
-        elif step % self.every == 0 and not ends_epoch:  # an epoch's end commits below
-            state.commit()
+        elif due and not ends_epoch:  # an epoch's end commits below
+            self.schedule.commit(state.commit)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.stopped and self.steps < len(self.bounds):
@@ -74,7 +76,7 @@ class _Progress(keras.callbacks.Callback):
         if self.stopped:
             self.preempt.say_stopped(epoch, state.step)
             return
-        state.commit()  # the epoch's end: a lost worker does not redo it
+        self.schedule.commit(state.commit)  # the epoch's end: a lost worker does not redo it
         self.start, self.bounds = 0, self.full_bounds  # the next epoch starts at its beginning
 
 
@@ -87,6 +89,7 @@ class _Fit:
         self.o, self.fit_kwargs, self.preempt = options, fit_kwargs, preempt
         self.n = int(tf.nest.flatten(tf.nest.map_structure(np.asarray, data))[0].shape[0])
         self.plan = None
+        self.schedule = CommitSchedule(options["commit_every"], runtime.communicator)  # kept across recoveries
         self.stopped = False
         self.resumed_from_epoch = 0
 
@@ -108,6 +111,7 @@ class _Fit:
 
     def __call__(self, state):
         self.stopped = False
+        self.schedule.restart()  # after every sync: count from the commit every rank holds now
         epoch, start = state.epoch, state.samples_done
         with self.preempt.guarded():
             if start and epoch < self.epochs:
@@ -126,7 +130,7 @@ class _Fit:
             drop_last=o["drop_last"], on_batch=lambda e, s, idx: batches.append(idx), start=start,
         )  # fmt: skip
         bounds = [step_bounds(self.n, s, plan.global_batch_size, plan.slots, o["drop_last"]) for s in (start, 0)]
-        progress = _Progress(state, plan, *bounds, start, o["commit_every"], batches, o["on_step"], self.preempt)
+        progress = _Progress(state, plan, *bounds, start, self.schedule, batches, o["on_step"], self.preempt)
         val = o["validation_data"]
         self.model.fit(
             ds,
@@ -168,7 +172,7 @@ def fit(
     seed: int = 0,
     shuffle: bool = True,
     drop_last: bool = False,
-    commit_every: int = 10,
+    commit_every: int | str = "auto",
     callbacks: list[keras.callbacks.Callback] | tuple = (),
     validation_data: Any = None,
     on_step: Callable[[int, int, list[int]], Any] | None = None,
@@ -184,9 +188,14 @@ def fit(
     the batch plan from ``hk.batch_plan(batch_size, global_batch_size, backward_passes_per_step)``: with
     ``global_batch_size`` every optimizer step trains on the same samples at any size, by Keras's gradient
     accumulation (``set_accumulation``). A commit (``State``: weights, optimizer variables, epoch, step,
-    the epoch's sample offset) is made every ``commit_every`` optimizer steps (when the step count is a
-    multiple of it) and at every epoch end; after a recovery ``fit`` goes on from it: the rest of the
-    committed epoch first (its logged metrics cover the batches since the recovery), then the epochs left.
+    the epoch's sample offset) is made at every epoch end and every ``commit_every`` optimizer steps, counted
+    from the last sync (the start, a recovery, a join), as the torch Trainer counts them (before, ``fit``
+    committed where the step count was a multiple of it: the same steps until the first recovery or resume);
+    ``"auto"`` (the default, as the Trainer's) commits every step for the first 5 while it times a step and a
+    commit, then as often as costs at most 2 % of the time (the ranks agree on the largest interval; rank 0
+    logs it; ``hvdkit.core.recovery.CommitSchedule``). After a recovery ``fit`` goes on from the newest commit:
+    the rest of the committed epoch first (its logged metrics cover the batches since the recovery), then the
+    epochs left.
     ``validation_data``: as ``model.fit``'s, or a function of no arguments that returns it, called at each
     (re)start (shard it there with ``hk.shard``: the shards of the world size then). ``on_step(epoch, step,
     indices)`` is called after every optimizer step with the sample indices this rank trained on in it.
@@ -206,7 +215,7 @@ def fit(
     Collective: every rank calls it with the same arguments.
     """
     check_positive_int("epochs", epochs, "the total number of epochs, e.g. epochs=10")
-    check_positive_int("commit_every", commit_every, "the optimizer steps between two commits, e.g. 10")
+    check_commit_every(commit_every)
     opt = _optimizer(model)
     options = {
         "global_batch_size": global_batch_size,

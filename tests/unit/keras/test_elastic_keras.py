@@ -119,14 +119,16 @@ def progress_fit(stops, epochs=3, n=40, batch=8):
     every 100 steps: only at epoch ends); the state, and the epochs whose end Keras called."""
     from collections import deque
 
+    from hvdkit.core import LocalCommunicator
     from hvdkit.core.data import plan_batches, step_bounds
+    from hvdkit.core.recovery import CommitSchedule
     from hvdkit.keras.elastic.fit import _Progress
 
     plan = plan_batches(batch, 1, None, 1)
     bounds = step_bounds(n, 0, plan.global_batch_size, plan.slots)
     state, ended = Commits(), []
     batches = deque([[i] for i in range(epochs * len(bounds))])  # what the input pipeline would announce
-    progress = _Progress(state, plan, bounds, bounds, 0, 100, batches, None, stops)
+    progress = _Progress(state, plan, bounds, bounds, 0, CommitSchedule(100, LocalCommunicator()), batches, None, stops)
     ends = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: ended.append(e))
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
@@ -200,3 +202,54 @@ def test_a_checkpoint_whose_sample_offset_is_not_a_count_is_refused_naming_it():
     with pytest.raises(ConfigError, match="samples_done='16'"):
         position(Resumed(7, 1, 2, {"samples_done": "16"}, "ckpt/step-7"))
     assert position(Resumed(23, 1, 2, None, "ckpt/step-23"))["epoch"] == 1  # an epoch-end one of a plain fit
+
+
+# ---------------------------------------------------------------- commit_every="auto"
+_AUTO_FIT = """
+import importlib, json, logging
+import numpy as np, keras
+import hvdkit, hvdkit.keras as hk
+fit_module = importlib.import_module("hvdkit.keras.elastic.fit")  # the module: the package's "fit" is the function
+hk.init()
+logging.getLogger("hvdkit").setLevel(logging.INFO)
+commits = []
+class Counted(fit_module.State):
+    def commit(self):
+        commits.append(int(self.optimizer.iterations.numpy()))
+        super().commit()
+fit_module.State = Counted
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+x, y = np.ones((80, 2), np.float32), np.ones((80, 1), np.float32)
+history = hk.elastic.fit(model, (x, y), batch_size=8, epochs=3)  # commit_every left at its default
+print(json.dumps({"hvdkit": hvdkit.__file__, "commits": commits, "steps": history.step, "epochs": history.epoch}))
+"""
+
+
+def test_fit_commits_every_step_while_auto_measures_then_at_the_interval_it_logs_and_at_every_epoch_end():
+    """One real process (hk.init, model.fit): "auto" is the default; the first 6 steps commit (5 step times), then
+    the interval rank 0 logs, counted from the decision, and every epoch end (10 steps an epoch)."""
+    import json
+    import re
+
+    from helpers import PYTHON, ROOT, run_bounded
+
+    proc = run_bounded([PYTHON, "-c", _AUTO_FIT], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["hvdkit"].startswith(str(ROOT / "hvdkit"))
+    (every,) = map(int, re.findall(r"committing every (\d+) step\(s\)", proc.stderr))
+    assert 1 <= every <= 1000 and "set commit_every to choose" in proc.stderr
+    assert got["steps"] == 30 and got["epochs"] == [0, 1, 2]
+    ends = {10, 20, 30}
+    expected = sorted({1, 2, 3, 4, 5, 6} | ends | set(range(6 + every, 30, every)))
+    assert got["commits"] == expected, (every, got["commits"])
+
+
+@pytest.mark.parametrize("bad", [0, "sometimes", 2.5])
+def test_fit_refuses_a_commit_every_that_is_neither_auto_nor_a_count_naming_it_and_the_fix(bad):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    with pytest.raises(ConfigError, match=f"commit_every must be an integer >= 1 \\(got {bad!r}\\); pass 'auto'"):
+        hk.elastic.fit(model, (np.ones((4, 2)), np.ones((4, 1))), batch_size=2, epochs=1, commit_every=bad)
