@@ -1,6 +1,7 @@
 """In-process recovery for Keras `model.fit` (`hk.elastic.fit` under `hvdkit run --recovery in-process`): a worker
-killed mid-epoch, the job goes on in the process that is left from its last in-memory commit, a new worker joins
-and gets the state, and the run ends as an uninterrupted one.
+killed mid-epoch (rank 1, or rank 0: then the rank left becomes rank 0 and goes on checkpointing), the job goes on in
+the process that is left from its last in-memory commit, a new worker joins and gets the state, and the run ends as
+an uninterrupted one.
 
 Real ranks: Horovod's elastic driver over Gloo, one host (`localhost:2`; engine fix 09 starts a new worker in the
 lost one's slot), real TensorFlow/Keras. The script (scripts/keras_elastic_fit.py): the digits MLP, global batch
@@ -143,6 +144,58 @@ def test_sigterm_to_hvdkit_run_stops_every_keras_rank_at_a_checkpointed_step_and
     assert_every_sample_once_per_epoch(read_sample_logs(log), EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH)
     # at the same size, from a checkpoint of every weight and optimizer variable: bitwise the uninterrupted run
     mine = weights(out, 0)
+    assert worst_difference(mine, weights(out, 1)) == 0.0
+    assert worst_difference(mine, uninterrupted["weights"]) == 0.0
+    assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
+    assert got["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
+
+
+def test_rank_0_killed_mid_epoch_the_rank_left_becomes_rank_0_goes_on_checkpointing_and_the_run_ends_as_without_it(
+    uninterrupted, tmp_path
+):
+    """Rank 0 SIGKILLed right after step 33 (mid-epoch 2, before the commit of step 35), with an
+    hk.CheckpointCallback: rank 1, left alone, becomes rank 0, goes back to the commit of step 30 and trains on; the
+    new worker joins at a later commit; the job is never relaunched. The checkpoints after the kill (the ends of
+    epochs 2 and 3) are written by the process that was rank 1, which holds the folder's lock once its holder died."""
+    d, out, log, marker = tmp_path / "ckpt", tmp_path / "weights", tmp_path / "samples", tmp_path / "killed"
+    proc = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, SCRIPT, str(out), "--sample-log", str(log), "--kill", f"{marker}:0:33",
+        "--wait-for-join", "--checkpoint-dir", str(d), timeout=400,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-6000:]
+    (killed,) = map(int, re.findall(r"rank 0 kills itself after step 33 \(process (\d+)\)", text))
+    assert marker.exists() and imports_from_this_tree(text, 3)
+    events = re.findall(r"(a worker was lost|workers join): (\d+ -> \d+) ranks, going on from step (\d+)", text)
+    assert [e[:2] for e in events] == [("a worker was lost", "2 -> 1"), ("workers join", "1 -> 2")], text[-6000:]
+    resumed, joined = int(events[0][2]), int(events[1][2])
+    assert resumed == 30 and joined > resumed, events
+    assert "restarting" not in text and text.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
+    got = result(text)
+    assert got["steps"] == EPOCHS * STEPS_PER_EPOCH and got["size"] == 2 and got["epochs"] == [0, 1, 2]
+    assert_every_sample_once_per_epoch(read_sample_logs(log), EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH)
+    # the process that was rank 1 ends as rank 0 (the joined one is rank 1), and it took the folder's lock after the
+    # kill: after the killed rank 0 wrote epoch 1's checkpoint, before epoch 2's
+    first = [int(p) for p in re.findall(r"keras_elastic_fit: process (\d+) imports hvdkit", text)][:2]
+    (survivor,) = set(first) - {killed}
+    ends = {
+        int(p): (int(r), int(n))
+        for p, r, n in re.findall(r"keras_elastic_fit: process (\d+) ends as rank (\d) of (\d)", text)
+    }
+    assert ends[survivor] == (0, 2) and len(ends) == 2 and killed not in ends, (ends, survivor, killed)
+    holder = json.loads((d / ".hvdkit.lock").read_text())
+    assert holder["pid"] == survivor, holder
+    created = {
+        int(p.name.split("-")[1]): json.loads((p / "manifest.json").read_text())["created"] for p in d.glob("ckpt-*")
+    }
+    assert sorted(created) == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH], sorted(created)
+    assert created[STEPS_PER_EPOCH] < holder["since"] <= created[2 * STEPS_PER_EPOCH], (holder, created)
+    # the newest checkpoint, after the kill, reads back (checksums verified) as the run's end, at 2 ranks
+    newest = read_newest(d)
+    assert (newest.step, newest.epoch, newest.world_size) == (3 * STEPS_PER_EPOCH, 3, 2) and newest.step > 33
+    mine = weights(out, 0)
+    assert worst_difference([np.asarray(a) for a in newest.state["model"]], mine) == 0.0
+    # both ranks end bitwise equal, and equal to the uninterrupted run
     assert worst_difference(mine, weights(out, 1)) == 0.0
     assert worst_difference(mine, uninterrupted["weights"]) == 0.0
     assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4

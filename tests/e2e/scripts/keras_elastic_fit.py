@@ -13,7 +13,8 @@ that the next commit takes it in. ``--checkpoint-dir``: an ``hk.CheckpointCallba
 SIGTERM to the job's ``hvdkit run`` right after optimizer step STEP, once per job (MARKER), as a scheduler
 preempting the job does (kill_in_process.py's ``term:``). ``--pace``: every rank sleeps SECONDS after each
 optimizer step. Every rank prints where it imports hvdkit from, and after a stop the step it stopped after; at
-the end every rank writes its weights to OUT.rank<r>.npz, and rank 0 prints one JSON line.
+the end every rank writes its weights to OUT.rank<r>.npz and prints its process id and rank, and rank 0 prints
+one JSON line.
 """
 
 import argparse
@@ -55,7 +56,7 @@ class Kill(keras.callbacks.Callback):
         self.act(step)
 
     def act(self, step):
-        print(f"keras_elastic_fit: rank {hk.rank()} kills itself after step {step}", flush=True)
+        print(f"keras_elastic_fit: rank {hk.rank()} kills itself after step {step} (process {os.getpid()})", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -153,6 +154,7 @@ def main():
     model.evaluate(val, verbose=0)
     final = hk.average_model_metrics(model)
     np.savez(f"{args.out}.rank{hk.rank()}.npz", *[np.asarray(w) for w in model.get_weights()])
+    print(f"keras_elastic_fit: process {os.getpid()} ends as rank {hk.rank()} of {hk.size()}", flush=True)
     if hk.rank() == 0:
         result = {
             "steps": steps,
