@@ -1,5 +1,6 @@
 """Helpers for tests: run real ranks under mpirun or horovodrun, bounded in time."""
 
+import fcntl
 import json
 import os
 import signal
@@ -152,13 +153,19 @@ def result_line(stdout):
     return json.loads(lines[0])
 
 
-def record_figures(test, **figures):
-    """Append what a fault test measured to build/reliability.json (for docs/reliability.md)."""
-    path = ROOT / "build" / "reliability.json"
+def record_figures(test, *, path=None, **figures):
+    """Append what a fault test measured to build/reliability.json (for docs/reliability.md). The suite's job
+    lanes (tests/conftest.py) run fault tests at once in separate processes: the read-modify-write holds an
+    exclusive lock on a file beside it, and the new file replaces the old whole (a reader never sees half)."""
+    path = Path(path) if path is not None else ROOT / "build" / "reliability.json"
     path.parent.mkdir(exist_ok=True)
-    rows = json.loads(path.read_text()) if path.exists() else []
-    rows = [r for r in rows if r["test"] != test] + [{"test": test, **figures}]
-    path.write_text(json.dumps(rows, indent=1))
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = json.loads(path.read_text()) if path.exists() else []
+        rows = [r for r in rows if r["test"] != test] + [{"test": test, **figures}]
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        os.replace(tmp, path)
 
 
 def read_sample_logs(prefix):
