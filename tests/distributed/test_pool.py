@@ -6,9 +6,16 @@ Each failure test costs one job start; the hang runs under horovodrun --gloo, wh
 sessions of their own (the pool must end them by pid), the others under mpirun.
 """
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pool
 import pytest
-from helpers import pid_running
+from helpers import ROOT, pid_running
 
 pytestmark = pytest.mark.dist
 CASES = "pool_cases"
@@ -71,3 +78,61 @@ def test_a_case_that_kills_a_rank_fails_naming_it_and_leaves_no_process():
         pool.run_case("mpirun", "torch", f"{CASES}:exit_on", {"rank": 1, "code": 3}, timeout=120)
     assert "rank(s) [1] exited before reporting" in str(err.value)
     assert not any(pid_running(rank.pid) for rank in ranks.values()) and job.proc.poll() is not None
+
+
+_OWNER = """
+import json, os, signal, sys
+sys.path[:0] = [sys.argv[1] + "/tests/support", sys.argv[1] + "/tests"]
+import pool
+job = pool.job_for("horovodrun-gloo", "torch")
+job.park()
+ranks = list(job.ranks.values())
+reaper = pool._REAPER[0].pid if getattr(pool, "_REAPER", None) else None
+print(json.dumps({"pids": [job.proc.pid] + [r.pid for r in ranks] + [r.pgid for r in ranks], "reaper": reaper}))
+sys.stdout.flush()
+sys.stdin.readline()  # the test holds every process by a pidfd now
+os.kill(os.getpid(), signal.SIGKILL)  # as a pytest worker killed (or interrupted) before close_all
+"""
+
+
+def test_a_pool_whose_process_is_killed_leaves_no_process_of_its_parked_job():
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    held = {}
+    try:
+        seen = json.loads(owner.stdout.readline())
+        for pid in {*seen["pids"], seen["reaper"]} - {None}:
+            try:
+                held[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                pass
+        assert seen["pids"][0] in held, seen  # the launcher was there when the owner was killed
+        owner.stdin.write("go\n")
+        owner.stdin.flush()
+        assert owner.wait(60) == -signal.SIGKILL
+
+        def alive():
+            out = []
+            for pid, fd in held.items():
+                try:
+                    signal.pidfd_send_signal(fd, 0)
+                except ProcessLookupError:
+                    continue
+                if pid_running(pid):  # a zombie is ended; its parent (init) reaps it
+                    out.append(pid)
+            return out
+
+        deadline = time.monotonic() + 30
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive() == [], f"processes of the pool job left after its owner was killed: {alive()}"
+    finally:
+        owner.kill()
+        owner.wait()
+        for fd in held.values():  # what the pool left (the failure above): by pidfd, never by name
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(fd)

@@ -18,7 +18,9 @@ job costs no CPU (Horovod's background loop and MPI's progress kept an idle job'
 of a core), and the next module that asks for the same launcher and framework wakes it (SIGCONT) instead
 of paying for a fresh start; Gloo's per-operation timeout is raised for pool jobs so that an operation
 stopped mid-wait is not timed out by the time it spent stopped. ``close_all`` (when the session
-finishes) ends every job.
+finishes) ends every job. A session that ends before it (an interrupt, a killed pytest worker) leaves nothing
+either: pool_reaper.py, started with the first job, holds every job process by a pidfd and ends what is
+left when this process's end closes its stdin (parked ranks stayed stopped for good before).
 
 Use the pool where the job is not the subject; a test of start-up, the launcher, exit codes, env
 read at ``init`` or a process's memory starts its own job (helpers.run_ranks).
@@ -39,6 +41,7 @@ from pathlib import Path
 from helpers import BIN, PYTHON, launcher_argv, pid_running
 
 WORKER = Path(__file__).resolve().parent / "pool_worker.py"
+REAPER = Path(__file__).resolve().parent / "pool_reaper.py"
 FRAMEWORKS = ("torch", "keras")
 SIZE = 2
 START_BOUND_S = 240  # mpirun + TensorFlow + Horovod on a loaded 2-core machine: well under this
@@ -142,6 +145,7 @@ class Job:
             argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
         STARTED.append(self)
+        _reap_if_orphaned(self.proc.pid, leader=True)
 
     def __repr__(self):
         return f"pool job {self.framework} under {self.launcher} (pid {self.proc.pid})"
@@ -155,6 +159,9 @@ class Job:
                 if r not in self.ranks and path.exists():
                     ready = json.loads(path.read_text())
                     self.ranks[r] = Rank(ready["pid"], ready["pgid"])
+                    if ready["pgid"] != self.proc.pid:  # horovodrun --gloo: a session of its own per rank
+                        _reap_if_orphaned(ready["pgid"], leader=True)
+                    _reap_if_orphaned(ready["pid"], leader=ready["pid"] == ready["pgid"])
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 logs = self.logs()
                 self.end()
@@ -266,6 +273,26 @@ class Job:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+_REAPER: list = []  # the pool_reaper.py process of this session, once a job was started
+
+
+def _reap_if_orphaned(pid, leader):
+    """Have pool_reaper.py end ``pid`` (and the group it leads) should this process end before ``close_all``."""
+    if not _REAPER:
+        _REAPER.append(
+            subprocess.Popen([PYTHON, str(REAPER)], stdin=subprocess.PIPE, text=True, start_new_session=True, bufsize=1)
+        )
+    _REAPER[0].stdin.write(f"{pid} {int(leader)}\n")
+
+
+def _close_reaper():
+    """Close the reaper's stdin (it ends what is left, nothing after close_all) and wait for it."""
+    while _REAPER:
+        reaper = _REAPER.pop()
+        reaper.stdin.close()
+        reaper.wait(30)
+
+
 LIVE: dict = {}  # (launcher, framework) -> the Job serving it now
 STARTED: list = []  # every Job started this session (for the summary and for close_all)
 CASES: list = []  # every case sent this session
@@ -335,6 +362,7 @@ def close_all():
     for job in STARTED:
         if job.proc.returncode is None:
             job.end()
+    _close_reaper()
 
 
 def summary():
