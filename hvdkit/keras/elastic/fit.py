@@ -130,12 +130,13 @@ class _Fit:
     def __call__(self, state):
         self.stopped = False
         self.schedule.restart()  # after every sync: count from the commit every rank holds now
-        epoch, start = state.epoch, state.samples_done
+        epoch, start, done = state.epoch, state.samples_done, False
         with self.preempt.guarded():
             if start and epoch < self.epochs:
                 self.stopped = self._fit(state, epoch, epoch + 1, start)
                 epoch += 1
-            if epoch < self.epochs and not self.stopped:
+                done = self.stopped or self.model.stop_training  # a stop signal, or a callback's (EarlyStopping)
+            if epoch < self.epochs and not done:
                 self.stopped = self._fit(state, epoch, self.epochs, 0)
         return _history(state.history)
 
@@ -221,7 +222,8 @@ def fit(
     ranks' states it stands for at another (``i % size == rank``), so the epoch's logged metrics (and
     ``MetricAverageCallback``'s job-wide ones) are those of the whole epoch: at the same size the same numbers as
     without the cut, at another within float32 rounding (for metrics whose state adds up over samples: totals
-    and counts, confusion counts, as ``MetricAverageCallback`` assumes).
+    and counts, confusion counts, as ``MetricAverageCallback`` assumes). A callback that sets
+    ``model.stop_training`` in the rest of an epoch ends ``fit`` there.
     ``validation_data``: as ``model.fit``'s, or a function of no arguments that returns it, called at each
     (re)start (shard it there with ``hk.shard``: the shards of the world size then). ``on_step(epoch, step,
     indices)`` is called after every optimizer step with the sample indices this rank trained on in it.

@@ -314,6 +314,11 @@ def stop_and_resume(tmp_path_factory):
     return got
 
 
+def test_a_callback_that_stops_training_in_the_rest_of_a_resumed_epoch_ends_fit_there(stop_and_resume):
+    """Before, the epochs after the resumed one were trained all the same (fit's second model.fit ran)."""
+    assert stop_and_resume["rest"]["epochs"] == [0] and stop_and_resume["rest"]["step"] == 10
+
+
 def test_the_resumed_epoch_logs_the_metrics_of_the_whole_epoch_bitwise_as_without_the_stop(stop_and_resume):
     """The checkpoint holds the metric state of the epoch's first 4 steps, added back after Keras's reset. Before,
     the resumed epoch logged the loss and accuracy of its last 6 steps only."""
