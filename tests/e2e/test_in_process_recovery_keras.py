@@ -202,6 +202,11 @@ def test_rank_0_killed_mid_epoch_the_rank_left_becomes_rank_0_goes_on_checkpoint
         for p, r, n in re.findall(r"keras_elastic_fit: process (\d+) ends as rank (\d) of (\d)", text)
     }
     assert ends[survivor] == (0, 2) and len(ends) == 2 and killed not in ends, (ends, survivor, killed)
+    # it said so once, when it became rank 0 (before, nothing said who writes the checkpoints now)
+    took_over = re.findall(
+        r"rank 0 is now process (\d+) \(was rank (\d)\): it writes the checkpoints from step (\d+)", text
+    )
+    assert took_over == [(str(survivor), "1", str(resumed))], (took_over, text[-6000:])
     holder = json.loads((d / ".hvdkit.lock").read_text())
     assert holder["pid"] == survivor, holder
     created = {

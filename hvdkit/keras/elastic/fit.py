@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -110,6 +111,7 @@ class _Fit:
         self.schedule = CommitSchedule(options["commit_every"], runtime.communicator)  # kept across recoveries
         self.stopped = False
         self.resumed_from_epoch = 0
+        self.rank = None  # this process's rank at the last sync
 
     def start(self, state):
         """``State.on_start``: the newest checkpoint of the checkpoint callback, or rank 0's state. Collective."""
@@ -130,6 +132,7 @@ class _Fit:
     def __call__(self, state):
         self.stopped = False
         self.schedule.restart()  # after every sync: count from the commit every rank holds now
+        self._say_rank0(state)
         epoch, start, done = state.epoch, state.samples_done, False
         with self.preempt.guarded():
             if start and epoch < self.epochs:
@@ -139,6 +142,14 @@ class _Fit:
             if epoch < self.epochs and not done:
                 self.stopped = self._fit(state, epoch, self.epochs, 0)
         return _history(state.history)
+
+    def _say_rank0(self, state):
+        """After a sync: the process that became rank 0 (rank 0 was lost) logs that it writes the checkpoints now."""
+        rank = runtime.rank()
+        if rank == 0 and self.rank not in (None, 0):
+            writes = f": it writes the checkpoints from step {state.step}" if self.preempt.ckpt is not None else ""
+            _log.info("rank 0 is now process %d (was rank %d)%s", os.getpid(), self.rank, writes)
+        self.rank = rank
 
     def _fit(self, state, first, last, start):
         o, plan = self.o, self.plan
@@ -223,7 +234,8 @@ def fit(
     ``MetricAverageCallback``'s job-wide ones) are those of the whole epoch: at the same size the same numbers as
     without the cut, at another within float32 rounding (for metrics whose state adds up over samples: totals
     and counts, confusion counts, as ``MetricAverageCallback`` assumes). A callback that sets
-    ``model.stop_training`` in the rest of an epoch ends ``fit`` there.
+    ``model.stop_training`` in the rest of an epoch ends ``fit`` there. The process that becomes rank 0 when
+    rank 0 is lost logs that it writes the checkpoints from then on.
     ``validation_data``: as ``model.fit``'s, or a function of no arguments that returns it, called at each
     (re)start (shard it there with ``hk.shard``: the shards of the world size then). ``on_step(epoch, step,
     indices)`` is called after every optimizer step with the sample indices this rank trained on in it.
