@@ -23,6 +23,10 @@ pytestmark = pytest.mark.dist
 SCRIPT = str(ROOT / "tests" / "e2e" / "scripts" / "keras_elastic_fit.py")
 EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH = 3, 1437, 23  # global batch 64
 BOUND = 1e-5  # the bound a restart at another world size holds (tests/distributed/test_world_size_change_keras.py)
+# An epoch with a recovery logs its loss within this relative bound of the uninterrupted run's: its batches at 1 rank
+# train weights within BOUND of those at 2 ranks, and the committed state of 2 ranks, summed into 1 rank's float32
+# accumulators, is rounded once more. Its accuracy (counts of right answers) is the same.
+METRIC_BOUND = 1e-5
 IN_PROCESS = ("-np", "2", "--min-np", "1", "--max-np", "2", "--recovery", "in-process")
 
 
@@ -39,6 +43,12 @@ def weights(prefix, rank):
 def worst_difference(a, b):
     assert [w.shape for w in a] == [w.shape for w in b]
     return max(float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) for x, y in zip(a, b, strict=True))
+
+
+def worst_relative_difference(got, ref):
+    """The History's logged metrics of two runs: the same names and epochs; the largest relative difference."""
+    assert sorted(got) == sorted(ref) == ["accuracy", "loss"] and all(len(got[k]) == len(ref[k]) for k in ref)
+    return max(abs(a - b) / abs(b) for k in ref for a, b in zip(got[k], ref[k], strict=True))
 
 
 def imports_from_this_tree(out, processes):
@@ -96,6 +106,11 @@ def test_a_keras_worker_killed_mid_epoch_is_recovered_in_process_a_new_one_joins
     assert worst_difference(mine, uninterrupted["weights"]) <= BOUND
     assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
     assert got["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
+    # epoch 2's logged metrics are those of its whole 1437 samples, as without the kill (before: of the batches
+    # after the join only): the commit held both ranks' metric state, which the survivor and the joined worker added
+    ref = uninterrupted["result"]["history"]
+    assert got["history"]["accuracy"] == ref["accuracy"], (got["history"], ref)
+    assert worst_relative_difference(got["history"], ref) <= METRIC_BOUND, (got["history"], ref)
 
 
 def test_sigterm_to_hvdkit_run_stops_every_keras_rank_at_a_checkpointed_step_and_the_next_in_process_start_continues(
@@ -148,6 +163,10 @@ def test_sigterm_to_hvdkit_run_stops_every_keras_rank_at_a_checkpointed_step_and
     assert worst_difference(mine, uninterrupted["weights"]) == 0.0
     assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
     assert got["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
+    # every epoch's logged metrics, the resumed epoch 2's too, bitwise the uninterrupted run's (before: epoch 2's
+    # covered the batches after the resume only): the checkpoint held each rank's metric state, which each rank
+    # added back at the same size
+    assert got["history"] == uninterrupted["result"]["history"], (got["history"], uninterrupted["result"]["history"])
 
 
 def test_rank_0_killed_mid_epoch_the_rank_left_becomes_rank_0_goes_on_checkpointing_and_the_run_ends_as_without_it(
@@ -183,6 +202,11 @@ def test_rank_0_killed_mid_epoch_the_rank_left_becomes_rank_0_goes_on_checkpoint
         for p, r, n in re.findall(r"keras_elastic_fit: process (\d+) ends as rank (\d) of (\d)", text)
     }
     assert ends[survivor] == (0, 2) and len(ends) == 2 and killed not in ends, (ends, survivor, killed)
+    # it said so once, when it became rank 0 (before, nothing said who writes the checkpoints now)
+    took_over = re.findall(
+        r"rank 0 is now process (\d+) \(was rank (\d)\): it writes the checkpoints from step (\d+)", text
+    )
+    assert took_over == [(str(survivor), "1", str(resumed))], (took_over, text[-6000:])
     holder = json.loads((d / ".hvdkit.lock").read_text())
     assert holder["pid"] == survivor, holder
     created = {
@@ -200,3 +224,7 @@ def test_rank_0_killed_mid_epoch_the_rank_left_becomes_rank_0_goes_on_checkpoint
     assert worst_difference(mine, uninterrupted["weights"]) == 0.0
     assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
     assert got["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
+    # the recovered epoch 2 logs the metrics of the whole epoch, as without the kill (see the test above)
+    ref = uninterrupted["result"]["history"]
+    assert got["history"]["accuracy"] == ref["accuracy"], (got["history"], ref)
+    assert worst_relative_difference(got["history"], ref) <= METRIC_BOUND, (got["history"], ref)

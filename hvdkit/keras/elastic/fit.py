@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from ...core.options import check_positive_int
 from ...core.recovery import CommitSchedule, check_commit_every
 from ...tensorflow import runtime
 from ...tensorflow.data import epoch_dataset
+from . import metrics
 from .loop import run
 from .preempt import Preemption, checkpoint_callback, position
 from .state import State, _optimizer, accumulation, set_accumulation
@@ -29,19 +31,35 @@ class _Progress(keras.callbacks.Callback):
     """In one ``model.fit`` of ``fit``: counts optimizer steps, records epoch, step and sample offset in the
     state, commits at the steps ``schedule`` (a ``CommitSchedule``) says and at every epoch end (timed by it too),
     tells ``on_step`` what each step trained, and after every step asks the guard whether to stop (``preempt``:
-    every rank stops after the same step, the checkpoint of that step written)."""
+    every rank stops after the same step, the checkpoint of that step written). A mid-epoch commit and checkpoint
+    hold every rank's metric state (``metrics.gather`` over ``comm()``); a fit that starts mid-epoch (``start``)
+    adds the committed one (``state.metrics``) into the metrics after its first batch, once Keras has reset them."""
 
-    def __init__(self, state, plan, bounds, full_bounds, start, schedule, batches, on_step, preempt):
+    def __init__(self, state, plan, bounds, full_bounds, start, schedule, batches, on_step, preempt, comm):
         super().__init__()
         self.state, self.plan, self.bounds, self.full_bounds, self.start = state, plan, bounds, full_bounds, start
         self.schedule, self.batches, self.on_step, self.preempt = schedule, batches, on_step, preempt
+        self.comm = comm
         self.epoch, self.steps, self.micro, self.pending = 0, 0, 0, []
         self.stopped = False
+        self.base = state.metrics if start else None  # the epoch's metric state before ``start``
+
+    def _metrics(self):
+        """Every rank's metric state now (``metrics.gather``). Collective."""
+        return metrics.gather(self.model, self.comm())
+
+    def _commit(self):
+        self.state.metrics = self._metrics()  # before the commit: a join it may raise takes it along
+        self.state.commit()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.steps, self.micro, self.pending = epoch, 0, 0, []
 
     def on_train_batch_end(self, batch, logs=None):
+        if self.base is not None:  # the first batch of the rest of an epoch: Keras reset the metrics and built them
+            comm = self.comm()
+            metrics.restore(self.model, self.base, comm.size, comm.rank)
+            self.base = None
         self.pending += self.batches.popleft()
         self.micro += 1
         if self.micro % self.plan.accumulation:
@@ -59,10 +77,10 @@ class _Progress(keras.callbacks.Callback):
             # no commit: a host update it may raise would start the training again
             self.model.stop_training = self.stopped = True
             if not ends_epoch:  # else on_epoch_end saves the epoch's end
-                self.preempt.save(self.epoch, state.samples_done, state.history)
+                self.preempt.save(self.epoch, state.samples_done, state.history, self._metrics())
                 self.preempt.say_stopped(self.epoch, step)
         elif due and not ends_epoch:  # an epoch's end commits below
-            self.schedule.commit(state.commit)
+            self.schedule.commit(self._commit)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.stopped and self.steps < len(self.bounds):
@@ -71,6 +89,7 @@ class _Progress(keras.callbacks.Callback):
         # committed with the epoch (a joining worker gets it too): a fit that a recovery cuts short returns no History
         state.history[epoch] = {k: _plain(v) for k, v in (logs or {}).items()}
         state.epoch, state.step, state.samples_done = epoch + 1, int(self.model.optimizer.iterations.numpy()), 0
+        state.metrics = None  # the next epoch starts from Keras's reset
         if self.stopped or self.preempt.due(epoch + 1):  # before the commit: a join it may raise skips what follows
             self.preempt.save(epoch + 1, 0, state.history)
         if self.stopped:
@@ -92,6 +111,7 @@ class _Fit:
         self.schedule = CommitSchedule(options["commit_every"], runtime.communicator)  # kept across recoveries
         self.stopped = False
         self.resumed_from_epoch = 0
+        self.rank = None  # this process's rank at the last sync
 
     def start(self, state):
         """``State.on_start``: the newest checkpoint of the checkpoint callback, or rank 0's state. Collective."""
@@ -112,14 +132,24 @@ class _Fit:
     def __call__(self, state):
         self.stopped = False
         self.schedule.restart()  # after every sync: count from the commit every rank holds now
-        epoch, start = state.epoch, state.samples_done
+        self._say_rank0(state)
+        epoch, start, done = state.epoch, state.samples_done, False
         with self.preempt.guarded():
             if start and epoch < self.epochs:
                 self.stopped = self._fit(state, epoch, epoch + 1, start)
                 epoch += 1
-            if epoch < self.epochs and not self.stopped:
+                done = self.stopped or self.model.stop_training  # a stop signal, or a callback's (EarlyStopping)
+            if epoch < self.epochs and not done:
                 self.stopped = self._fit(state, epoch, self.epochs, 0)
         return _history(state.history)
+
+    def _say_rank0(self, state):
+        """After a sync: the process that became rank 0 (rank 0 was lost) logs that it writes the checkpoints now."""
+        rank = runtime.rank()
+        if rank == 0 and self.rank not in (None, 0):
+            writes = f": it writes the checkpoints from step {state.step}" if self.preempt.ckpt is not None else ""
+            _log.info("rank 0 is now process %d (was rank %d)%s", os.getpid(), self.rank, writes)
+        self.rank = rank
 
     def _fit(self, state, first, last, start):
         o, plan = self.o, self.plan
@@ -130,7 +160,9 @@ class _Fit:
             drop_last=o["drop_last"], on_batch=lambda e, s, idx: batches.append(idx), start=start,
         )  # fmt: skip
         bounds = [step_bounds(self.n, s, plan.global_batch_size, plan.slots, o["drop_last"]) for s in (start, 0)]
-        progress = _Progress(state, plan, *bounds, start, self.schedule, batches, o["on_step"], self.preempt)
+        progress = _Progress(
+            state, plan, *bounds, start, self.schedule, batches, o["on_step"], self.preempt, runtime.communicator
+        )
         val = o["validation_data"]
         self.model.fit(
             ds,
@@ -193,9 +225,17 @@ def fit(
     committed where the step count was a multiple of it: the same steps until the first recovery or resume);
     ``"auto"`` (the default, as the Trainer's) commits every step for the first 5 while it times a step and a
     commit, then as often as costs at most 2 % of the time (the ranks agree on the largest interval; rank 0
-    logs it; ``hvdkit.core.recovery.CommitSchedule``). After a recovery ``fit`` goes on from the newest commit:
-    the rest of the committed epoch first (its logged metrics cover the batches since the recovery), then the
-    epochs left.
+    logs it; ``hvdkit.core.recovery.CommitSchedule``). A mid-epoch commit also holds every rank's metric state
+    (the variables of ``model.metrics``: the compiled loss tracker's and each metric's totals and counts; one small
+    allreduce). After a recovery ``fit`` goes on from the newest commit: the rest of the committed epoch first,
+    then the epochs left. The rest of an epoch adds the committed metric state into the metrics after its first
+    batch (Keras resets them at the epoch's start), each rank its own at the committed size, the sum of the old
+    ranks' states it stands for at another (``i % size == rank``), so the epoch's logged metrics (and
+    ``MetricAverageCallback``'s job-wide ones) are those of the whole epoch: at the same size the same numbers as
+    without the cut, at another within float32 rounding (for metrics whose state adds up over samples: totals
+    and counts, confusion counts, as ``MetricAverageCallback`` assumes). A callback that sets
+    ``model.stop_training`` in the rest of an epoch ends ``fit`` there. The process that becomes rank 0 when
+    rank 0 is lost logs that it writes the checkpoints from then on.
     ``validation_data``: as ``model.fit``'s, or a function of no arguments that returns it, called at each
     (re)start (shard it there with ``hk.shard``: the shards of the world size then). ``on_step(epoch, step,
     indices)`` is called after every optimizer step with the sample indices this rank trained on in it.
@@ -211,7 +251,9 @@ def fit(
     from its step (``history.resumed_from_epoch``: the epochs it had completed; ``history.step``: the optimizer
     steps done at the end). ``fit`` writes that callback itself (at the epoch ends it would, and at a stop),
     rather than ``model.fit``. Keras ends the epoch a stop broke out of (``on_epoch_end``, validation); the
-    History leaves it out, and a resumed epoch's metrics cover the batches after the resume.
+    History leaves it out. A mid-epoch checkpoint also holds every rank's metric state, so a resumed epoch logs the
+    metrics of the whole epoch, as after a recovery (a checkpoint without it, or of other metrics: those of the
+    batches after the resume; rank 0 warns of the latter).
     Collective: every rank calls it with the same arguments.
     """
     check_positive_int("epochs", epochs, "the total number of epochs, e.g. epochs=10")

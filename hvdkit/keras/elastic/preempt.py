@@ -13,6 +13,7 @@ from ...core.errors import ConfigError
 from ...core.log import get_logger
 from ...tensorflow import runtime
 from ..callbacks import CheckpointCallback
+from .metrics import check
 
 __all__ = ["Preemption", "checkpoint_callback", "extra", "position"]
 
@@ -34,10 +35,11 @@ def checkpoint_callback(callbacks: list[Any]) -> tuple[CheckpointCallback | None
 
 def position(resumed: Any) -> dict[str, Any]:
     """The ``State`` values ``fit`` goes on from after ``resumed`` (a ``Resumed``, or None: a fresh start):
-    epoch, optimizer step, the epoch's sample offset and the History's ``{epoch: logs}``. A checkpoint that
-    ``hk.CheckpointCallback`` wrote at an epoch end outside ``fit`` has no ``extra``: offset 0, no History."""
+    epoch, optimizer step, the epoch's sample offset, the History's ``{epoch: logs}`` and the metric state of the
+    epoch's batches before the offset (``metrics.gather``'s, or None). A checkpoint that ``hk.CheckpointCallback``
+    wrote at an epoch end outside ``fit`` has no ``extra``: offset 0, no History."""
     if resumed is None:
-        return {"epoch": 0, "step": 0, "samples_done": 0, "history": {}}
+        return {"epoch": 0, "step": 0, "samples_done": 0, "history": {}, "metrics": None}
     extra = resumed.extra if isinstance(resumed.extra, dict) else {}
     done = extra.get("samples_done", 0)
     if isinstance(done, bool) or not isinstance(done, int) or done < 0:
@@ -51,15 +53,19 @@ def position(resumed: Any) -> dict[str, Any]:
         "step": int(resumed.step),
         "samples_done": done,
         "history": {int(e): dict(logs) for e, logs in history.items()},
+        "metrics": check(extra.get("metrics"), f"checkpoint {resumed.path}") if done else None,
     }
 
 
-def extra(samples_done: int, history: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """What a checkpoint of ``fit`` holds beyond the model: the epoch's sample offset (mid-epoch only) and the
-    History of the epochs completed, so that a resumed ``fit`` returns the whole run's."""
+def extra(samples_done: int, history: dict[int, dict[str, Any]], metrics: Any = None) -> dict[str, Any]:
+    """What a checkpoint of ``fit`` holds beyond the model: the epoch's sample offset and the metric state of the
+    epoch's batches so far (``metrics.gather``'s; both mid-epoch only), and the History of the epochs completed, so
+    that a resumed ``fit`` logs the whole epoch's metrics and returns the whole run's History."""
     out: dict[str, Any] = {"history": {int(e): dict(logs) for e, logs in history.items()}}
     if samples_done:
         out["samples_done"] = int(samples_done)
+        if metrics is not None:
+            out["metrics"] = metrics
     return out
 
 
@@ -101,11 +107,11 @@ class Preemption:
         """Whether the checkpoint callback writes at the end of epoch ``epochs_done`` (its ``every``)."""
         return self.ckpt is not None and epochs_done % self.ckpt.every == 0
 
-    def save(self, epoch: int, samples_done: int, history: dict[int, dict[str, Any]]) -> None:
+    def save(self, epoch: int, samples_done: int, history: dict[int, dict[str, Any]], metrics: Any = None) -> None:
         """Write the checkpoint of this step (when there is a callback): ``epoch`` epochs completed, then
-        ``samples_done`` samples of the next. Collective."""
+        ``samples_done`` samples of the next, whose metric state is ``metrics``. Collective."""
         if self.ckpt is not None:
-            self.ckpt.save(epoch, extra=extra(samples_done, history))
+            self.ckpt.save(epoch, extra=extra(samples_done, history, metrics))
 
     def say_stopped(self, epoch: int, step: int) -> None:
         saved = ": checkpoint saved" if self.ckpt is not None else " (no hk.CheckpointCallback: nothing saved)"

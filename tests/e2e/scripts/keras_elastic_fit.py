@@ -14,7 +14,7 @@ SIGTERM to the job's ``hvdkit run`` right after optimizer step STEP, once per jo
 preempting the job does (kill_in_process.py's ``term:``). ``--pace``: every rank sleeps SECONDS after each
 optimizer step. Every rank prints where it imports hvdkit from, and after a stop the step it stopped after; at
 the end every rank writes its weights to OUT.rank<r>.npz and prints its process id and rank, and rank 0 prints
-one JSON line.
+one JSON line (with the History's logged metrics of every epoch).
 """
 
 import argparse
@@ -162,6 +162,7 @@ def main():
             "stopped": history.stopped,
             "resumed_from_epoch": history.resumed_from_epoch,
             "epochs": history.epoch,
+            "history": history.history,  # each epoch's logged loss and accuracy (MetricAverageCallback's)
             "recoveries": [(r["cause"], r["from_size"], r["to_size"], r["resumed_step"]) for r in history.recoveries],
             "val_loss": final["loss"],
             "val_accuracy": final["accuracy"],

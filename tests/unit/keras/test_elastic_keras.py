@@ -89,7 +89,7 @@ class Stops:
     checkpoints it would write recorded."""
 
     def __init__(self, at, every=1):
-        self.at, self.every, self.saved, self.said = at, every, [], []
+        self.at, self.every, self.saved, self.said, self.metrics = at, every, [], [], []
 
     def should_stop(self, step):
         return step == self.at
@@ -97,8 +97,9 @@ class Stops:
     def due(self, epochs_done):
         return epochs_done % self.every == 0
 
-    def save(self, epoch, samples_done, history):
+    def save(self, epoch, samples_done, history, metrics=None):
         self.saved.append((epoch, samples_done, sorted(history)))
+        self.metrics.append(metrics)
 
     def say_stopped(self, epoch, step):
         self.said.append((epoch, step))
@@ -109,6 +110,7 @@ class Commits:
 
     def __init__(self):
         self.epoch, self.step, self.samples_done, self.history, self.commits = 0, 0, 0, {}, 0
+        self.metrics = None
 
     def commit(self):
         self.commits += 1
@@ -128,7 +130,8 @@ def progress_fit(stops, epochs=3, n=40, batch=8):
     bounds = step_bounds(n, 0, plan.global_batch_size, plan.slots)
     state, ended = Commits(), []
     batches = deque([[i] for i in range(epochs * len(bounds))])  # what the input pipeline would announce
-    progress = _Progress(state, plan, bounds, bounds, 0, CommitSchedule(100, LocalCommunicator()), batches, None, stops)
+    schedule = CommitSchedule(100, LocalCommunicator())
+    progress = _Progress(state, plan, bounds, bounds, 0, schedule, batches, None, stops, LocalCommunicator)
     ends = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: ended.append(e))
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
@@ -142,6 +145,10 @@ def test_a_stop_mid_epoch_checkpoints_that_step_with_its_sample_offset_and_leave
     state, ended, progress = progress_fit(stops)
     assert progress.stopped and progress.model.stop_training
     assert stops.saved == [(1, 0, [0]), (1, 16, [0])]  # epoch 0 done, then the stop: 1 epoch done and 16 samples
+    # the stop's checkpoint holds the metric state of epoch 1's 16 samples (the loss tracker's total and count)
+    (total, count), mine = stops.metrics[1]["ranks"][0], float(progress.model.metrics[0].result())
+    assert stops.metrics[0] is None and stops.metrics[1]["layout"] == ["loss/total[]", "loss/count[]"]
+    assert count == 16 and total / count == pytest.approx(mine, rel=1e-6)
     assert stops.said == [(1, 7)]
     # Keras still ended the epoch it broke out of (epoch 1); fit's History and commits leave it out
     assert ended == [0, 1] and sorted(state.history) == [0]
@@ -189,8 +196,8 @@ def test_the_position_a_checkpoint_of_fit_holds_reads_back_as_it_was_saved(tmp_p
     ckpt = Checkpointer(tmp_path, model, opt, comm=LocalCommunicator())
     ckpt.save(30, 1, extra=extra(448, history))
     got = position(Checkpointer(tmp_path, model, opt, comm=LocalCommunicator()).restore())
-    assert got == {"epoch": 1, "step": 30, "samples_done": 448, "history": history}
-    assert position(None) == {"epoch": 0, "step": 0, "samples_done": 0, "history": {}}
+    assert got == {"epoch": 1, "step": 30, "samples_done": 448, "history": history, "metrics": None}
+    assert position(None) == {"epoch": 0, "step": 0, "samples_done": 0, "history": {}, "metrics": None}
     ckpt.save(46, 2, extra=extra(0, {**history, 1: {"loss": 0.25}}))  # an epoch's end: no offset stored
     assert position(Checkpointer(tmp_path, model, opt, comm=LocalCommunicator()).restore())["samples_done"] == 0
 
@@ -253,3 +260,68 @@ def test_fit_refuses_a_commit_every_that_is_neither_auto_nor_a_count_naming_it_a
     model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
     with pytest.raises(ConfigError, match=f"commit_every must be an integer >= 1 \\(got {bad!r}\\); pass 'auto'"):
         hk.elastic.fit(model, (np.ones((4, 2)), np.ones((4, 1))), batch_size=2, epochs=1, commit_every=bad)
+
+
+# ---------------------------------------------------------------- a stop, then a resume, in one real process
+_STOP_RESUME_FIT = """
+import json, os, signal, sys
+import numpy as np, keras
+import hvdkit, hvdkit.keras as hk
+hk.init()
+x = np.random.default_rng(0).normal(size=(80, 4)).astype(np.float32)
+y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int64)
+def model():
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    m.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1)), metrics=["accuracy"],
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
+def fit(*callbacks):
+    return hk.elastic.fit(model(), (x, y), batch_size=8, epochs=3, commit_every=1,
+                          callbacks=[hk.MetricAverageCallback(), *callbacks])
+class Signal(keras.callbacks.Callback):  # SIGUSR1 to itself after step 4: a stop in epoch 1 (10 steps an epoch)
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == 4:
+            os.kill(os.getpid(), signal.SIGUSR1)
+class StopAtEpochEnd(keras.callbacks.Callback):  # as EarlyStopping stops a fit
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.stop_training = True
+whole = fit()
+cut = fit(Signal(), hk.CheckpointCallback(sys.argv[1]))
+rest = fit(hk.CheckpointCallback(sys.argv[1]), StopAtEpochEnd())
+print(json.dumps({"hvdkit": hvdkit.__file__, **{
+    name: {"stopped": h.stopped, "resumed_from_epoch": h.resumed_from_epoch, "step": h.step, "epochs": h.epoch,
+           "history": h.history}
+    for name, h in (("whole", whole), ("cut", cut), ("rest", rest))}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def stop_and_resume(tmp_path_factory):
+    """One real process (hk.init, size 1): an uninterrupted hk.elastic.fit of 3 epochs; the same fit stopped by
+    SIGUSR1 after step 4 (mid-epoch 1) with an hk.CheckpointCallback; a third resumed from that checkpoint, with a
+    callback that stops training at the end of an epoch (as EarlyStopping does)."""
+    import json
+
+    from helpers import PYTHON, ROOT, run_bounded
+
+    proc = run_bounded([PYTHON, "-c", _STOP_RESUME_FIT, str(tmp_path_factory.mktemp("ckpt"))], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["hvdkit"].startswith(str(ROOT / "hvdkit"))
+    assert got["cut"]["stopped"] and got["cut"]["step"] == 4 and got["cut"]["epochs"] == []
+    assert got["rest"]["resumed_from_epoch"] == 0 and not got["rest"]["stopped"]
+    return got
+
+
+def test_a_callback_that_stops_training_in_the_rest_of_a_resumed_epoch_ends_fit_there(stop_and_resume):
+    """Before, the epochs after the resumed one were trained all the same (fit's second model.fit ran)."""
+    assert stop_and_resume["rest"]["epochs"] == [0] and stop_and_resume["rest"]["step"] == 10
+
+
+def test_the_resumed_epoch_logs_the_metrics_of_the_whole_epoch_bitwise_as_without_the_stop(stop_and_resume):
+    """The checkpoint holds the metric state of the epoch's first 4 steps, added back after Keras's reset. Before,
+    the resumed epoch logged the loss and accuracy of its last 6 steps only."""
+    whole, rest = stop_and_resume["whole"]["history"], stop_and_resume["rest"]["history"]
+    assert sorted(rest) == sorted(whole) == ["accuracy", "loss"]
+    assert {k: v[0] for k, v in rest.items()} == {k: v[0] for k, v in whole.items()}
