@@ -8,7 +8,9 @@ scales part (16384 on one, 32768 on the other). The loss-scale optimizers made h
 ``hvdkit.keras.DistributedOptimizer`` under ``mixed_float16``, or given a ``LossScaleOptimizer``)
 sum the ranks' overflow flags in one allreduce of a single integer before deciding, as
 ``hvdkit.torch.amp_step`` does: a step that overflowed anywhere is skipped everywhere, and the loss
-scale and the step count stay the same on every rank.
+scale and the step count stay the same on every rank. When the optimizer inside accumulates gradients
+(``backward_passes_per_step``, or ``hk.elastic`` at a smaller size), the loss scale acts per optimizer step,
+not per batch: a step is skipped when any of its batches overflowed, and counts once toward the scale's growth.
 
 A Keras ``LossScaleOptimizer`` put around the optimizer after ``DistributedOptimizer`` made it
 (``keras.optimizers.LossScaleOptimizer(hk.DistributedOptimizer(opt))``, or ``model.compile`` under a

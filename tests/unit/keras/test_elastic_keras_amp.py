@@ -82,6 +82,12 @@ for batches in [(good, good), (inf, good), (good, inf), (good, good), (good, goo
     zero = bool(accumulators) and all(bool(np.all(a.numpy() == 0)) for a in accumulators)
     steps.append(scale_state(opt) + [v.numpy().tolist(), zero])
 seen["steps"] = steps
+
+# model.fit builds it at its first apply (accumulating from the start): 4 batches of 2, 2 good steps
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+model.compile(optimizer=loss_scaled(accumulation=2, scale=4.0, growth=5), loss="mse")
+model.fit(np.ones((8, 2), np.float32), np.ones((8, 3), np.float32), batch_size=2, epochs=1, verbose=0)
+seen["fit"] = scale_state(model.optimizer)
 print(json.dumps(seen))
 """
 
@@ -125,6 +131,10 @@ def test_at_accumulation_2_the_loss_scale_counts_optimizer_steps_and_an_overflow
     assert weights[0] == weights[1] == weights[2] == [-0.5, -1.0]
     assert weights[3] == pytest.approx([-2.95, -5.9], rel=1e-6)  # m = 0.9 m - 0.5 g at scale 1
     assert weights[4] == pytest.approx([-7.155, -14.31], rel=1e-6)
+
+
+def test_fit_builds_an_accumulating_loss_scale_optimizer_at_its_first_batch_and_counts_its_steps(seen):
+    assert seen["fit"] == [4.0, 2, 2, 4]  # [loss scale, good steps, optimizer steps, raw batch counter]
 
 
 def test_a_keras_loss_scale_optimizer_put_around_an_hvdkit_one_stays_refused_by_hk_elastic():
