@@ -57,6 +57,7 @@ DEFAULT_LANE = "jobs-1"  # a folder of job tests not listed (tests/gpu: skipped 
 ALONGSIDE = (
     "tests/e2e/test_in_process_recovery.py",
     "tests/e2e/test_in_process_recovery_keras.py",
+    "tests/e2e/test_in_process_recovery_keras_amp.py",
     "tests/e2e/test_bench_chaos.py",
 )
 

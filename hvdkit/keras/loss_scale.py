@@ -8,7 +8,9 @@ scales part (16384 on one, 32768 on the other). The loss-scale optimizers made h
 ``hvdkit.keras.DistributedOptimizer`` under ``mixed_float16``, or given a ``LossScaleOptimizer``)
 sum the ranks' overflow flags in one allreduce of a single integer before deciding, as
 ``hvdkit.torch.amp_step`` does: a step that overflowed anywhere is skipped everywhere, and the loss
-scale and the step count stay the same on every rank.
+scale and the step count stay the same on every rank. When the optimizer inside accumulates gradients
+(``backward_passes_per_step``, or ``hk.elastic`` at a smaller size), the loss scale acts per optimizer step,
+not per batch: a step is skipped when any of its batches overflowed, and counts once toward the scale's growth.
 
 A Keras ``LossScaleOptimizer`` put around the optimizer after ``DistributedOptimizer`` made it
 (``keras.optimizers.LossScaleOptimizer(hk.DistributedOptimizer(opt))``, or ``model.compile`` under a
@@ -91,7 +93,14 @@ class GlobalLossScaleMixin(OuterScalingWatch):
 
     def apply(self, grads, trainable_variables=None):
         self._hvdkit_check_unwrapped()
-        return super().apply(grads, trainable_variables)
+        steps = self.inner_optimizer.gradient_accumulation_steps
+        if not steps:
+            return super().apply(grads, trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        return _accumulating_apply(self, list(grads), trainable_variables, steps)
 
     def check_finite(self, grads):
         finite = super().check_finite(grads)
@@ -106,6 +115,58 @@ class GlobalLossScaleMixin(OuterScalingWatch):
         """This optimizer's own variables (iteration, step counter, loss scale, ...): the same on every rank."""
         variables = list(self.variables)
         return variables[: len(variables) - len(self.inner_optimizer.variables)]
+
+
+def _accumulating_apply(opt, grads, trainable_variables, steps):
+    """``opt.apply`` when the optimizer inside accumulates ``steps`` batches: the loss scale acts per optimizer step.
+
+    Keras's ``LossScaleOptimizer`` decides per batch: it would count each batch as a good step (the scale grows
+    ``steps`` times too early) and, on an overflow, drop that batch alone and let the next step's first batch
+    complete the sum. Here a step is good when every batch of it, on every rank, is finite: each batch goes into
+    the accumulators unscaled (an overflow leaves them non-finite, the same on every rank: they hold averaged
+    gradients); at the step's last batch a good step applies and counts as one good step, a bad one applies
+    nothing, halves the scale, empties the accumulators and sets the raw batch counter back to the step's start
+    (``iterations`` stays). The scale changes between steps only. So a step of ``steps`` batches at ``n / steps``
+    ranks takes the decisions, scale and count of the same samples in one batch at ``n`` ranks (``hk.elastic``
+    after a lost worker).
+    Collective: one allreduce of one integer per batch (``check_finite``), then the inner ``apply``'s average.
+    """
+    inner = opt.inner_optimizer
+    raw = next(v for v in inner.variables if v.name == "iteration")  # Keras's count of batches
+    accumulators = [v for v in inner.variables if v.name.endswith("_gradient_accumulator")]
+    variables = list(trainable_variables) if trainable_variables is not None else [None] * len(grads)
+    last = keras.ops.equal((raw.value + 1) % steps, 0)
+    finite = opt.check_finite(grads)  # this batch, on every rank
+    earlier = tf.reduce_all([tf.reduce_all(tf.math.is_finite(a.value)) for a in accumulators])
+    good = tf.logical_and(finite, earlier)
+    scale = opt.dynamic_scale
+    unscaled = [
+        g if g is None or getattr(v, "overwrite_with_gradient", False) else keras.ops.divide(g, scale)
+        for g, v in zip(grads, variables, strict=True)
+    ]
+
+    def add_batch():
+        inner.apply(unscaled, trainable_variables)
+
+    def grow():
+        opt.step_counter.assign(0)
+        opt.dynamic_scale.assign(keras.ops.multiply(opt.dynamic_scale, 2.0))
+
+    def count():
+        opt.step_counter.assign_add(1)
+
+    def good_step():
+        keras.ops.cond(keras.ops.equal(opt.step_counter, opt.dynamic_growth_steps - 1), grow, count)
+
+    def skipped_step():
+        opt.step_counter.assign(0)
+        opt.dynamic_scale.assign(keras.ops.multiply(opt.dynamic_scale, 0.5))
+        for a in accumulators:
+            a.assign(keras.ops.zeros(a.shape, dtype=a.dtype))
+        raw.assign(raw.value - (steps - 1))  # the step's first batch again: the step did not happen
+
+    keras.ops.cond(tf.logical_or(tf.logical_not(last), good), add_batch, lambda: None)
+    keras.ops.cond(last, lambda: keras.ops.cond(good, good_step, skipped_step), lambda: None)
 
 
 class ShardedLossScaleMixin:

@@ -241,6 +241,10 @@ def fit(
     indices)`` is called after every optimizer step with the sample indices this rank trained on in it.
     ``callbacks`` are ``fit``'s (leave out ``BroadcastInitialStateCallback``: the sync does it). The
     History has one entry per epoch, the last run of it. Other keywords go to ``model.fit``.
+    Mixed precision: under ``mixed_float16`` ``model``'s optimizer is the loss-scale optimizer
+    ``hk.DistributedOptimizer`` returns; its dynamic loss scale and count of good steps are committed and restored
+    with the rest (a recovery goes back to the loss scale of the commit), and while it accumulates (a smaller size)
+    it acts per optimizer step (``hvdkit.keras.loss_scale``), as at the full size.
 
     Stop and resume: after every optimizer step the ranks decide together (``PreemptionGuard``, one tiny
     allreduce) whether any got SIGTERM or SIGUSR1 (``hvdkit run`` passes a scheduler's SIGTERM on); then every

@@ -16,6 +16,7 @@ from ...core.options import check_positive_int
 from ...core.recovery import CommittedState
 from ...tensorflow import runtime
 from ...tensorflow.variables import broadcast_variables
+from ..loss_scale import uses_global_loss_scale
 from ..optimizer import _AveragingMixin
 from ..zero import is_sharded
 
@@ -30,8 +31,16 @@ def _optimizer(model):
 
 
 def _checked(opt):
-    """``opt`` if it is hvdkit's, unsharded, without a loss-scale wrapper; else ConfigError."""
-    if not isinstance(opt, _AveragingMixin):
+    """``opt`` if it is hvdkit's and unsharded (the loss-scale optimizer it makes under ``mixed_float16`` too: its
+    finite check spans the ranks); else ConfigError. A Keras ``LossScaleOptimizer`` put around an hvdkit one is not
+    hvdkit's (``DistributedOptimizer`` refuses it at its first ``build`` or ``apply`` as well)."""
+    if isinstance(opt, keras.optimizers.LossScaleOptimizer) and not uses_global_loss_scale(opt):
+        raise ConfigError(
+            "hk.elastic needs the loss-scale optimizer hk.DistributedOptimizer makes (its overflow check spans the "
+            "ranks), not a keras LossScaleOptimizer around it: pass "
+            "hk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt)), or set the mixed_float16 policy first"
+        )
+    if not isinstance(_inner(opt), _AveragingMixin):
         raise ConfigError(
             "hk.elastic needs a model compiled with hk.DistributedOptimizer "
             f"(got {type(opt).__name__ if opt is not None else 'no optimizer'}); compile it first"
@@ -43,9 +52,15 @@ def _checked(opt):
     return opt
 
 
+def _inner(opt):
+    """The optimizer that steps: the one inside hvdkit's loss-scale optimizer, else ``opt``."""
+    return opt.inner_optimizer if uses_global_loss_scale(opt) else opt
+
+
 def accumulation(optimizer: keras.optimizers.Optimizer) -> int:
-    """Keras's gradient accumulation steps of ``optimizer`` (1 when it does not accumulate)."""
-    return int(optimizer.gradient_accumulation_steps or 1)
+    """Keras's gradient accumulation steps of ``optimizer`` (1 when it does not accumulate); of a loss-scale
+    optimizer, those of the optimizer inside (the wrapper itself never accumulates)."""
+    return int(_inner(optimizer).gradient_accumulation_steps or 1)
 
 
 def _accumulators(optimizer):
@@ -57,11 +72,10 @@ def _state_variables(optimizer):
     return [v for v in optimizer.variables if not v.name.endswith(_ACCUMULATOR)]
 
 
-def _variable(optimizer, name):
-    for v in optimizer.variables:
-        if v.name == name:
-            return v
-    return None
+def _raw_counter(optimizer):
+    """Keras's raw batch counter (``iterations`` x accumulation) of the optimizer that steps. A loss-scale
+    optimizer has one of its own, named alike, that never counts: it is not this one."""
+    return next(v for v in _inner(optimizer).variables if v.name == "iteration")
 
 
 def set_accumulation(optimizer: keras.optimizers.Optimizer, backward_passes_per_step: int) -> None:
@@ -85,9 +99,9 @@ def set_accumulation(optimizer: keras.optimizers.Optimizer, backward_passes_per_
             "build it under `hvdkit run --recovery in-process` (hk.elastic.fit does), or with "
             "hk.DistributedOptimizer(..., backward_passes_per_step=k)"
         )
-    opt.gradient_accumulation_steps = steps if steps > 1 else None
+    _inner(opt).gradient_accumulation_steps = steps if steps > 1 else None  # a loss-scale wrapper reads it there
     if opt.built:
-        counter = _variable(opt, "iteration")  # Keras's raw batch counter: iterations x accumulation
+        counter = _raw_counter(opt)  # iterations x accumulation
         counter.assign(int(counter.numpy()) // old * steps)
         for v in _accumulators(opt):
             v.assign(tf.zeros_like(v))
@@ -111,8 +125,9 @@ class State(CommittedState):
     """What Keras training needs to go back to after a lost worker, committed in host memory.
 
     ``model`` is compiled with ``hk.DistributedOptimizer`` (not sharded). A commit holds the model's weights,
-    the optimizer's variables (its step count, learning rate and slots; not Keras's gradient accumulators,
-    zero between steps), the accumulation it was made at, and the keyword ``values`` (attributes:
+    the optimizer's variables (its step count, learning rate and slots; under ``mixed_float16`` the loss-scale
+    optimizer's dynamic loss scale and its count of good steps too; not Keras's gradient accumulators, zero
+    between steps), the accumulation it was made at, and the keyword ``values`` (attributes:
     ``state.epoch``; picklable, committed by value). ``seed``: the RNGs are re-seeded from
     ``(seed, step, rank)`` after every sync (``keras.utils.set_random_seed``), as a restart at another world
     size does (``step``: the value named ``step``, else 0). ``on_resize(size)`` is called on every rank at
@@ -178,8 +193,9 @@ class State(CommittedState):
             v.assign(a)
         opt = self.optimizer
         keep_rate = commit["size"] != runtime.size()  # at another size: the rate of this size (on_resize's)
+        raw = _raw_counter(opt)
         for v, a in zip(_state_variables(opt), commit["optimizer"], strict=True):
-            if v.name == "iteration":  # the raw batch counter at this accumulation
+            if v is raw:  # the raw batch counter at this accumulation
                 v.assign(commit["step"] * accumulation(opt))
             elif not (keep_rate and v.name == "learning_rate"):
                 v.assign(a)

@@ -1,7 +1,7 @@
 """Keras ``model.fit`` through ``hk.elastic.fit`` on the digits data (docs/elastic.md, "In-process recovery").
 
     keras_elastic_fit.py OUT [--epochs 3] [--sample-log PREFIX] [--kill MARKER:RANK:STEP] [--wait-for-join]
-                         [--checkpoint-dir DIR] [--term MARKER:RANK:STEP] [--pace SECONDS]
+                         [--checkpoint-dir DIR] [--term MARKER:RANK:STEP] [--pace SECONDS] [--mixed-precision]
 
 Global batch 64 = 32 per rank x 2 ranks (1 rank: 2 accumulation steps), SGD with momentum, a commit every 5
 optimizer steps and at every epoch end. ``--kill``: the process that is rank RANK SIGKILLs itself right after
@@ -12,7 +12,9 @@ that the next commit takes it in. ``--checkpoint-dir``: an ``hk.CheckpointCallba
 (``hk.elastic.fit`` resumes from it and checkpoints a stop). ``--term``: the process that is rank RANK sends
 SIGTERM to the job's ``hvdkit run`` right after optimizer step STEP, once per job (MARKER), as a scheduler
 preempting the job does (kill_in_process.py's ``term:``). ``--pace``: every rank sleeps SECONDS after each
-optimizer step. Every rank prints where it imports hvdkit from, and after a stop the step it stopped after; at
+optimizer step. ``--mixed-precision``: the ``mixed_float16`` policy, and a dynamic loss scale from 1 that doubles
+after every 5 good steps (hk.DistributedOptimizer's loss-scale optimizer); every rank prints its loss scale and
+count of good steps at the end. Every rank prints where it imports hvdkit from, and after a stop the step it stopped after; at
 the end every rank writes its weights to OUT.rank<r>.npz and prints its process id and rank, and rank 0 prints
 one JSON line (with the History's logged metrics of every epoch).
 """
@@ -115,14 +117,19 @@ def main():
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--term", default=None)
     p.add_argument("--pace", type=float, default=0.0)
+    p.add_argument("--mixed-precision", action="store_true")
     args = p.parse_args()
     hk.init()
     print(f"keras_elastic_fit: process {os.getpid()} imports hvdkit from {hvdkit.__file__}", flush=True)
     keras.utils.set_random_seed(0)
     x_train, y_train, x_val, y_val = load_split(0)
+    opt = keras.optimizers.SGD(0.05, momentum=0.9)
+    if args.mixed_precision:  # the scale grows within the run (from 1: no overflow in it) and differs per step
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        opt = keras.optimizers.LossScaleOptimizer(opt, initial_scale=1.0, dynamic_growth_steps=5)
     model = keras_model()
     model.compile(
-        optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+        optimizer=hk.DistributedOptimizer(opt),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
@@ -154,6 +161,9 @@ def main():
     model.evaluate(val, verbose=0)
     final = hk.average_model_metrics(model)
     np.savez(f"{args.out}.rank{hk.rank()}.npz", *[np.asarray(w) for w in model.get_weights()])
+    if args.mixed_precision:
+        scale, good = float(model.optimizer.dynamic_scale.numpy()), int(model.optimizer.step_counter.numpy())
+        print(f"keras_elastic_fit: rank {hk.rank()} ends with loss scale {scale!r} after {good} good steps", flush=True)
     print(f"keras_elastic_fit: process {os.getpid()} ends as rank {hk.rank()} of {hk.size()}", flush=True)
     if hk.rank() == 0:
         result = {
