@@ -88,14 +88,15 @@ job = pool.job_for("horovodrun-gloo", "torch")
 job.park()
 ranks = list(job.ranks.values())
 reaper = pool._REAPER[0].pid if getattr(pool, "_REAPER", None) else None
-print(json.dumps({"pids": [job.proc.pid] + [r.pid for r in ranks] + [r.pgid for r in ranks], "reaper": reaper}))
+pids = [job.proc.pid] + [r.pid for r in ranks] + [r.pgid for r in ranks]
+print(json.dumps({"pids": pids, "reaper": reaper, "dir": str(job.dir)}))
 sys.stdout.flush()
 sys.stdin.readline()  # the test holds every process by a pidfd now
 os.kill(os.getpid(), signal.SIGKILL)  # as a pytest worker killed (or interrupted) before close_all
 """
 
 
-def test_a_pool_whose_process_is_killed_leaves_no_process_of_its_parked_job():
+def test_a_pool_whose_process_is_killed_leaves_no_process_of_its_parked_job_nor_its_folder():
     owner = subprocess.Popen(
         [sys.executable, "-c", _OWNER, str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -127,6 +128,7 @@ def test_a_pool_whose_process_is_killed_leaves_no_process_of_its_parked_job():
         while alive() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert alive() == [], f"processes of the pool job left after its owner was killed: {alive()}"
+        assert not os.path.exists(seen["dir"]), "the pool job's folder was left behind"
     finally:
         owner.kill()
         owner.wait()

@@ -145,7 +145,7 @@ class Job:
             argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
         STARTED.append(self)
-        _reap_if_orphaned(self.proc.pid, leader=True)
+        _reap_if_orphaned(self.proc.pid, leader=True, folder=self.dir)
 
     def __repr__(self):
         return f"pool job {self.framework} under {self.launcher} (pid {self.proc.pid})"
@@ -276,13 +276,16 @@ class Job:
 _REAPER: list = []  # the pool_reaper.py process of this session, once a job was started
 
 
-def _reap_if_orphaned(pid, leader):
-    """Have pool_reaper.py end ``pid`` (and the group it leads) should this process end before ``close_all``."""
+def _reap_if_orphaned(pid, leader, folder=None):
+    """Have pool_reaper.py end ``pid`` (and the group it leads), and remove ``folder``, should this process end
+    before ``close_all``."""
     if not _REAPER:
         _REAPER.append(
             subprocess.Popen([PYTHON, str(REAPER)], stdin=subprocess.PIPE, text=True, start_new_session=True, bufsize=1)
         )
     _REAPER[0].stdin.write(f"{pid} {int(leader)}\n")
+    if folder is not None:
+        _REAPER[0].stdin.write(f"dir {folder}\n")
 
 
 def _close_reaper():
