@@ -103,7 +103,10 @@ class GlobalLossScaleMixin(OuterScalingWatch):
         return _accumulating_apply(self, list(grads), trainable_variables, steps)
 
     def check_finite(self, grads):
-        finite = super().check_finite(grads)
+        return self._hvdkit_everywhere(super().check_finite(grads))
+
+    def _hvdkit_everywhere(self, finite):
+        """True when ``finite`` (this rank's flag) is True on every rank: one allreduce of one integer."""
         hvd = horovod_tf()
         if hvd.size() == 1:
             return finite
@@ -123,22 +126,23 @@ def _accumulating_apply(opt, grads, trainable_variables, steps):
     Keras's ``LossScaleOptimizer`` decides per batch: it would count each batch as a good step (the scale grows
     ``steps`` times too early) and, on an overflow, drop that batch alone and let the next step's first batch
     complete the sum. Here a step is good when every batch of it, on every rank, is finite: each batch goes into
-    the accumulators unscaled (an overflow leaves them non-finite, the same on every rank: they hold averaged
-    gradients); at the step's last batch a good step applies and counts as one good step, a bad one applies
-    nothing, halves the scale, empties the accumulators and sets the raw batch counter back to the step's start
-    (``iterations`` stays). The scale changes between steps only. So a step of ``steps`` batches at ``n / steps``
-    ranks takes the decisions, scale and count of the same samples in one batch at ``n`` ranks (``hk.elastic``
-    after a lost worker).
-    Collective: one allreduce of one integer per batch (``check_finite``), then the inner ``apply``'s average.
+    the accumulators unscaled (an overflow leaves them non-finite: every rank's, as they hold averaged gradients,
+    or, sharded, the slices of the owners of the elements that overflowed; so whether the accumulators are finite
+    is asked of every rank, in the same allreduce as the batch's flag); at the step's last batch a good step
+    applies and counts as one good step, a bad one applies nothing, halves the scale, empties the accumulators
+    and sets the raw batch counter back to the step's start (``iterations`` stays). The scale changes between
+    steps only. So a step of ``steps`` batches at ``n / steps`` ranks takes the decisions, scale and count of the
+    same samples in one batch at ``n`` ranks (``hk.elastic`` after a lost worker).
+    Collective: one allreduce of one integer per batch (``_hvdkit_everywhere``), then the inner ``apply``'s average.
     """
     inner = opt.inner_optimizer
     raw = next(v for v in inner.variables if v.name == "iteration")  # Keras's count of batches
     accumulators = [v for v in inner.variables if v.name.endswith("_gradient_accumulator")]
     variables = list(trainable_variables) if trainable_variables is not None else [None] * len(grads)
     last = keras.ops.equal((raw.value + 1) % steps, 0)
-    finite = opt.check_finite(grads)  # this batch, on every rank
+    finite = _KERAS_LSO.check_finite(opt, grads)  # this batch, this rank
     earlier = tf.reduce_all([tf.reduce_all(tf.math.is_finite(a.value)) for a in accumulators])
-    good = tf.logical_and(finite, earlier)
+    good = opt._hvdkit_everywhere(tf.logical_and(finite, earlier))  # on every rank: one allreduce
     scale = opt.dynamic_scale
     unscaled = [
         g if g is None or getattr(v, "overwrite_with_gradient", False) else keras.ops.divide(g, scale)
@@ -184,6 +188,11 @@ class ShardedLossScaleMixin:
         """``(shape, dtype)`` of each variable of the unsharded loss-scale optimizer, in its order (no collective)."""
         own = [(tuple(v.shape), str(v.dtype)) for v in self._hvdkit_own_scale_variables()]
         return own + self.inner_optimizer.unsharded_specs()
+
+    def resize(self) -> None:
+        """Cut the inner optimizer's slices anew for the job now (``hk.elastic``); its own variables are kept.
+        No collective."""
+        self.inner_optimizer.resize()
 
     def consolidated_variables(self, to: int | None = 0) -> list[np.ndarray] | None:
         """The old name of ``consolidate`` (the name of ``hvdkit.core.zero.ShardedState``); the same call."""

@@ -61,11 +61,11 @@ class _AveragingMixin(OuterScalingWatch):
 
     def build(self, variables):
         self._hvdkit_check_unwrapped()  # before any collective (a sharded build makes none either)
-        if self.gradient_accumulation_steps or isinstance(self, ShardedMixin) or not in_process():
+        if self.gradient_accumulation_steps or not in_process():
             return super().build(variables)
         # In-process recovery may have to accumulate at a smaller world size (hk.elastic.set_accumulation), and
         # Keras makes its gradient accumulators only when it accumulates at build time: make them now (zeros,
-        # unused while it does not accumulate).
+        # unused while it does not accumulate; a sharded optimizer's are the size of its slices).
         self.gradient_accumulation_steps = 2
         try:
             return super().build(variables)
@@ -130,8 +130,9 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
       optimizers only (``hvdkit.keras.zero.ELEMENTWISE_OPTIMIZERS``: SGD, Adam, AdamW, Adamax, Nadam,
       RMSprop, Adagrad, Adadelta, Lion, Ftrl); ``global_clipnorm`` and ``clipvalue`` act as
       unsharded (the global norm comes from the slices in one allreduce); ``clipnorm``, ``use_ema``,
-      gradient accumulation (``backward_passes_per_step > 1``), ``exclude_from_weight_decay`` and
-      non-elementwise optimizers (Lamb, Adafactor, Muon, ...) raise ConfigError. A gradient that
+      ``exclude_from_weight_decay`` and non-elementwise optimizers (Lamb, Adafactor, Muon, ...) raise
+      ConfigError. Gradient accumulation (``backward_passes_per_step > 1``) accumulates this rank's
+      slice of the averaged gradients (accumulators of the slice's size). A gradient that
       is None counts as 0. ``hk.CheckpointCallback`` (``hvdkit.tensorflow.Checkpointer``) saves the unsharded state,
       gathered to rank 0, which any world size restores, sharded or not; ``BroadcastInitialStateCallback``
       sends only the variables that are not per-slice. Build it (``fit``, ``apply`` or ``build``) with
@@ -177,11 +178,6 @@ def DistributedOptimizer(  # noqa: N802 - mirrors Horovod
         raise ConfigError(f"shard_optimizer_state must be True or False (got {shard_optimizer_state!r})")
     if shard_optimizer_state:
         check_shardable(optimizer)
-        if backward_passes_per_step > 1:
-            raise ConfigError(
-                f"shard_optimizer_state=True does not support backward_passes_per_step={backward_passes_per_step} "
-                "(gradient accumulation); make the batch larger instead, or pass shard_optimizer_state=False"
-            )
     config = optimizer.get_config()
     if backward_passes_per_step > 1:
         if config.get("gradient_accumulation_steps") not in (None, backward_passes_per_step):

@@ -10,7 +10,13 @@ of at most ``round_elements`` elements (``hvdkit.keras.zero_rounds``): straight 
 gradients, and whole variables a round at a time. Besides the shards and their slot variables a
 step holds no copy of the whole flat vector: this rank's slice of the averaged gradient, one round,
 and at most one variable larger than a round. Only optimizers whose update is elementwise can be
-cut this way (``ELEMENTWISE_OPTIMIZERS``).
+cut this way (``ELEMENTWISE_OPTIMIZERS``). With gradient accumulation Keras sums this rank's slices of
+the averaged gradients in accumulators of the slice's size, and updates the shards at a step's last
+batch (the all-gather still runs after every batch; the weights change at the last only).
+
+``resize()`` cuts the slices anew for the ranks of the job now (``hk.elastic`` after a lost worker or
+a join): the shards and the Keras optimizer's per-slice variables are made again, empty; the state
+then comes from the unsharded state (``load_unsharded``), the same at any world size.
 
 No overlap with the backward pass, unlike the torch form (``hvdkit.torch.zero_overlap``): Keras
 hands the optimizer every gradient at once (``apply`` after ``GradientTape.gradient``, which has
@@ -60,6 +66,7 @@ ELEMENTWISE_OPTIMIZERS = (
 )
 
 _FIX = "pass shard_optimizer_state=False to keep the whole state on every rank"
+_ACCUMULATOR = "gradient_accumulator"  # the name Keras gives its accumulators (add_variable_from_reference)
 
 
 def check_shardable(optimizer: keras.optimizers.Optimizer) -> None:
@@ -67,8 +74,9 @@ def check_shardable(optimizer: keras.optimizers.Optimizer) -> None:
 
     Its class must be one of ``ELEMENTWISE_OPTIMIZERS`` (exactly: a subclass may change the update),
     and it must not use what acts per variable or on the whole variables: ``clipnorm`` (use
-    ``global_clipnorm``, computed from the shards as the unsharded one), ``use_ema`` or
-    ``gradient_accumulation_steps``. No collective: every rank raises alike.
+    ``global_clipnorm``, computed from the shards as the unsharded one) or ``use_ema``. Gradient
+    accumulation (``gradient_accumulation_steps``) is allowed: Keras accumulates this rank's slice of
+    the averaged gradient (its accumulators are slices too). No collective: every rank raises alike.
     """
     if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
         allowed = ", ".join(c.__name__ for c in ELEMENTWISE_OPTIMIZERS)
@@ -89,12 +97,6 @@ def _check_options(optimizer):
     if optimizer.use_ema:
         raise ConfigError(
             f"shard_optimizer_state=True does not support use_ema=True (a moving average of whole variables); {_FIX}"
-        )
-    if optimizer.gradient_accumulation_steps:
-        raise ConfigError(
-            "shard_optimizer_state=True does not support gradient accumulation "
-            f"(gradient_accumulation_steps={optimizer.gradient_accumulation_steps}, or backward_passes_per_step > 1); "
-            f"make the batch larger instead, or {_FIX}"
         )
 
 
@@ -168,6 +170,7 @@ class _Shards:
         self.recording = False
         self.last_rounds = None  # the last step's reduce-scatter: rounds and the largest one's elements
         self.layout = None  # the unsharded optimizer's variables: ("own", k) or ("slot", variable index, name)
+        self.first_built = 0  # how many variables the Keras optimizer had before it was built over the shards
 
 
 def is_sharded(optimizer: object) -> bool:
@@ -213,15 +216,45 @@ class ShardedMixin:
             return
         self._hvdkit_check_unwrapped()  # hvdkit.keras.loss_scale: before Horovod is asked anything
         variables = list(variables)
-        _check_variables(self, variables)
+        _check_variables(self, variables)  # before Horovod is asked anything too
         hvd = horovod_tf()
-        zero = _Shards(variables, hvd.rank(), hvd.size())
+        self._hvdkit_build(variables, hvd.rank(), hvd.size())
+
+    def _hvdkit_build(self, variables, rank, size):
+        """Build the Keras optimizer over the shards of ``rank`` of ``size`` (no collective)."""
+        _check_variables(self, variables)
+        zero = _Shards(variables, rank, size)
+        zero.first_built = len(self.variables)
         self._hvdkit_zero = zero
         zero.recording = True
         try:
             super().build([g.shard for g in zero.groups])
         finally:
             zero.recording = False
+
+    def resize(self) -> None:
+        """Cut the slices anew for this rank of the job now (``hk.elastic``, after a lost worker or a join).
+
+        The shards and every variable the Keras optimizer made over them (slots, accumulators, and
+        those of its own it makes at build, as Nadam's) are made again: the slot state is empty
+        (zeros) until ``load_unsharded`` gives this rank its slices of the unsharded state; the
+        variables made before the build (step count, learning rate) keep their values. An optimizer
+        not built yet is left as it is (its build cuts the slices of the job then). No collective.
+        """
+        if self.built:
+            hvd = horovod_tf()
+            self._hvdkit_reshard(hvd.rank(), hvd.size())
+
+    def _hvdkit_reshard(self, rank, size):
+        """``resize`` for ``rank`` of ``size`` (tests give any; no collective)."""
+        zero = self._hvdkit_zero
+        for v in self.variables[zero.first_built :]:
+            self._untrack_variable(v)
+        self._trainable_variables_indices = {}
+        self._trainable_variables = []
+        self.built = False
+        self._hvdkit_build(zero.variables, rank, size)
+        self.built = True
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         variable = super().add_variable_from_reference(reference_variable, name=name, initializer=initializer)
@@ -302,6 +335,9 @@ class ShardedMixin:
     def _hvdkit_layout(self):
         """The unsharded optimizer's variables, in its order: ``("own", k)`` (k-th non-slot) or ``("slot", i, name)``.
 
+        Gradient accumulators are left out: they are zero between steps, and an unsharded optimizer's
+        checkpoint leaves them out too, so the state is the same at any accumulation.
+
         Found by building a throwaway optimizer of the same class over one 1-element stand-in per variable.
         """
         zero = self._hvdkit_zero
@@ -328,7 +364,8 @@ class ShardedMixin:
             layout, k = [], 0
             for v in probe.variables:
                 if id(v) in made:
-                    layout.append(("slot", *made[id(v)]))
+                    if made[id(v)][1] != _ACCUMULATOR:  # zero between steps: not state (as unsharded checkpoints)
+                        layout.append(("slot", *made[id(v)]))
                 else:
                     layout.append(("own", k))
                     k += 1
@@ -410,7 +447,8 @@ class ShardedMixin:
     def load_unsharded(self, values: Iterable[Any]) -> None:
         """Set the state from the unsharded optimizer's variables (``unsharded_specs`` order): this rank's slices.
 
-        ``values`` may be a generator: one whole variable is held at a time. No collective.
+        ``values`` may be a generator: one whole variable is held at a time. Gradient accumulators (not
+        part of it) are set to zero: the state is one between steps. No collective.
         """
         zero = self._hvdkit_zero
         layout = self._hvdkit_layout()
@@ -438,3 +476,6 @@ class ShardedMixin:
             raise ConfigError(f"the unsharded state has {len(layout)} variables, got {count}")
         for key, buf in buffers.items():
             self._hvdkit_slot(*key).assign(buf)
+        for v in self.variables:
+            if zero.slots.get(id(v), (None, None))[1] == _ACCUMULATOR:
+                v.assign(tf.zeros_like(v))

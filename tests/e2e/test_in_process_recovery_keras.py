@@ -113,6 +113,50 @@ def test_a_keras_worker_killed_mid_epoch_is_recovered_in_process_a_new_one_joins
     assert worst_relative_difference(got["history"], ref) <= METRIC_BOUND, (got["history"], ref)
 
 
+def test_a_keras_zero1_worker_killed_mid_epoch_is_recovered_in_process_and_ends_as_the_unsharded_run(
+    uninterrupted, tmp_path
+):
+    """ZeRO-1 (`--zero`: shard_optimizer_state=True): rank 1, which holds the momentum of half the elements, is
+    SIGKILLed right after step 33. Every commit gathered the whole (unsharded) optimizer state to every rank, so the
+    survivor goes back to the commit of step 30, cuts the slices anew for 1 rank (all of them, accumulating 2 batches
+    a step for the fixed global batch), trains alone, and gives the new worker its slices at the join; the job is
+    never relaunched, every sample is trained once per epoch, and the run ends within BOUND of the uninterrupted
+    unsharded run (the module's reference). Before, hk.elastic.fit refused a sharded optimizer (ConfigError)."""
+    out, log, marker = tmp_path / "weights", tmp_path / "samples", tmp_path / "killed"
+    proc = hvdkit_run(
+        *IN_PROCESS, "--", PYTHON, SCRIPT, str(out), "--sample-log", str(log), "--kill", f"{marker}:1:33",
+        "--wait-for-join", "--zero", timeout=400,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-6000:]
+    assert marker.exists() and "rank 1 kills itself after step 33" in text
+    assert imports_from_this_tree(text, 3)
+    events = re.findall(r"(a worker was lost|workers join): (\d+ -> \d+) ranks, going on from step (\d+)", text)
+    assert [e[:2] for e in events] == [("a worker was lost", "2 -> 1"), ("workers join", "1 -> 2")], text[-6000:]
+    resumed, joined = int(events[0][2]), int(events[1][2])
+    assert resumed == 30 and joined > resumed, events
+    assert "restarting" not in text and text.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
+    got = result(text)
+    assert got["steps"] == EPOCHS * STEPS_PER_EPOCH and got["size"] == 2 and got["epochs"] == [0, 1, 2]
+    # sharded at the end: each of the 2 ranks holds the momentum of half the 17,226 trainable elements
+    held = sorted(int(n) for n in re.findall(r"keras_elastic_fit: rank \d holds (\d+) momentum elements", text))
+    assert held == [8613, 8613], held
+    records = read_sample_logs(log)
+    alone = sorted(s for (_, s), rs in last_generation(records).items() if rs[-1]["size"] == 1)
+    assert alone == list(range(resumed + 1, joined + 1))  # trained at 1 rank between the recovery and the join
+    assert_every_sample_once_per_epoch(records, EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH)
+    mine = weights(out, 0)
+    assert worst_difference(mine, weights(out, 1)) == 0.0  # the all-gather gives every rank the same weights
+    difference = worst_difference(mine, uninterrupted["weights"])
+    print(f"zero1: largest difference to the uninterrupted unsharded run {difference:.3g}")
+    assert difference <= BOUND
+    assert abs(got["val_loss"] - uninterrupted["result"]["val_loss"]) <= 1e-4
+    assert got["val_accuracy"] == uninterrupted["result"]["val_accuracy"]
+    ref = uninterrupted["result"]["history"]
+    assert got["history"]["accuracy"] == ref["accuracy"], (got["history"], ref)
+    assert worst_relative_difference(got["history"], ref) <= METRIC_BOUND, (got["history"], ref)
+
+
 def test_sigterm_to_hvdkit_run_stops_every_keras_rank_at_a_checkpointed_step_and_the_next_in_process_start_continues(
     uninterrupted, tmp_path
 ):

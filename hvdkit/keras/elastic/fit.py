@@ -215,7 +215,9 @@ def fit(
     that survives lost workers in-process under ``hvdkit run --recovery in-process``; elsewhere one plain
     ``fit`` (rank 0's initial state on every rank first).
 
-    ``model`` is compiled with ``hk.DistributedOptimizer`` (unsharded). The data of each world size comes
+    ``model`` is compiled with ``hk.DistributedOptimizer``, sharded or not (``shard_optimizer_state=True``: each
+    commit gathers the unsharded optimizer state to every rank's host memory, and a new size cuts the slices anew
+    from it; ``State``). The data of each world size comes
     from ``hk.epoch_dataset`` (the order of epoch e from ``(seed, e)``, the batches by global sample offset),
     the batch plan from ``hk.batch_plan(batch_size, global_batch_size, backward_passes_per_step)``: with
     ``global_batch_size`` every optimizer step trains on the same samples at any size, by Keras's gradient

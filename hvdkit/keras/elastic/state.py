@@ -15,6 +15,7 @@ from ...core.errors import ConfigError
 from ...core.options import check_positive_int
 from ...core.recovery import CommittedState
 from ...tensorflow import runtime
+from ...tensorflow._engine import horovod_tf
 from ...tensorflow.variables import broadcast_variables
 from ..loss_scale import uses_global_loss_scale
 from ..optimizer import _AveragingMixin
@@ -31,7 +32,7 @@ def _optimizer(model):
 
 
 def _checked(opt):
-    """``opt`` if it is hvdkit's and unsharded (the loss-scale optimizer it makes under ``mixed_float16`` too: its
+    """``opt`` if it is hvdkit's, sharded or not (the loss-scale optimizer it makes under ``mixed_float16`` too: its
     finite check spans the ranks); else ConfigError. A Keras ``LossScaleOptimizer`` put around an hvdkit one is not
     hvdkit's (``DistributedOptimizer`` refuses it at its first ``build`` or ``apply`` as well)."""
     if isinstance(opt, keras.optimizers.LossScaleOptimizer) and not uses_global_loss_scale(opt):
@@ -44,10 +45,6 @@ def _checked(opt):
         raise ConfigError(
             "hk.elastic needs a model compiled with hk.DistributedOptimizer "
             f"(got {type(opt).__name__ if opt is not None else 'no optimizer'}); compile it first"
-        )
-    if is_sharded(opt):
-        raise ConfigError(
-            "hk.elastic does not support shard_optimizer_state=True for Keras yet; pass shard_optimizer_state=False"
         )
     return opt
 
@@ -70,6 +67,12 @@ def _accumulators(optimizer):
 def _state_variables(optimizer):
     """The optimizer's variables that hold state (its gradient accumulators are zero between steps)."""
     return [v for v in optimizer.variables if not v.name.endswith(_ACCUMULATOR)]
+
+
+def _same_everywhere(optimizer):
+    """The optimizer's variables that are the same on every rank: all that hold state, a sharded one's not per
+    slice (step counts, learning rates, a loss scale)."""
+    return optimizer.broadcastable_variables() if is_sharded(optimizer) else _state_variables(optimizer)
 
 
 def _raw_counter(optimizer):
@@ -124,7 +127,7 @@ def _host_copy(values, old):
 class State(CommittedState):
     """What Keras training needs to go back to after a lost worker, committed in host memory.
 
-    ``model`` is compiled with ``hk.DistributedOptimizer`` (not sharded). A commit holds the model's weights,
+    ``model`` is compiled with ``hk.DistributedOptimizer``. A commit holds the model's weights,
     the optimizer's variables (its step count, learning rate and slots; under ``mixed_float16`` the loss-scale
     optimizer's dynamic loss scale and its count of good steps too; not Keras's gradient accumulators, zero
     between steps), the accumulation it was made at, and the keyword ``values`` (attributes:
@@ -136,6 +139,13 @@ class State(CommittedState):
     the rate there is kept, as a restart at that size keeps the rate the script set). ``on_start()``
     (optional) runs on every rank at the job's start, when no rank has a commit (the default broadcasts
     rank 0's weights and optimizer variables).
+
+    A sharded optimizer (``shard_optimizer_state=True``, ZeRO-1) holds a slice of the state on one rank only, so
+    each commit gathers the whole, unsharded state into every rank's host memory (``consolidate(to=None)``: one
+    all-gather per slot; the host then holds the unsharded optimizer state once per rank, as an unsharded
+    optimizer's commit does), and every sync cuts the slices anew for the world size then (``resize()``) and
+    gives each rank its slices of the newest commit, sent whole by the rank that holds it (a joining worker's
+    too), so the training goes on as the unsharded optimizer's.
     Collective: ``commit``, ``commit_every`` and ``sync`` are called by every rank alike.
     """
 
@@ -158,15 +168,20 @@ class State(CommittedState):
 
     # ------------------------------------------------------------------ commits
     def save(self) -> None:
-        """Copy the state into host memory (no host check, no collective)."""
+        """Copy the state into host memory (no host check). Collective only with a sharded optimizer (it gathers
+        the unsharded state to every rank)."""
         self._build()
         old = self._commit or {}
+        if is_sharded(self.optimizer):  # ZeRO-1: every rank keeps the whole state, the same at any size
+            optimizer = self.optimizer.consolidate(to=None)
+        else:
+            optimizer = _host_copy(_state_variables(self.optimizer), old.get("optimizer"))
         self._saved(
             {
                 "size": runtime.size(),
                 "step": int(self.optimizer.iterations.numpy()),  # optimizer steps, at any accumulation
                 "model": _host_copy(list(self.model.weights), old.get("model")),
-                "optimizer": _host_copy(_state_variables(self.optimizer), old.get("optimizer")),
+                "optimizer": optimizer,
                 "values": copy.deepcopy(self.values),
             }
         )
@@ -184,7 +199,8 @@ class State(CommittedState):
 
     # ------------------------------------------------------------------ recovery
     def restore(self) -> None:
-        """Go back to the last commit, in this process (no collective)."""
+        """Go back to the last commit, in this process (no collective; a sharded optimizer takes its slices of
+        the committed state at the size it has now, and ``sync`` cuts them anew for the next)."""
         if self._commit is not None:
             self._load(self._commit)
 
@@ -193,12 +209,15 @@ class State(CommittedState):
             v.assign(a)
         opt = self.optimizer
         keep_rate = commit["size"] != runtime.size()  # at another size: the rate of this size (on_resize's)
-        raw = _raw_counter(opt)
-        for v, a in zip(_state_variables(opt), commit["optimizer"], strict=True):
-            if v is raw:  # the raw batch counter at this accumulation
-                v.assign(commit["step"] * accumulation(opt))
-            elif not (keep_rate and v.name == "learning_rate"):
-                v.assign(a)
+        if is_sharded(opt):
+            _load_sharded(opt, commit, keep_rate)
+        else:
+            raw = _raw_counter(opt)
+            for v, a in zip(_state_variables(opt), commit["optimizer"], strict=True):
+                if v is raw:  # the raw batch counter at this accumulation
+                    v.assign(commit["step"] * accumulation(opt))
+                elif not (keep_rate and v.name == "learning_rate"):
+                    v.assign(a)
         for v in _accumulators(opt):  # a step cut short leaves a partial sum
             v.assign(tf.zeros_like(v))
         for name, value in copy.deepcopy(commit["values"]).items():
@@ -213,6 +232,9 @@ class State(CommittedState):
         comm = runtime.communicator()
         if self.on_resize is not None:
             self.on_resize(comm.size)
+        sharded = is_sharded(self.optimizer)
+        if sharded:  # ZeRO-1: the slices of this size (empty); the state arrives below
+            self.optimizer.resize()
         self._build()
         ids = comm.allgather_object(
             self._commit["id"] if self._commit is not None else -1, name="hvdkit.keras.elastic.ids"
@@ -231,6 +253,8 @@ class State(CommittedState):
             self._load(self._commit)  # at this size: its accumulation, its rate
             header = {"values": self._commit["values"]}
         header = comm.broadcast_object(header, name="hvdkit.keras.elastic.values", root=root)
+        if sharded:  # first: broadcast_from then gives every rank the root's step count and rate, as loaded there
+            _share_unsharded(self.optimizer, self._commit if comm.rank == root else None, comm.rank == root, root)
         self.broadcast_from(root)
         if comm.rank != root:
             for name, value in copy.deepcopy(header["values"]).items():
@@ -243,10 +267,11 @@ class State(CommittedState):
         self.save()  # every rank (a new worker too) holds the state it goes on from
 
     def broadcast_from(self, root: int) -> None:
-        """Give every rank ``root``'s weights and optimizer variables (not its accumulators): what ``sync`` does at
-        the job's start without ``on_start``, and what an ``on_start`` that found nothing to restore does.
+        """Give every rank ``root``'s weights and optimizer variables (not its accumulators; of a sharded optimizer
+        those that are not per slice: each rank's slots are its own slice): what ``sync`` does at the job's start
+        without ``on_start``, and what an ``on_start`` that found nothing to restore does.
         Collective: every rank calls it."""
-        broadcast_variables(list(self.model.weights) + _state_variables(self.optimizer), root)
+        broadcast_variables(list(self.model.weights) + _same_everywhere(self.optimizer), root)
 
     def on_reset(self) -> None:
         """After Horovod re-formed the ring (``run`` calls it): forget host notices of the old ring, and trace
@@ -254,3 +279,36 @@ class State(CommittedState):
         super().on_reset()
         if getattr(self.model, "train_function", None) is not None:
             self.model.make_train_function(force=True)
+
+
+def _rates(optimizer):
+    """The optimizer's learning-rate variables (a loss-scale optimizer has one of its own besides the inner one's)."""
+    return [v for v in _same_everywhere(optimizer) if v.name == "learning_rate"]
+
+
+def _load_sharded(opt, commit, keep_rate):
+    """A commit's unsharded optimizer state into a sharded optimizer: this rank's slices, the step count at this
+    accumulation, and at another size the learning rate of this size (no collective)."""
+    kept = [(v, v.numpy()) for v in _rates(opt)] if keep_rate else []
+    opt.load_unsharded(commit["optimizer"])
+    _raw_counter(opt).assign(commit["step"] * accumulation(opt))
+    for v, value in kept:
+        v.assign(value)
+
+
+def _share_unsharded(opt, commit, is_root, root):
+    """Send ``root``'s committed unsharded optimizer state to every rank, one variable at a time (a broadcast
+    each); every other rank keeps its slices of it (``load_unsharded``). The root has loaded it already.
+    Collective: every rank calls it, with the same optimizer (``unsharded_specs`` alike)."""
+    hvd = horovod_tf()
+
+    def received():
+        for i, (shape, dtype) in enumerate(opt.unsharded_specs()):
+            value = commit["optimizer"][i] if is_root else np.zeros(shape, dtype)
+            yield hvd.broadcast(tf.convert_to_tensor(value), root, name=f"hvdkit.keras.elastic.optimizer.{i}").numpy()
+
+    if is_root:
+        for _ in received():
+            pass
+    else:
+        opt.load_unsharded(list(received()))  # every broadcast made before any slice is taken

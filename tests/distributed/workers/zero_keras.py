@@ -1,7 +1,7 @@
 """Runs on every rank of a real Keras 3 job: ``shard_optimizer_state=True`` (ZeRO-1) against the unsharded optimizer.
 
 ``train`` (2 ranks): for each kind (SGD+momentum, Adam, AdamW with weight decay, SGD with
-global_clipnorm, Adam with fp16 on the wire) the same model is trained sharded and unsharded on the
+global_clipnorm, Adam with fp16 on the wire, SGD+momentum accumulating 2 batches a step) the same model is trained sharded and unsharded on the
 same batches, under ``model.fit`` (``FIT``) or in an eager custom loop; every other allowed optimizer
 eagerly. Each rank records its weights' digest, the largest relative difference to the unsharded
 run, and the elements its optimizer's slot variables hold; the consolidated state of the sharded
@@ -38,8 +38,9 @@ FIT_KINDS = {
     "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
     "sgd_clip": lambda: keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.05),
     "adam_fp16": lambda: keras.optimizers.Adam(0.01),
+    "sgd_accum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),  # backward_passes_per_step=2
 }
-FIT = ("sgd", "adamw", "sgd_clip")  # under model.fit; the other kinds in an eager custom loop
+FIT = ("sgd", "adamw", "sgd_clip", "sgd_accum")  # under model.fit; the other kinds in an eager custom loop
 QUICK = ("sgd_clip", "adam_fp16")  # what regrow trains as well (run under another launcher than train)
 OTHERS = {
     "Adamax": lambda: keras.optimizers.Adamax(0.01),
@@ -97,7 +98,10 @@ def slot_elements(opt):
 def fit(kind, make, shard, rank, size, out=None):
     model = make_model()
     compression = "fp16" if kind.endswith("fp16") else "none"
-    opt = hk.DistributedOptimizer(make(), compression=compression, shard_optimizer_state=shard)
+    passes = 2 if kind.endswith("accum") else 1
+    opt = hk.DistributedOptimizer(
+        make(), compression=compression, backward_passes_per_step=passes, shard_optimizer_state=shard
+    )
     model.compile(optimizer=opt, loss="mse")
     x, y = data()
     per = GLOBAL // size

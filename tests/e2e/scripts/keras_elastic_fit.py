@@ -2,6 +2,7 @@
 
     keras_elastic_fit.py OUT [--epochs 3] [--sample-log PREFIX] [--kill MARKER:RANK:STEP] [--wait-for-join]
                          [--checkpoint-dir DIR] [--term MARKER:RANK:STEP] [--pace SECONDS] [--mixed-precision]
+                         [--zero]
 
 Global batch 64 = 32 per rank x 2 ranks (1 rank: 2 accumulation steps), SGD with momentum, a commit every 5
 optimizer steps and at every epoch end. ``--kill``: the process that is rank RANK SIGKILLs itself right after
@@ -14,7 +15,8 @@ SIGTERM to the job's ``hvdkit run`` right after optimizer step STEP, once per jo
 preempting the job does (kill_in_process.py's ``term:``). ``--pace``: every rank sleeps SECONDS after each
 optimizer step. ``--mixed-precision``: the ``mixed_float16`` policy, and a dynamic loss scale from 1 that doubles
 after every 5 good steps (hk.DistributedOptimizer's loss-scale optimizer); every rank prints its loss scale and
-count of good steps at the end. Every rank prints where it imports hvdkit from, and after a stop the step it stopped after; at
+count of good steps at the end. ``--zero``: the optimizer state sharded (``shard_optimizer_state=True``, ZeRO-1);
+every rank prints how many elements its optimizer's momentum slices hold at the end. Every rank prints where it imports hvdkit from, and after a stop the step it stopped after; at
 the end every rank writes its weights to OUT.rank<r>.npz and prints its process id and rank, and rank 0 prints
 one JSON line (with the History's logged metrics of every epoch).
 """
@@ -118,6 +120,7 @@ def main():
     p.add_argument("--term", default=None)
     p.add_argument("--pace", type=float, default=0.0)
     p.add_argument("--mixed-precision", action="store_true")
+    p.add_argument("--zero", action="store_true")
     args = p.parse_args()
     hk.init()
     print(f"keras_elastic_fit: process {os.getpid()} imports hvdkit from {hvdkit.__file__}", flush=True)
@@ -129,7 +132,7 @@ def main():
         opt = keras.optimizers.LossScaleOptimizer(opt, initial_scale=1.0, dynamic_growth_steps=5)
     model = keras_model()
     model.compile(
-        optimizer=hk.DistributedOptimizer(opt),
+        optimizer=hk.DistributedOptimizer(opt, shard_optimizer_state=args.zero),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
@@ -164,6 +167,9 @@ def main():
     if args.mixed_precision:
         scale, good = float(model.optimizer.dynamic_scale.numpy()), int(model.optimizer.step_counter.numpy())
         print(f"keras_elastic_fit: rank {hk.rank()} ends with loss scale {scale!r} after {good} good steps", flush=True)
+    if args.zero:
+        held = sum(int(np.prod(v.shape)) for v in model.optimizer.variables if v.name.endswith("_momentum"))
+        print(f"keras_elastic_fit: rank {hk.rank()} holds {held} momentum elements", flush=True)
     print(f"keras_elastic_fit: process {os.getpid()} ends as rank {hk.rank()} of {hk.size()}", flush=True)
     if hk.rank() == 0:
         result = {
