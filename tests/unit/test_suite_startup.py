@@ -5,8 +5,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import STARTUP
+# What tests/conftest.py puts first on PYTHONPATH (pytest holds several modules named conftest: not imported)
+STARTUP = str(Path(__file__).resolve().parents[1] / "support" / "startup")
 
 _PROBE = """
 import json, sys
