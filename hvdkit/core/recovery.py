@@ -31,8 +31,10 @@ __all__ = [
     "RESET_ATTEMPTS",
     "CommitSchedule",
     "CommittedState",
+    "RankWatch",
     "check_commit_every",
     "begin_recovery",
+    "rank0_takeover",
     "recover_in_process",
     "reset_with_retries",
     "say_recovered",
@@ -241,6 +243,42 @@ def say_recovered(state: CommittedState, size: int, is_rank0: bool) -> None:
             last["resumed_step"],
             last["seconds"],
         )
+
+
+def rank0_takeover(rank: int, last: int | None, joined: bool) -> str | None:
+    """How the process that is rank 0 after a sync came to be rank 0, or None when it took nothing over.
+
+    ``last``: this process's rank after its previous sync (None: this is its first); ``joined``: its first sync
+    took another rank's commit (a worker that came into a running job) instead of starting the job. ``"was rank
+    R"`` for a process that was another rank (rank 0 was lost); ``"a worker that joined"`` for one that has just
+    joined and was given rank 0 (Horovod's elastic driver gives ranks host by host, in the order the hosts were
+    first assigned: new workers on the first host come before the running workers of the hosts after it).
+    """
+    if rank != 0 or last == 0:
+        return None
+    if last is None:
+        return "a worker that joined" if joined else None
+    return f"was rank {last}"
+
+
+class RankWatch:
+    """This process's rank from one sync to the next, for the process that becomes rank 0 to say so
+    (``rank0_takeover``). Call ``started()`` from the ``on_start`` of the job's start, ``after_sync(rank)``
+    after every sync (the start's included). No collective."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.began = False  # this process started the job (not a worker that joined it)
+
+    def started(self) -> None:
+        """The sync that runs ``on_start``: this process is one the job started with."""
+        self.began = True
+
+    def after_sync(self, rank: int) -> str | None:
+        """``rank0_takeover`` for ``rank`` now; ``rank`` is the last rank from here on."""
+        note = rank0_takeover(rank, self.last, joined=not self.began)
+        self.last = rank
+        return note
 
 
 def check_commit_every(value: Any) -> int | str:

@@ -25,6 +25,7 @@ from ..core.errors import ConfigError
 from ..core.log import get_logger
 from ..core.metrics import MetricTracker
 from ..core.options import check_positive_int
+from ..core.recovery import RankWatch
 from ..core.tune_channel import report_from
 from . import elastic, runtime
 from .checkpoint import Checkpointer
@@ -278,7 +279,8 @@ class Trainer:
             on_resize=lambda size: self._resize(train_data, size),
             **vars(SimpleNamespace(epoch=0, step=0, position={}, history=History())),
         )
-        state.on_start = lambda: vars(state).update(vars(self._start()))
+        self._ranks = RankWatch()  # this process's rank at the last sync, and whether it started the job
+        state.on_start = lambda: self._start_job(state)
         self._elastic = state
         self._schedule = elastic.CommitSchedule(self.options.commit_every)
         try:
@@ -286,6 +288,11 @@ class Trainer:
             return elastic.run(lambda st: self._epochs(st, train_data, self._val_loader(val_data), epochs))(state)
         finally:
             self._elastic = None
+
+    def _start_job(self, state):
+        """``State.on_start`` (the job's start, not a worker that joins): the position to train from. Collective."""
+        self._ranks.started()
+        vars(state).update(vars(self._start()))
 
     def _resize(self, train_data, size):
         """After a recovery at another world size: the accumulation, data shards and rate rule of ``size`` ranks
@@ -312,6 +319,7 @@ class Trainer:
         loader, val_loader = self._loader, val_data  # val_data: the loader (or this rank's batches)
         if self._elastic is not None:
             self._schedule.restart()
+            self._say_rank0(run.step)
         start_epoch, step, position, history = run.epoch, run.step, run.position, run.history
         guard = runtime.PreemptionGuard()
         self.stop_training = False  # a stop asked in an earlier fit() call does not carry over
@@ -470,6 +478,15 @@ class Trainer:
                     _log.info("stopped in epoch %d after step %d%s%s", epoch + 1, step, why, self._saved_note())
                 return step, True, {}
         return step, False, self._average(tracker, "hvdkit.trainer.train")
+
+    def _say_rank0(self, step):
+        """After a sync: the process that became rank 0 (rank 0 was lost, or a worker that joined was given rank 0)
+        logs it, and that it writes the checkpoints from ``step`` on (the folder's lock is taken at its first
+        save: ``CheckpointStore``)."""
+        how = self._ranks.after_sync(self.comm.rank)
+        if how is not None:
+            writes = f": it writes the checkpoints from step {step}" if self.checkpointer is not None else ""
+            _log.info("rank 0 is now process %d (%s)%s", os.getpid(), how, writes)
 
     def _saved_note(self):
         return ": checkpoint saved" if self.checkpointer is not None else " (no checkpoint_dir: nothing saved)"

@@ -14,7 +14,7 @@ import tensorflow as tf
 from ...core.data import plan_batches, position_after, step_bounds
 from ...core.log import get_logger
 from ...core.options import check_positive_int
-from ...core.recovery import CommitSchedule, check_commit_every
+from ...core.recovery import CommitSchedule, RankWatch, check_commit_every
 from ...tensorflow import runtime
 from ...tensorflow.data import epoch_dataset
 from . import metrics
@@ -111,10 +111,11 @@ class _Fit:
         self.schedule = CommitSchedule(options["commit_every"], runtime.communicator)  # kept across recoveries
         self.stopped = False
         self.resumed_from_epoch = 0
-        self.rank = None  # this process's rank at the last sync
+        self.ranks = RankWatch()  # this process's rank at the last sync, and whether it started the job
 
     def start(self, state):
         """``State.on_start``: the newest checkpoint of the checkpoint callback, or rank 0's state. Collective."""
+        self.ranks.started()
         resumed = self.preempt.restore()
         if resumed is None:
             state.broadcast_from(0)
@@ -144,12 +145,12 @@ class _Fit:
         return _history(state.history)
 
     def _say_rank0(self, state):
-        """After a sync: the process that became rank 0 (rank 0 was lost) logs that it writes the checkpoints now."""
-        rank = runtime.rank()
-        if rank == 0 and self.rank not in (None, 0):
+        """After a sync: the process that became rank 0 (rank 0 was lost, or a worker that joined was given rank 0)
+        logs that it writes the checkpoints now."""
+        how = self.ranks.after_sync(runtime.rank())
+        if how is not None:
             writes = f": it writes the checkpoints from step {state.step}" if self.preempt.ckpt is not None else ""
-            _log.info("rank 0 is now process %d (was rank %d)%s", os.getpid(), self.rank, writes)
-        self.rank = rank
+            _log.info("rank 0 is now process %d (%s)%s", os.getpid(), how, writes)
 
     def _fit(self, state, first, last, start):
         o, plan = self.o, self.plan
@@ -237,7 +238,7 @@ def fit(
     without the cut, at another within float32 rounding (for metrics whose state adds up over samples: totals
     and counts, confusion counts, as ``MetricAverageCallback`` assumes). A callback that sets
     ``model.stop_training`` in the rest of an epoch ends ``fit`` there. The process that becomes rank 0 when
-    rank 0 is lost logs that it writes the checkpoints from then on.
+    rank 0 is lost, or a worker that joins and is given rank 0, logs that it writes the checkpoints from then on.
     ``validation_data``: as ``model.fit``'s, or a function of no arguments that returns it, called at each
     (re)start (shard it there with ``hk.shard``: the shards of the world size then). ``on_step(epoch, step,
     indices)`` is called after every optimizer step with the sample indices this rank trained on in it.

@@ -160,3 +160,32 @@ def test_a_sigterm_in_a_reset_is_held_and_the_default_handler_is_back_after_the_
     )  # fmt: skip
     assert got == "went on" and seen == [[signal.SIGTERM]]
     assert signal.getsignal(signal.SIGTERM) is before and preemption._held == []
+
+
+# ---------------------------------------------------------------- who says it became rank 0
+def test_the_process_that_becomes_rank_0_says_how_and_no_other_process_says_anything():
+    from hvdkit.core.recovery import rank0_takeover
+
+    assert rank0_takeover(0, 1, joined=False) == "was rank 1"  # a survivor: rank 0 was lost
+    assert rank0_takeover(0, 3, joined=True) == "was rank 3"  # a worker that joined earlier, now moved down to 0
+    assert rank0_takeover(0, None, joined=True) == "a worker that joined"  # its first sync, given rank 0
+    assert rank0_takeover(0, None, joined=False) is None  # the job's start: rank 0 from the first
+    assert rank0_takeover(0, 0, joined=False) is None  # rank 0 before and after a recovery
+    assert rank0_takeover(1, 0, joined=False) is None  # rank 0 moved up to 1: the new rank 0 says it
+    assert rank0_takeover(1, None, joined=True) is None
+
+
+def test_a_worker_that_joins_and_is_given_rank_0_says_so_at_its_first_sync_and_not_again():
+    """Horovod's elastic driver gives ranks host by host, the first hosts assigned first: a new worker in a slot of
+    the first host (whose process died) takes rank 0 ahead of the running workers of the hosts after it. Before,
+    only a process with a previous rank other than 0 said it took over, so this one said nothing."""
+    from hvdkit.core.recovery import RankWatch
+
+    joined = RankWatch()  # no on_start: its first sync took another rank's commit
+    assert [joined.after_sync(r) for r in (0, 0, 1, 0)] == ["a worker that joined", None, None, "was rank 1"]
+    started = RankWatch()
+    started.started()  # the job's start ran on_start here
+    assert [started.after_sync(r) for r in (0, 1, 0)] == [None, None, "was rank 1"]
+    survivor = RankWatch()
+    survivor.started()
+    assert [survivor.after_sync(r) for r in (1, 0, 0)] == [None, "was rank 1", None]

@@ -325,3 +325,57 @@ def test_the_resumed_epoch_logs_the_metrics_of_the_whole_epoch_bitwise_as_withou
     whole, rest = stop_and_resume["whole"]["history"], stop_and_resume["rest"]["history"]
     assert sorted(rest) == sorted(whole) == ["accuracy", "loss"]
     assert {k: v[0] for k, v in rest.items()} == {k: v[0] for k, v in whole.items()}
+
+
+@pytest.fixture
+def elastic_records():
+    """Every record the hvdkit.elastic logger emits (the hvdkit logger may not propagate)."""
+    import logging
+
+    got = []
+    handler = logging.Handler()
+    handler.emit = got.append
+    logger = logging.getLogger("hvdkit.elastic")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield got
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+def test_a_worker_that_joins_and_is_given_rank_0_says_it_writes_the_checkpoints_as_a_survivor_does(
+    monkeypatch, elastic_records
+):
+    """``hk.elastic.fit``'s training function after each sync (``_Fit``), at the ranks Horovod's driver gives: a new
+    worker in a slot of the first host comes before the running workers of the hosts after it. Before, only a
+    process that had had another rank said it was rank 0 now; a worker that joined as rank 0 said nothing."""
+    import importlib
+    import os
+    from types import SimpleNamespace
+
+    fit_module = importlib.import_module("hvdkit.keras.elastic.fit")  # the package's ``fit`` is the function
+
+    rank = [0]
+    monkeypatch.setattr(fit_module.runtime, "rank", lambda: rank[0])
+
+    def train():
+        preempt = SimpleNamespace(ckpt=object(), restore=lambda: None)  # a checkpoint callback, nothing to resume
+        return fit_module._Fit(None, np.zeros((8, 1)), 2, 3, {"commit_every": 1}, {}, preempt)
+
+    def sync(fit, r, step, start=False):
+        """What ``fit`` logs after a sync that gives it rank ``r`` at ``step``."""
+        rank[0], before = r, len(elastic_records)
+        state = SimpleNamespace(step=step, broadcast_from=lambda root: None)
+        if start:  # the job's start: State.sync runs on_start on every rank
+            fit.start(state)
+        fit._say_rank0(state)
+        return [rec.getMessage() for rec in elastic_records[before:]]
+
+    now = f"rank 0 is now process {os.getpid()}"
+    joined, started, survivor = train(), train(), train()
+    assert sync(joined, 0, 30) == [f"{now} (a worker that joined): it writes the checkpoints from step 30"]
+    assert sync(joined, 0, 40) == []  # still rank 0 at the next sync: said once
+    assert sync(started, 0, 0, start=True) == []  # rank 0 from the job's start
+    assert sync(survivor, 1, 0, start=True) == []
+    assert sync(survivor, 0, 30) == [f"{now} (was rank 1): it writes the checkpoints from step 30"]

@@ -194,3 +194,48 @@ def test_the_learning_state_saves_and_restores_every_part_and_refuses_another_se
     assert sched2.last_epoch == 1 and scaler2.get_scale() == 1024.0
     with pytest.raises(KeyError, match="the checkpoint holds"):
         LearningState({"scheduler": sched2}).load_state_dict(saved)
+
+
+def test_a_worker_that_joins_and_is_given_rank_0_says_it_writes_the_checkpoints_as_a_survivor_does(monkeypatch):
+    """What the Trainer logs after each sync of ``hk.elastic.run`` (``_epochs`` calls ``_say_rank0``) at the ranks
+    Horovod's driver gives: a new worker in a slot of the first host comes before the running workers of the hosts
+    after it. Before, no process said it had become rank 0 (the checkpoint store, which took the lock silently
+    under in-process recovery, was the only place that could)."""
+    import logging
+    import os
+    from types import SimpleNamespace
+
+    from hvdkit.core.recovery import RankWatch
+
+    got = []
+    handler = logging.Handler()
+    handler.emit = got.append
+    logger = logging.getLogger("hvdkit.trainer")
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    logger.addHandler(handler)
+
+    def trainer():
+        t = hk.Trainer.__new__(hk.Trainer)  # without Horovod: only the parts that the sync's steps use
+        t._ranks = RankWatch()  # as _fit_in_process makes it
+        t.checkpointer = object()  # a checkpoint_dir (nothing is written here)
+        t._start = lambda: SimpleNamespace(epoch=0, step=0, position={}, history=History())
+        return t
+
+    def sync(t, rank, step, start=False):
+        """What the trainer logs after a sync that gives it ``rank`` at ``step``."""
+        t.comm, before = SimpleNamespace(rank=rank), len(got)
+        if start:  # the job's start: State.sync runs on_start on every rank
+            t._start_job(SimpleNamespace())
+        t._say_rank0(step)
+        return [rec.getMessage() for rec in got[before:]]
+
+    try:
+        now = f"rank 0 is now process {os.getpid()}"
+        joined, started, survivor = trainer(), trainer(), trainer()
+        assert sync(joined, 0, 30) == [f"{now} (a worker that joined): it writes the checkpoints from step 30"]
+        assert sync(joined, 0, 40) == []  # still rank 0 at the next sync: said once
+        assert sync(started, 0, 0, start=True) == []  # rank 0 from the job's start
+        assert sync(survivor, 1, 0, start=True) == []
+        assert sync(survivor, 0, 30) == [f"{now} (was rank 1): it writes the checkpoints from step 30"]
+    finally:
+        logger.removeHandler(handler)
