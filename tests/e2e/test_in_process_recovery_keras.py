@@ -57,6 +57,20 @@ def imports_from_this_tree(out, processes):
     return all(path.startswith(str(ROOT / "hvdkit")) for _, path in found)
 
 
+def lost_then_joined(text):
+    """The job's output after one kill at step 33: the survivor went back to the commit of step 30 at 1 rank, a
+    new worker joined at a later commit, the job was never relaunched and ended at 2 ranks after every epoch.
+    (step it resumed from, step it was joined at, the script's result)."""
+    events = re.findall(r"(a worker was lost|workers join): (\d+ -> \d+) ranks, going on from step (\d+)", text)
+    assert [e[:2] for e in events] == [("a worker was lost", "2 -> 1"), ("workers join", "1 -> 2")], text[-6000:]
+    resumed, joined = int(events[0][2]), int(events[1][2])
+    assert resumed == 30 and joined > resumed, events
+    assert "restarting" not in text and text.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
+    got = result(text)
+    assert got["steps"] == EPOCHS * STEPS_PER_EPOCH and got["size"] == 2 and got["epochs"] == [0, 1, 2]
+    return resumed, joined, got
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The same script on 2 ranks, uninterrupted and outside in-process recovery: hk.elastic.fit is one plain fit."""
@@ -83,14 +97,9 @@ def test_a_keras_worker_killed_mid_epoch_is_recovered_in_process_a_new_one_joins
     # rank 1 died after step 33, before a commit: the survivor went back to step 30 (a commit every 5 steps, in
     # mid-epoch: 7 of epoch 2's 23 steps), at 1 rank; the new worker joined at a later commit (step 35, unless its
     # notice reached the survivor's state a few steps after the script's wait saw it)
-    events = re.findall(r"(a worker was lost|workers join): (\d+ -> \d+) ranks, going on from step (\d+)", text)
-    assert [e[:2] for e in events] == [("a worker was lost", "2 -> 1"), ("workers join", "1 -> 2")], text[-6000:]
-    resumed, joined = int(events[0][2]), int(events[1][2])
+    resumed, joined, got = lost_then_joined(text)
     commits = {s for s in range(35, EPOCHS * STEPS_PER_EPOCH) if s % 5 == 0 or s % STEPS_PER_EPOCH == 0}
-    assert resumed == 30 and joined in commits, events
-    assert "restarting" not in text and text.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
-    got = result(text)
-    assert got["steps"] == EPOCHS * STEPS_PER_EPOCH and got["size"] == 2 and got["epochs"] == [0, 1, 2]
+    assert joined in commits, (resumed, joined)
     records = read_sample_logs(log)
     final = last_generation(records)
     # the steps from the recovery to the join trained at 1 rank (2 batches of 32 accumulated), the others at 2
@@ -131,13 +140,7 @@ def test_a_keras_zero1_worker_killed_mid_epoch_is_recovered_in_process_and_ends_
     assert proc.returncode == 0, text[-6000:]
     assert marker.exists() and "rank 1 kills itself after step 33" in text
     assert imports_from_this_tree(text, 3)
-    events = re.findall(r"(a worker was lost|workers join): (\d+ -> \d+) ranks, going on from step (\d+)", text)
-    assert [e[:2] for e in events] == [("a worker was lost", "2 -> 1"), ("workers join", "1 -> 2")], text[-6000:]
-    resumed, joined = int(events[0][2]), int(events[1][2])
-    assert resumed == 30 and joined > resumed, events
-    assert "restarting" not in text and text.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
-    got = result(text)
-    assert got["steps"] == EPOCHS * STEPS_PER_EPOCH and got["size"] == 2 and got["epochs"] == [0, 1, 2]
+    resumed, joined, got = lost_then_joined(text)
     # sharded at the end: each of the 2 ranks holds the momentum of half the 17,226 trainable elements
     held = sorted(int(n) for n in re.findall(r"keras_elastic_fit: rank \d holds (\d+) momentum elements", text))
     assert held == [8613, 8613], held
@@ -229,13 +232,7 @@ def test_rank_0_killed_mid_epoch_the_rank_left_becomes_rank_0_goes_on_checkpoint
     assert proc.returncode == 0, text[-6000:]
     (killed,) = map(int, re.findall(r"rank 0 kills itself after step 33 \(process (\d+)\)", text))
     assert marker.exists() and imports_from_this_tree(text, 3)
-    events = re.findall(r"(a worker was lost|workers join): (\d+ -> \d+) ranks, going on from step (\d+)", text)
-    assert [e[:2] for e in events] == [("a worker was lost", "2 -> 1"), ("workers join", "1 -> 2")], text[-6000:]
-    resumed, joined = int(events[0][2]), int(events[1][2])
-    assert resumed == 30 and joined > resumed, events
-    assert "restarting" not in text and text.count("2 rank(s) over Gloo") == 1  # no relaunch of the job
-    got = result(text)
-    assert got["steps"] == EPOCHS * STEPS_PER_EPOCH and got["size"] == 2 and got["epochs"] == [0, 1, 2]
+    resumed, joined, got = lost_then_joined(text)
     assert_every_sample_once_per_epoch(read_sample_logs(log), EPOCHS, TRAIN_SAMPLES, STEPS_PER_EPOCH)
     # the process that was rank 1 ends as rank 0 (the joined one is rank 1), and it took the folder's lock after the
     # kill: after the killed rank 0 wrote epoch 1's checkpoint, before epoch 2's

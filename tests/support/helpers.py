@@ -81,6 +81,16 @@ def _end_group(proc, term_grace):
     return proc.communicate()
 
 
+def probe_json(code, timeout=240):
+    """Run ``code`` in a fresh Python of the venv (``run_bounded``); the JSON object its last line of output
+    prints. It must exit 0, and its ``"hvdkit"`` entry (the package's file, when given) be this tree's."""
+    proc = run_bounded([PYTHON, "-c", code], timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert str(got.get("hvdkit", ROOT / "hvdkit")).startswith(str(ROOT / "hvdkit")), got.get("hvdkit")
+    return got
+
+
 def run_bounded(argv, timeout, env=None, cwd=None, term_grace=None, cleanup=None):
     """Run ``argv`` in its own process group; kill the whole group if it outlives ``timeout``
     (``term_grace`` seconds: SIGTERM first, so that it can clean up, and SIGKILL after that long).
