@@ -16,10 +16,10 @@ setup:
 demo: setup
 	PATH="$(BIN):$$PATH" hvdkit run -np 2 -- python examples/torch_digits.py
 
-# Four pytest workers (pytest-xdist): the tests that start jobs run in three lanes, a worker each, each lane in
-# file order; the unit tests run on the fourth meanwhile (tests/conftest.py says why).
+# Three pytest workers (pytest-xdist): the tests that start jobs run in two lanes, a worker each, each lane in
+# file order; the unit tests run on the third meanwhile (tests/conftest.py says why).
 test: setup lint
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra --durations=30 -n 4 --dist loadgroup tests
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -x -q -ra --durations=30 -n 3 --dist loadgroup tests
 
 test-unit: setup
 	$(PY) -m pytest -x -q tests/unit

@@ -51,14 +51,14 @@ def _modules(folder):
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / folder).glob("test_*.py"))
 
 
-def test_the_job_tests_run_in_lanes_and_what_they_must_share_is_in_one():
+def test_the_job_tests_run_in_two_lanes_and_what_they_must_share_is_in_one():
     conftest = _root_conftest()
     unit = conftest.work_unit
     # a unit test module and an ALONGSIDE module are units of their own
     assert unit("tests/unit/core/test_data.py::test_x") == "tests/unit/core/test_data.py"
     for module in conftest.ALONGSIDE:
         assert unit(f"{module}::test_x") == module
-    # every other module of a job folder is in a lane; every lane is used
+    # every other module of a job folder is in a lane; both lanes are used
     lanes = {
         unit(f"{m}::t")
         for folder in ("distributed", "engine", "e2e", "multihost")
