@@ -83,16 +83,32 @@ def _host_state(hosts, i):
     """What host i looks like from outside and from host a: its sshd, link, a's neighbour entry, its sockets."""
 
     def run(*argv):
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired as e:
+            return f"(no answer within 20 s) {e.stdout or ''}{e.stderr or ''}"
         return (p.stdout + p.stderr).strip()
 
+    def where(pid):  # what a process of host i is and where it waits (an sshd session that never answers)
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = Path(f"/proc/{pid}/wchan").read_text() or "-"
+            return f"  {pid} {state} {wchan} {_cmdline(int(pid))[:160]}"
+        except OSError:
+            return f"  {pid} (gone)"
+
     alive = {pid: Path(f"/proc/{pid}").exists() for pid in hosts._sshd_pids}
+    pids = run("ip", "netns", "pids", hosts.ns[i]).split()
     return "\n".join(
         [
             f"host {hosts.names[i]}: sshd daemons alive {alive}",
             "link: " + run("ip", "-n", hosts.ns[i], "-br", "link", "show", NIC),
             "a's neighbours: " + run("ip", "-n", hosts.ns[0], "neigh", "show", "dev", NIC),
             "tcp sockets on b:\n" + run("ip", "netns", "exec", hosts.ns[i], "ss", "-tanp"),
+            "tcp sockets on a:\n" + run("ip", "netns", "exec", hosts.ns[0], "ss", "-tanp"),
+            "processes on b (pid, state, wait channel, command):\n" + "\n".join(where(p) for p in pids if p.isdigit()),
+            "ssh to b now, verbose:\n"
+            + run(*hosts.argv_on(0, ["ssh", "-v", "-o", "ConnectTimeout=5", hosts.names[i], "true"]))[-3000:],
         ]
     )
 
