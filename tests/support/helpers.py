@@ -91,6 +91,19 @@ def probe_json(code, timeout=240):
     return got
 
 
+def probe_fixture(code, timeout=240):
+    """A module fixture named ``seen``: ``probe_json(code)``, run once for the module's tests; the probe must say
+    which hvdkit it ran (a ``"hvdkit"`` entry, this tree's)."""
+
+    @pytest.fixture(scope="module")
+    def seen():
+        got = probe_json(code, timeout)
+        assert "hvdkit" in got
+        return got
+
+    return seen
+
+
 def run_bounded(argv, timeout, env=None, cwd=None, term_grace=None, cleanup=None):
     """Run ``argv`` in its own process group; kill the whole group if it outlives ``timeout``
     (``term_grace`` seconds: SIGTERM first, so that it can clean up, and SIGKILL after that long).

@@ -5,6 +5,7 @@ The recovery itself, on real ranks: tests/e2e/test_in_process_recovery_keras_amp
 """
 
 import pytest
+from helpers import probe_fixture
 
 # Importing TensorFlow, Keras and hvdkit.keras sets environment variables: here, at collection (the conftest
 # fails a test that changes the environment).
@@ -92,13 +93,7 @@ print(json.dumps(seen))
 """
 
 
-@pytest.fixture(scope="module")
-def seen():
-    from helpers import probe_json
-
-    got = probe_json(_RUN)
-    assert "hvdkit" in got  # the probe says which hvdkit it ran (this tree's: probe_json checks it)
-    return got
+seen = probe_fixture(_RUN)  # one fresh process for the module's tests
 
 
 def test_a_commit_holds_the_loss_scale_and_its_good_steps_and_restore_puts_them_back_at_any_accumulation(seen):
