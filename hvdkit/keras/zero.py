@@ -221,8 +221,8 @@ class ShardedMixin:
         self._hvdkit_build(variables, hvd.rank(), hvd.size())
 
     def _hvdkit_build(self, variables, rank, size):
-        """Build the Keras optimizer over the shards of ``rank`` of ``size`` (no collective)."""
-        _check_variables(self, variables)
+        """Build the Keras optimizer over the shards of ``rank`` of ``size``: ``variables`` as ``build`` checked them
+        (``resize`` passes the same again). No collective."""
         zero = _Shards(variables, rank, size)
         zero.first_built = len(self.variables)
         self._hvdkit_zero = zero
