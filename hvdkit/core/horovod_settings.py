@@ -8,7 +8,10 @@ with the other ranks every cycle, also when nothing is pending. Measured (docs/b
 measurable cost to the training step on 16 cores (with one core per rank, up to ~5 % in the quiet
 2-core run, inside its spread; ``HOROVOD_CYCLE_TIME=1`` takes Horovod's); over Gloo each round
 costs more (0.36 ms at best, and 0.2 cores per rank while idle at 0.2 ms), so Gloo gets 0.5 ms
-(0.56 ms, 0.1 core). The response cache
+(0.56 ms, 0.1 core). Over MPI the idle cost is the background thread's wait for the other ranks:
+Open MPI's blocking collectives polled (one rank of an idle job held a core); engine fix 20 waits
+without polling (the two ranks of an idle job at 0.2 ms: about half a core together, "The MPI
+controller's wait" in docs/benchmarks.md). The response cache
 and the fusion threshold keep Horovod's values. A variable the user set wins.
 
 A rank that trains on a GPU (NCCL moves the gradients) gets 5 ms over either transport: measured on

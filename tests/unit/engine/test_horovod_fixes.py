@@ -38,6 +38,7 @@ RANGES = [
 CXX_FIXES = {
     "17-elastic-worker-lost-while-ring-forms-fails-init.patch": ("horovod/common/operations.cc",),
     "18-common-reinit-keeps-fixed-settings.patch": ("horovod/common/parameter_manager.cc",),
+    "20-common-mpi-controller-waits-without-spinning.patch": ("horovod/common/mpi/mpi_controller.cc",),
 }
 
 
