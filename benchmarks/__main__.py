@@ -1,4 +1,5 @@
-"""``python -m benchmarks suite|network|predict|zero|tune|elastic|chaos [...]``: the lab's commands, one module each.
+"""``python -m benchmarks COMMAND [...]``: the lab's commands (suite, network, predict, zero, tune, elastic,
+chaos, controller-wait), one module each.
 
 Run from the repository root (``benchmarks`` is not installed); ``python -m benchmarks COMMAND -h``
 lists a command's flags.
@@ -17,6 +18,7 @@ COMMANDS = {
     "tune": "hvdkit tune: trials per hour at --parallel 1 vs 2, search vs grid (docs/bench/tune-*)",
     "elastic": "recovery times: hvdkit run --min-np (restarts) vs Horovod's hvd.elastic.run (docs/bench/elastic-*)",
     "chaos": "a Trainer job under a SIGKILL every S s: useful throughput per way of recovering (docs/bench/chaos-*)",
+    "controller-wait": "Horovod's MPI controller: waits that sleep (fix 20) vs spin (docs/bench/controller-wait-*)",
 }
 
 
@@ -26,7 +28,7 @@ def usage():
         "",
         "The project's own benchmark lab (from the repository root):",
     ]
-    lines += [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
+    lines += [f"  {name:<15} {what}" for name, what in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -42,7 +44,7 @@ def main(argv=None):
     from hvdkit.core.errors import HvdkitError
 
     try:
-        return importlib.import_module(f"benchmarks.{argv[0]}").main(argv[1:])
+        return importlib.import_module(f"benchmarks.{argv[0].replace('-', '_')}").main(argv[1:])
     except HvdkitError as e:  # hvdkit's rule: one line, exit 2
         print(f"python -m benchmarks {argv[0]}: error: {e}", file=sys.stderr)
         return 2
