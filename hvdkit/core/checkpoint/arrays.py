@@ -4,8 +4,9 @@ The file is an uncompressed ``.npz`` (a zip of ``.npy`` members, ``numpy.load`` 
 streams each array into its member straight from the array's memory, so a save holds no second copy
 of the state. While it writes, one thread computes the file's SHA-256 from the same memory and
 another starts the disk writes (``fdatasync``) of what is written so far, so a save costs about the
-write alone instead of write + hash + fsync in turn. The reader maps each member's data into memory
-(copy-on-write): nothing is read from disk before it is used.
+write alone instead of write + hash + fsync in turn. With ``direct`` the bytes bypass the page
+cache (``O_DIRECT``, see ``direct``; the file's bytes are the same). The reader maps each member's
+data into memory (copy-on-write): nothing is read from disk before it is used.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError
+from .direct import open_direct
 
 __all__ = ["ARRAYS", "write_arrays", "ArrayFile"]
 
@@ -37,15 +39,16 @@ _HASH_LAG = 8
 _SYNC_EVERY = 16 << 20  # start the disk write of what is written after each this many bytes
 
 
-def write_arrays(path: str, items: Iterable[tuple[str, Any]]) -> str:
+def write_arrays(path: str, items: Iterable[tuple[str, Any]], direct: bool = False) -> str:
     """Write ``(name, array)`` pairs to the ``.npz`` file ``path``, one at a time; its SHA-256 (hex).
 
     ``items`` may be a generator: each array is converted and written before the next is asked
     for, so only one is held at a time. Object arrays are refused (they would need pickle).
     The digest is of the file's bytes, computed while they are written (nothing is read back).
-    The file is not yet durable: fsync it (the disk writes have already begun).
+    The file is not yet durable: fsync it (the disk writes have already begun). ``direct``: write it
+    with ``O_DIRECT`` (not through the page cache) where the file system takes it, else as usual.
     """
-    with _HashingSink(path) as sink:
+    with _HashingSink(path, direct) as sink:
         with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name, array in items:
                 array = np.asarray(array)
@@ -66,12 +69,15 @@ class _HashingSink:
     written, in order, and their hash is the file's. ``write`` hands the hash thread the caller's
     buffer itself (no copy); the caller keeps it unchanged until ``drain`` or ``close`` returns.
     ``write`` waits while the hash thread is ``_HASH_LAG`` buffers behind (they are still in cache).
-    The bytes reach the file through ``_SyncedFile``. ``close`` waits for the threads and raises
-    what they met (a failed disk write, say).
+    The bytes reach the file through the page cache (``_SyncedFile``) or, with ``direct``, with
+    ``O_DIRECT`` where the file system takes it (``direct.DirectFile``). ``close`` waits for the
+    threads and raises what they met (a failed disk write, say).
     """
 
-    def __init__(self, path):
-        self._file = _SyncedFile(path)
+    def __init__(self, path, direct=False):
+        self._file = open_direct(path) if direct else None  # None: O_DIRECT refused there
+        if self._file is None:
+            self._file = _SyncedFile(path)
         self._sha = hashlib.sha256()
         self._size = 0
         self._chunks = queue.Queue(maxsize=_HASH_LAG)  # write() waits when the hash is this far behind
