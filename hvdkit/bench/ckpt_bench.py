@@ -20,8 +20,9 @@ A sample is the time ``save()`` blocks the caller; for ``async`` also one forwar
 saved model run during the copy and the time the next ``opt.step()`` then waited for the copy (beside
 the same forward and backward with nothing in flight), and the time until ``wait()`` returned. Then
 the step time of a "training step" (a chain of small matmuls) while a background write of
-``--step-mb`` (default: the largest size) is in flight, at each ``writer_priority``, against the same
-steps with none, interleaved write by write, with how long each write took under training. With
+``--step-mb`` (default: the largest size) is in flight, at each ``writer_priority`` through the page cache
+and at "normal" and "idle" with ``direct_io=True`` (O_DIRECT), against the same steps with none,
+interleaved write by write, with how long each write took under training. With
 ``--free-core`` the step times are measured twice: with torch's own thread count (the step keeps every
 core busy: ``step_time``) and with torch threads 1 (``step_time_free_core``: the step leaves the other
 cores free, as a GPU-bound job leaves its CPUs). Every checkpoint is restored into a fresh model and
@@ -239,7 +240,7 @@ def _matmul_step(a, b):
 ASYNC_MODES = ("sync", "async_copy_in_save", "async")
 
 
-def _checkpointer(layers, root, mode, megabytes, writer_priority="normal"):
+def _checkpointer(layers, root, mode, megabytes, writer_priority="normal", direct_io=False):
     """``sync``; ``async_copy_in_save``: no torch optimizer to gate, so ``save()`` copies everything (as every
     async save did before the copy left it); ``async``: the write thread copies the parameters while
     training goes on (the model's SGD has no state: the payload is the same)."""
@@ -254,6 +255,7 @@ def _checkpointer(layers, root, mode, megabytes, writer_priority="normal"):
         comm=LocalCommunicator(),
         async_save=mode != "sync",
         writer_priority=writer_priority,
+        direct_io=direct_io,
     )
 
 
@@ -364,11 +366,19 @@ def _steps_during_write(ckpt, counter, a, b, into):
     return steps, took
 
 
-PRIORITIES = ("normal", "low", "idle")  # Checkpointer(writer_priority=...)
+# The ways of writing timed side by side: name -> Checkpointer(writer_priority=..., direct_io=...). The three
+# priorities write through the page cache (as in the records before O_DIRECT); "_direct": with O_DIRECT.
+WRITERS = {
+    "normal": ("normal", False),
+    "normal_direct": ("normal", True),
+    "low": ("low", False),
+    "idle": ("idle", False),
+    "idle_direct": ("idle", True),
+}
 
 
 def _step_times(ckpts, counter, reps, threads=None):
-    """Step times while the background write of ``ckpt``'s state is in flight at each writer priority, and
+    """Step times while the background write of ``ckpt``'s state is in flight in each of ``WRITERS``' ways, and
     with none; interleaved. Also how long each write took under training, and the training time it cost
     (the steps during it minus as many steps without a write). ``threads``: torch's thread count for
     the steps (None: as it is); the count before is put back."""
@@ -389,14 +399,14 @@ def _timed_steps(ckpts, counter, reps):
     from ..core.checkpoint.background import WRITER_PRIORITIES
 
     a, b = torch.randn(STEP_SIDE, STEP_SIDE), torch.randn(STEP_SIDE, STEP_SIDE) / STEP_SIDE**0.5
-    during = {p: Samples() for p in PRIORITIES}
-    took, counts, quiet = {p: Samples() for p in PRIORITIES}, {p: [] for p in PRIORITIES}, Samples()
+    during = {w: Samples() for w in WRITERS}
+    took, counts, quiet = {w: Samples() for w in WRITERS}, {w: [] for w in WRITERS}, Samples()
     for _ in range(reps):
         steps = 0
-        for priority in PRIORITIES:
-            n, seconds = _steps_during_write(ckpts[priority], counter, a, b, during[priority])
-            took[priority].add(seconds)
-            counts[priority].append(n)
+        for way in WRITERS:
+            n, seconds = _steps_during_write(ckpts[way], counter, a, b, during[way])
+            took[way].add(seconds)
+            counts[way].append(n)
             steps = max(steps, n)
         for _ in range(max(steps, 20)):
             t0 = time.perf_counter()
@@ -408,15 +418,16 @@ def _timed_steps(ckpts, counter, reps):
         "load_average": os.getloadavg(),
         "no_write": quiet.as_dict(),
     }
-    for p in PRIORITIES:
-        lost = sum(during[p].values) - len(during[p].values) * quiet.median
-        out[p] = {
-            "nice": WRITER_PRIORITIES[p],
-            "policy": "SCHED_IDLE" if p == "idle" else "SCHED_OTHER",
-            "during_write": during[p].as_dict(),
-            "step_time_during_vs_no_write": during[p].median / quiet.median if during[p].values else None,
-            "write_took_under_training": took[p].as_dict(),
-            "steps_per_write": counts[p],
+    for way, (priority, direct_io) in WRITERS.items():
+        lost = sum(during[way].values) - len(during[way].values) * quiet.median
+        out[way] = {
+            "nice": WRITER_PRIORITIES[priority],
+            "policy": "SCHED_IDLE" if priority == "idle" else "SCHED_OTHER",
+            "direct_io": direct_io,
+            "during_write": during[way].as_dict(),
+            "step_time_during_vs_no_write": during[way].median / quiet.median if during[way].values else None,
+            "write_took_under_training": took[way].as_dict(),
+            "steps_per_write": counts[way],
             "training_time_lost_per_write_s": lost / reps,
         }
     return out
@@ -493,7 +504,11 @@ def run_async(sizes, reps, root, step_reps=3, step_mb=None, free_core=False, pie
         ckpt.store.close()
         del layers, ckpt
     layers = _Layers(step_mb or max(sizes))
-    ckpts = {p: _checkpointer(layers, root, "async", f"steps-{p}", writer_priority=p) for p in PRIORITIES}
+    ckpts = {
+        way: _checkpointer(layers, root, "async", f"steps-{way}", writer_priority=p, direct_io=d)
+        for way, (p, d) in WRITERS.items()
+    }
+    out["o_direct_taken"] = _takes_o_direct(root)
     counter = iter(range(1, 10**6))
     out["step_time"] = {"payload_bytes": layers.nbytes, **_step_times(ckpts, counter, step_reps)}
     if free_core:
@@ -509,10 +524,23 @@ def run_async(sizes, reps, root, step_reps=3, step_mb=None, free_core=False, pie
     return out
 
 
+def _takes_o_direct(root):
+    """Whether the file system under ``root`` takes O_DIRECT (else the "_direct" ways wrote through the page cache)."""
+    from ..core.checkpoint.direct import open_direct
+
+    probe = os.path.join(root, "o-direct-probe")
+    opened = open_direct(probe)
+    if opened is not None:
+        opened.close()
+    os.remove(probe)
+    return opened is not None
+
+
 def _how(priority_result):
-    """A writer priority's scheduling in a plot label: its nice value, or its policy where that is not the usual."""
+    """A writer's way in a plot label: its nice value, or its policy where that is not the usual; O_DIRECT."""
     policy = priority_result.get("policy", "SCHED_OTHER")
-    return f"nice {priority_result['nice']}" if policy == "SCHED_OTHER" else policy
+    how = f"nice {priority_result['nice']}" if policy == "SCHED_OTHER" else policy
+    return f"{how}\nO_DIRECT" if priority_result.get("direct_io") else how
 
 
 def plot_async(result, path):
@@ -523,7 +551,7 @@ def plot_async(result, path):
     import matplotlib.pyplot as plt
 
     sizes = list(result["results"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5), gridspec_kw={"width_ratios": [1, 2]})
     for i, mode in enumerate(ASYNC_MODES):
         med = [result["results"][s]["variants"][mode]["median_s"] for s in sizes]
         left.bar([j + 0.27 * i for j in range(len(sizes))], med, width=0.27, label=mode)
@@ -536,10 +564,10 @@ def plot_async(result, path):
         if key in result:
             one = result[key]
             bars[f"no write\n{label}"] = one["no_write"]
-            bars.update({f"{p}\n{_how(one[p])}\n{label}": one[p]["during_write"] for p in PRIORITIES if p in one})
+            bars.update({f"{w}\n{_how(one[w])}\n{label}": one[w]["during_write"] for w in WRITERS if w in one})
     bars = {k: v for k, v in bars.items() if v.get("median_s") is not None}
     right.bar(list(bars), [v["median_s"] * 1e3 for v in bars.values()])
-    right.tick_params(axis="x", labelsize=7)
+    right.tick_params(axis="x", labelsize=6)
     right.set_ylabel(f"step time (ms, median; {st['payload_bytes'] / 2**20:.0f} MB being written)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -68,7 +68,8 @@ class Checkpointer(CheckpointerBase):
     (tensors included) and comes back with the same types. ``seed`` re-seeds at another world size.
     ``async_save=True``: ``save`` blocks only while rank 0 reads the variables into NumPy arrays of
     its own, then a thread writes them; see ``wait`` (memory: one more copy of the state on rank 0
-    while a write is in flight). ``writer_priority``: "normal", "low" or "idle", as torch's.
+    while a write is in flight). ``writer_priority``: "normal", "low" or "idle", and
+    ``direct_io`` (O_DIRECT writes), as torch's.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
@@ -84,6 +85,7 @@ class Checkpointer(CheckpointerBase):
         seed: int = 0,
         async_save: bool = False,
         writer_priority: str = "normal",
+        direct_io: bool | None = None,
     ) -> None:
         import tensorflow as tf
 
@@ -106,6 +108,7 @@ class Checkpointer(CheckpointerBase):
             framework=f"tensorflow {tf.__version__}",
             async_save=async_save,
             writer_priority=writer_priority,
+            direct_io=direct_io,
         )
         self._opt_vars = []
         self._consolidated = None  # a sharded optimizer's unsharded variables (rank 0, during save)

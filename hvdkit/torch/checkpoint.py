@@ -78,7 +78,9 @@ class Checkpointer(CheckpointerBase):
     on disk soonest), "low" (nice 19: training's steps keep their time on busy CPUs, but the write
     takes only what they leave, so the newest checkpoint lags further behind a crash) or "idle"
     (Linux's SCHED_IDLE: the write runs only on CPU time training leaves, and gives a core back to a
-    training thread at once); docs/checkpoint-format.md has the measurements.
+    training thread at once); docs/checkpoint-format.md has the measurements. ``direct_io``: True
+    writes the arrays with O_DIRECT (not through the page cache, where the file system allows it;
+    the same files), False through the page cache, None (the default) as ``writer_priority`` chooses.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
@@ -96,6 +98,7 @@ class Checkpointer(CheckpointerBase):
         seed: int = 0,
         async_save: bool = False,
         writer_priority: str = DEFAULT_WRITER_PRIORITY,
+        direct_io: bool | None = None,
     ) -> None:
         super().__init__(
             directory,
@@ -108,6 +111,7 @@ class Checkpointer(CheckpointerBase):
             framework=f"torch {torch.__version__}",
             async_save=async_save,
             writer_priority=writer_priority,
+            direct_io=direct_io,
         )
         self._staging = {}  # array name -> the host tensor an async save copies it into (rank 0)
 

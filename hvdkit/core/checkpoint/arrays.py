@@ -4,8 +4,9 @@ The file is an uncompressed ``.npz`` (a zip of ``.npy`` members, ``numpy.load`` 
 streams each array into its member straight from the array's memory, so a save holds no second copy
 of the state. While it writes, one thread computes the file's SHA-256 from the same memory and
 another starts the disk writes (``fdatasync``) of what is written so far, so a save costs about the
-write alone instead of write + hash + fsync in turn. The reader maps each member's data into memory
-(copy-on-write): nothing is read from disk before it is used.
+write alone instead of write + hash + fsync in turn. With ``direct`` the bytes bypass the page
+cache (``O_DIRECT``, see ``direct``; the file's bytes are the same). The reader maps each member's
+data into memory (copy-on-write): nothing is read from disk before it is used.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError
+from .direct import open_direct
 
 __all__ = ["ARRAYS", "write_arrays", "ArrayFile"]
 
@@ -37,15 +39,16 @@ _HASH_LAG = 8
 _SYNC_EVERY = 16 << 20  # start the disk write of what is written after each this many bytes
 
 
-def write_arrays(path: str, items: Iterable[tuple[str, Any]]) -> str:
+def write_arrays(path: str, items: Iterable[tuple[str, Any]], direct: bool = False) -> str:
     """Write ``(name, array)`` pairs to the ``.npz`` file ``path``, one at a time; its SHA-256 (hex).
 
     ``items`` may be a generator: each array is converted and written before the next is asked
     for, so only one is held at a time. Object arrays are refused (they would need pickle).
     The digest is of the file's bytes, computed while they are written (nothing is read back).
-    The file is not yet durable: fsync it (the disk writes have already begun).
+    The file is not yet durable: fsync it (the disk writes have already begun). ``direct``: write it
+    with ``O_DIRECT`` (not through the page cache) where the file system takes it, else as usual.
     """
-    with _HashingSink(path) as sink:
+    with _HashingSink(path, direct) as sink:
         with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name, array in items:
                 array = np.asarray(array)
@@ -59,46 +62,34 @@ def write_arrays(path: str, items: Iterable[tuple[str, Any]]) -> str:
 
 
 class _HashingSink:
-    """A file written front to back, hashed and synced on the way by two helper threads.
+    """A file written front to back, hashed on the way by a helper thread.
 
     ``seek`` is refused, so ``zipfile`` writes each member's CRC and sizes after its data (a data
     descriptor) instead of going back to its header: the file's bytes are exactly the bytes
     written, in order, and their hash is the file's. ``write`` hands the hash thread the caller's
     buffer itself (no copy); the caller keeps it unchanged until ``drain`` or ``close`` returns.
     ``write`` waits while the hash thread is ``_HASH_LAG`` buffers behind (they are still in cache).
-    ``close`` waits for both threads and raises what they met (a failed ``fdatasync``, say).
+    The bytes reach the file through the page cache (``_SyncedFile``) or, with ``direct``, with
+    ``O_DIRECT`` where the file system takes it (``direct.DirectFile``). ``close`` waits for the
+    threads and raises what they met (a failed disk write, say).
     """
 
-    def __init__(self, path):
-        self._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+    def __init__(self, path, direct=False):
+        self._file = open_direct(path) if direct else None  # None: O_DIRECT refused there
+        if self._file is None:
+            self._file = _SyncedFile(path)
         self._sha = hashlib.sha256()
         self._size = 0
-        self._unsynced = 0
-        self._errors = []
         self._chunks = queue.Queue(maxsize=_HASH_LAG)  # write() waits when the hash is this far behind
-        self._sync_wanted = threading.Event()
-        self._sync_asked = False
-        self._done = False
         self.hexdigest = None
-        self._threads = [
-            threading.Thread(target=self._hash_loop, name="hvdkit-ckpt-sha256", daemon=True),
-            threading.Thread(target=self._sync_loop, name="hvdkit-ckpt-sync", daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
+        self._hasher = threading.Thread(target=self._hash_loop, name="hvdkit-ckpt-sha256", daemon=True)
+        self._hasher.start()
 
     def write(self, data):
         view = memoryview(data).cast("B")
-        written = 0
-        while written < len(view):  # a raw file may take fewer bytes than given
-            written += self._file.write(view[written:])
+        self._file.write(view)
         self._chunks.put(view)
         self._size += len(view)
-        self._unsynced += len(view)
-        if self._unsynced >= _SYNC_EVERY:
-            self._unsynced = 0
-            self._sync_asked = True
-            self._sync_wanted.set()
         return len(view)
 
     def tell(self):
@@ -120,6 +111,49 @@ class _HashingSink:
             del view  # holding it while waiting would keep the caller's last array alive
             self._chunks.task_done()
 
+    def close(self):
+        self._chunks.put(None)
+        try:
+            self._file.close()
+        finally:
+            self._hasher.join()
+        self.hexdigest = self._sha.hexdigest()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _SyncedFile:
+    """A file written through the page cache whose disk writes a helper thread starts on the way (``fdatasync``).
+
+    After every ``_SYNC_EVERY`` bytes written the thread is asked to ``fdatasync``, so the disk
+    writes overlap the rest of the write instead of all waiting for the final fsync. ``close``
+    waits for the thread and raises what it met (a failed ``fdatasync``, say).
+    """
+
+    def __init__(self, path):
+        self._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        self._unsynced = 0
+        self._errors = []
+        self._sync_wanted = threading.Event()
+        self._sync_asked = False
+        self._done = False
+        self._thread = threading.Thread(target=self._sync_loop, name="hvdkit-ckpt-sync", daemon=True)
+        self._thread.start()
+
+    def write(self, view):
+        written = 0
+        while written < len(view):  # a raw file may take fewer bytes than given
+            written += self._file.write(view[written:])
+        self._unsynced += len(view)
+        if self._unsynced >= _SYNC_EVERY:
+            self._unsynced = 0
+            self._sync_asked = True
+            self._sync_wanted.set()
+
     def _sync_loop(self):
         while True:
             self._sync_wanted.wait()
@@ -135,21 +169,12 @@ class _HashingSink:
                 return
 
     def close(self):
-        self._chunks.put(None)
         self._done = True
         self._sync_wanted.set()
-        for t in self._threads:
-            t.join()
+        self._thread.join()
         self._file.close()
         if self._errors:
             raise self._errors[0]
-        self.hexdigest = self._sha.hexdigest()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _write_npy(f, array):

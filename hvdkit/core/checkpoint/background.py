@@ -32,7 +32,7 @@ from ..log import get_logger
 if TYPE_CHECKING:
     from ..comm import Communicator
 
-__all__ = ["BackgroundWrites", "WRITER_PRIORITIES", "wait_for_copies", "writer_nice"]
+__all__ = ["BackgroundWrites", "WRITER_PRIORITIES", "DIRECT_IO", "wait_for_copies", "writer_nice", "writes_direct"]
 
 _log = get_logger("checkpoint")
 _UNSHARED: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # writes whose outcome no rank asked for
@@ -50,6 +50,9 @@ _UNSHARED: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # writes whose
 WRITER_PRIORITIES = {"normal": 0, "low": 19, "idle": 19}
 _IDLE_POLICY = "idle"
 DEFAULT_WRITER_PRIORITY = "normal"
+# Whether a checkpoint's arrays file is written with O_DIRECT (``direct``: not through the page cache, where the
+# file system takes it) when the checkpointer's ``direct_io`` is left None: by its ``writer_priority``.
+DIRECT_IO = {"normal": False, "low": False, "idle": False}
 _COPYING: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # saves whose state may still be being copied
 _COPYING_LOCK = threading.Lock()  # _COPYING is changed by the thread that saves and read by the one that steps
 
@@ -63,6 +66,21 @@ def writer_nice(priority: str) -> int:
             "'idle' writes only on CPU time training leaves"
         )
     return WRITER_PRIORITIES[priority]
+
+
+def writes_direct(priority: str, direct_io: bool | None) -> bool:
+    """Whether a checkpoint's arrays are written with O_DIRECT: ``direct_io`` (True or False), or with None the way of
+    ``priority`` (``DIRECT_IO``); ConfigError naming the choices for anything else (or for a bad priority)."""
+    writer_nice(priority)
+    if direct_io is None:
+        return DIRECT_IO[priority]
+    if not isinstance(direct_io, bool):
+        raise ConfigError(
+            f"direct_io must be True, False or None (got {direct_io!r}): True writes a checkpoint's arrays with "
+            "O_DIRECT (not through the page cache, where the file system allows it), False through the page cache, "
+            "None as writer_priority chooses"
+        )
+    return direct_io
 
 
 def wait_for_copies() -> None:

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
 from .arrays import ARRAYS, ArrayFile, write_arrays
-from .background import DEFAULT_WRITER_PRIORITY, writer_nice
+from .background import DEFAULT_WRITER_PRIORITY, writes_direct
 from .folder import listing, verify
 from .store import MANIFEST, CheckpointStore, Position, Resumed
 from .tree import capture_rng, decode, encode, reseed_rng, restore_rng
@@ -102,6 +102,8 @@ class CheckpointerBase:
     memory, or sooner where the adapter can gate what changes the state (torch: a thread copies the
     parameters and the optimizer state until the optimizer's next ``step()``; see ``wait_copied``);
     a thread writes it (see ``save`` and ``wait``) at ``writer_priority`` ("normal", "low" or "idle").
+    ``direct_io``: write the arrays with O_DIRECT (True), through the page cache (False) or as
+    ``writer_priority`` chooses (None; ``background.DIRECT_IO``).
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
 
@@ -117,12 +119,13 @@ class CheckpointerBase:
         framework: str,
         async_save: bool = False,
         writer_priority: str = DEFAULT_WRITER_PRIORITY,
+        direct_io: bool | None = None,
     ) -> None:
         if not isinstance(async_save, bool):
             raise ConfigError(
                 f"async_save must be True or False (got {async_save!r}): True writes checkpoints in the background"
             )
-        writer_nice(writer_priority)  # a bad value fails before the folder is touched
+        self.direct_io = writes_direct(writer_priority, direct_io)  # bad values fail before the folder is touched
         self.async_save = async_save
         self.writer_priority = writer_priority
         self.comm = comm
@@ -224,7 +227,7 @@ class CheckpointerBase:
 
         def write(folder):
             items = ((n, t if isinstance(t, np.ndarray) else self._to_array(t)) for n, t in plan["arrays"])
-            return {ARRAYS: write_arrays(os.path.join(folder, ARRAYS), items)}
+            return {ARRAYS: write_arrays(os.path.join(folder, ARRAYS), items, direct=self.direct_io)}
 
         return self.store.save(
             write, step, epoch, meta=lambda: plan["meta"], check=check, background=self.async_save, copy=copy

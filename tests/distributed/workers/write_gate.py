@@ -18,10 +18,10 @@ def hold_writes():
     gate.set()
     real = checkpoint_state.write_arrays
 
-    def held(path, items):
+    def held(path, items, **how):  # how: direct=...
         if not gate.wait(BOUND_S):
             raise TimeoutError(f"the test never let the write of {path} through")
-        return real(path, items)
+        return real(path, items, **how)
 
     checkpoint_state.write_arrays = held
     return gate

@@ -22,9 +22,11 @@ def test_free_core_times_the_steps_on_one_torch_thread_beside_all_threads_and_pu
     assert result["step_time_free_core"]["torch_threads"] == 1
     assert result["step_time_free_core"]["step"].endswith("torch threads 1")
     for key in ("step_time", "step_time_free_core"):
-        for priority in ckpt_bench.PRIORITIES:
-            assert len(result[key][priority]["steps_per_write"]) == 1  # --quick: one write per priority
+        for way, (_, direct_io) in ckpt_bench.WRITERS.items():
+            assert len(result[key][way]["steps_per_write"]) == 1  # --quick: one write per way
+            assert result[key][way]["direct_io"] is direct_io is way.endswith("_direct")
         assert len(result[key]["no_write"]["samples_s"]) >= 20
+    assert result["o_direct_taken"] in (True, False)
     assert result["results"]["1"]["checks"] == {"sync": 0.0, "async_copy_in_save": 0.0, "async": 0.0}
     pieces = result["pieces_before_vs_now"]
     assert pieces["pieces"] == {"before": [4 << 20, 0], "now": [256 << 10, 8]}

@@ -222,9 +222,9 @@ def test_writer_priority_low_writes_at_nice_19_after_copying_at_training_priorit
                 seen["copy"] = _nice_of_this_thread()
             return super()._copy_into(items, old, staging, ready)
 
-    def watched_write(path, items):
+    def watched_write(path, items, **how):
         seen["write"] = _nice_of_this_thread()
-        return write_arrays(path, items)
+        return write_arrays(path, items, **how)
 
     monkeypatch.setattr(state, "write_arrays", watched_write)
     model = _model()

@@ -31,8 +31,8 @@ class _LagSink(arrays_module._HashingSink):
 
     lags: list[int] = []
 
-    def __init__(self, path):
-        super().__init__(path)
+    def __init__(self, path, *args):  # args: how the file is written (direct or not), passed on
+        super().__init__(path, *args)
         self._sha = _SlowSha()  # the hash thread waits for the first piece: nothing is hashed yet
 
     def write(self, data):
