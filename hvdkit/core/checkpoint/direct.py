@@ -83,7 +83,7 @@ class DirectFile:
         self._thread = threading.Thread(target=self._disk_loop, name="hvdkit-ckpt-direct-io", daemon=True)
         self._thread.start()
 
-    def write(self, data) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         """Copy ``data`` into the buffers (a full one goes to the disk); the number of bytes (all of them)."""
         src = np.frombuffer(data, dtype=np.uint8)
         done = 0
