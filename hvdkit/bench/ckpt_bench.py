@@ -11,6 +11,8 @@ model + optimizer + RNG, written to a temporary folder, fsynced, hashed into a m
 into place, old ones pruned in the background). Each variant's file is loaded back and compared
 before timing. Every sample starts after ``os.sync()`` and after hvdkit's background deletion of
 pruned checkpoints has finished (both untimed): what is timed is how long the training loop waits.
+``--quick`` (checks, not figures) leaves out the ``os.sync()``: on a busy machine it waits for every other
+process's writeback (about a minute beside the test suite's jobs, against 0.6 s for the whole run alone).
 
 ``--async`` (one process): ``Checkpointer.save`` with ``async_save=False`` (``sync``), with
 ``async_save=True`` but no torch optimizer to gate (``async_copy_in_save``: ``save()`` copies the whole
@@ -102,7 +104,7 @@ def run(megabytes, reps, root):
         # Untimed: no dirty pages left by the previous variant (its writeback would land on this
         # one's fsync), and no pruned checkpoint still being deleted in the background.
         ckpt.store.wait_for_cleanup()
-        os.sync()
+        _settle()
         t0 = time.perf_counter()
         variants[v]()
         samples[v].add(time.perf_counter() - t0)
@@ -208,6 +210,15 @@ def run_restore(megabytes, reps, root, with_pickled=False):
 
 
 ASYNC_SIZES = (64, 1024, 2263)  # MB; 2263 MiB: the 2.21 GiB of the large-resume test
+_SYNC_BEFORE_SAMPLES = True  # False under --quick (main)
+
+
+def _settle():
+    """Before a timed sample: ``os.sync()``, so that no writeback of the previous one lands on it (not with --quick)."""
+    if _SYNC_BEFORE_SAMPLES:
+        os.sync()
+
+
 STEP_SIDE = 256  # the "training step": STEP_CHAIN matmuls of STEP_SIDE x STEP_SIDE fp32
 STEP_CHAIN = 8
 
@@ -305,7 +316,7 @@ def _async_size(megabytes, reps, root):
     for rep, mode in interleaved(list(ckpts), reps):
         ckpt = ckpts[mode]
         ckpt.store.wait_for_cleanup()
-        os.sync()  # untimed: no writeback of the previous sample lands on this one
+        _settle()  # untimed: no writeback of the previous sample lands on this one
         layers.opt.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         ckpt.save(next(counter), 0)
@@ -351,7 +362,7 @@ def _async_size(megabytes, reps, root):
 def _steps_during_write(ckpt, counter, a, b, into):
     """Steps timed (into ``into``) while one background write is in flight; (steps, seconds the write took)."""
     ckpt.store.wait_for_cleanup()
-    os.sync()
+    _settle()
     t0 = time.perf_counter()
     ckpt.save(next(counter), 0)
     steps = 0
@@ -460,7 +471,7 @@ def _pieces_compare(ckpt, counter, reps, nbytes):
         for _, v in interleaved(list(PIECES), reps):
             arrays._CHUNK, arrays._HASH_LAG = PIECES[v] or now
             ckpt.store.wait_for_cleanup()
-            os.sync()
+            _settle()
             t0, c0 = time.perf_counter(), _process_cpu()
             ckpt.save(next(counter), 0)
             ckpt.wait()
@@ -610,6 +621,9 @@ def main(argv=None):
     megabytes = QUICK_MEGABYTES if args.quick else args.megabytes or (RESTORE_MEGABYTES if args.restore else MEGABYTES)
     reps = 1 if args.quick else args.reps
     root = tempfile.mkdtemp(prefix="hvdkit-bench-ckpt-", dir=args.dir)
+    global _SYNC_BEFORE_SAMPLES
+    sync_before = _SYNC_BEFORE_SAMPLES
+    _SYNC_BEFORE_SAMPLES = not args.quick
     try:
         if args.async_:
             sizes = [QUICK_MEGABYTES] if args.quick else [int(v) for v in args.sizes.split(",")]
@@ -631,6 +645,7 @@ def main(argv=None):
         else:
             result, writer = run(megabytes, reps, root), True
     finally:
+        _SYNC_BEFORE_SAMPLES = sync_before
         shutil.rmtree(root, ignore_errors=True)
     if writer:
         with open(args.out, "w", encoding="utf-8") as f:

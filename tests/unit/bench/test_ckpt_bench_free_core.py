@@ -41,3 +41,14 @@ def test_without_free_core_only_the_all_threads_step_times_are_recorded(tmp_path
     result = json.loads(out.read_text())
     assert "step_time_free_core" not in result and "pieces_before_vs_now" not in result
     assert result["step_time"]["torch_threads"] == torch.get_num_threads()
+
+
+def test_quick_leaves_out_the_sync_before_each_sample_and_a_measurement_keeps_it(tmp_path, monkeypatch):
+    """os.sync() waits for every process's writeback: beside the suite's jobs it made --quick take a minute."""
+    calls = []
+    monkeypatch.setattr(ckpt_bench.os, "sync", lambda: calls.append(1))
+    ckpt_bench.main([str(tmp_path / "quick.json"), "--async", "--quick", "--dir", str(tmp_path)])
+    assert calls == [] and ckpt_bench._SYNC_BEFORE_SAMPLES is True  # put back for the next run
+    measured = ["--async", "--sizes", "1", "--reps", "1", "--step-reps", "1", "--dir", str(tmp_path)]
+    ckpt_bench.main([str(tmp_path / "measured.json"), *measured])
+    assert len(calls) >= 1 + len(ckpt_bench.WRITERS)  # a sync before each sample: the sizes' and each writer's
