@@ -1,7 +1,11 @@
 """A script shaped like Horovod's public TF2 synthetic benchmark runs unchanged on hvdkit's engine,
-started by ``horovodrun -np 2 --gloo`` and ``mpirun -np 2``, the two launchers existing Horovod scripts use
-(``hvdkit run`` starting an unchanged TensorFlow script is checked by test_public_scripts_keras.py, whose
-script runs under all three: one TensorFlow job less, about 25 s of the suite).
+started by ``mpirun -np 2``.
+
+One launcher is enough here: what this script needs from the engine (fixes 10 and 11, below) is in
+TensorFlow's adapter, which the controller does not touch. The launchers are checked with TensorFlow
+elsewhere: test_public_scripts_keras.py runs an unchanged Keras script under ``horovodrun --gloo``,
+``mpirun`` and ``hvdkit run``, and test_horovod_tensorflow_api.py runs ``DistributedGradientTape`` and
+``broadcast_variables`` under both controllers (a TensorFlow job of 110-135 s less in a loaded suite).
 
 On the upstream engine it dies on both ranks at its first step, in ``DistributedGradientTape.gradient``
 (``'Variable' object has no attribute 'ref'``, Keras 3 variables; fix 10), and its
@@ -33,9 +37,7 @@ FLAGS = [
     "2",
     "--no-cuda",
 ]
-COMMANDS = ("horovodrun-gloo", "mpirun")
 
 
-@pytest.mark.parametrize("launcher", COMMANDS)
-def test_the_tf2_synthetic_benchmark_runs_unchanged_on_two_ranks_and_reports_throughput(launcher):
-    run_synthetic_benchmark(launcher, SCRIPT, FLAGS)
+def test_the_tf2_synthetic_benchmark_runs_unchanged_on_two_ranks_and_reports_throughput():
+    run_synthetic_benchmark("mpirun", SCRIPT, FLAGS)
