@@ -15,7 +15,7 @@ this machine (``localhost`` and ``127.0.0.1``), so no ssh is needed.
 import json
 
 import pytest
-from elastic_jobs import run_elastic
+from elastic_jobs import discovery_parents, run_elastic
 from helpers import ROOT
 
 pytestmark = pytest.mark.dist
@@ -27,15 +27,36 @@ def _elastic(tmp_path, hosts, np_, min_np, max_np, extra=(), timeout=240, elasti
     return run_elastic(SCRIPT, tmp_path, hosts, np_, min_np, max_np, extra, timeout, elastic_timeout, env)
 
 
-def test_an_elastic_job_on_one_host_starts_at_once_and_ends_with_every_sample_once(tmp_path):
+@pytest.fixture(scope="module")
+def one_host(tmp_path_factory):
+    """An elastic job on ``localhost:2`` that runs to its end: its folder and finished process."""
+    out = tmp_path_factory.mktemp("one-host")
+    return out, _elastic(out, "localhost:2\n", 2, 1, 2, timeout=150, elastic_timeout=120)
+
+
+def test_an_elastic_job_on_one_host_starts_at_once_and_ends_with_every_sample_once(one_host):
     # Before the fix: no output after start-up, until the elastic timeout (here 60 s) ended it.
-    proc = _elastic(tmp_path, "localhost:2\n", 2, 1, 2, timeout=150, elastic_timeout=120)
+    tmp_path, proc = one_host
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result == {"total": EXPECTED_TOTAL, "epochs": 3, "steps": 18, "size": 2}
     assert "waiting" not in proc.stderr  # nothing to wait for
     assert not (tmp_path / "resets").exists()
+
+
+def test_the_driver_runs_the_discovery_script_as_its_own_child_without_a_python_middleman(one_host):
+    """The driver runs the script every second for the whole job: upstream each run started a Python interpreter
+    first (safe_shell_exec's spawned middleman, about 0.2 s of CPU), between the script and horovodrun."""
+    out, proc = one_host
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    runs = discovery_parents(out)
+    assert runs, "the discovery script never ran"
+    for chain in runs:
+        assert "horovodrun" in chain[-1], chain  # the launcher is found above the script
+        between = chain[:-1]  # the shell that ran it (``sh -c SCRIPT``), if it did not exec the script itself
+        assert all(c.split()[0].endswith("sh") for c in between), chain
+        assert not any("multiprocessing" in c for c in chain), chain
 
 
 def test_waiting_for_slots_says_what_it_waits_for_and_the_timeout_names_it(tmp_path):

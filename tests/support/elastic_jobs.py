@@ -9,14 +9,34 @@ from collections import defaultdict
 
 from helpers import BIN, PYTHON, run_bounded
 
+# Each run of the discovery script appends to OUT/discovery-parents the command lines of the processes above it, up
+# to the launcher: "|" before each, nearest first (engine fix 09-elastic-discovery-script-without-a-python-per-poll).
+_ANCESTRY = """p=$PPID; chain=""
+for _ in 1 2 3 4; do
+  [ -r /proc/$p/cmdline ] || break
+  chain="$chain|$(tr '\\0' ' ' < /proc/$p/cmdline)"
+  case "$chain" in *horovodrun*) break ;; esac
+  p=$(sed 's/.*) [A-Za-z] \\([0-9]*\\) .*/\\1/' /proc/$p/stat)
+done
+echo "$chain" >> {parents}
+"""
+
 
 def discovery(out, hosts):
-    """Write ``out/hosts`` = ``hosts`` and an executable ``out/discover.sh`` printing it; its path."""
+    """Write ``out/hosts`` = ``hosts`` and an executable ``out/discover.sh`` printing it; its path. Each run also
+    records what started it (``discovery_parents``)."""
     (out / "hosts").write_text(hosts)
     script = out / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
+    script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n" + _ANCESTRY.format(parents=out / "discovery-parents"))
     script.chmod(0o755)
     return script
+
+
+def discovery_parents(out):
+    """For each run of ``out``'s discovery script, the command lines of the processes between it and the launcher
+    (the launcher's last), nearest first."""
+    lines = (out / "discovery-parents").read_text().splitlines()
+    return [line.split("|")[1:] for line in lines]
 
 
 def clean_env(extra=None):
