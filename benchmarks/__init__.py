@@ -21,7 +21,7 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["ROOT", "env_with_root", "group_ended"]
+__all__ = ["ROOT", "env_with_root", "group_ended", "save_figure", "write_record"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,3 +47,25 @@ def group_ended(proc):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def save_figure(fig, path, dpi=110):
+    """Lay out ``fig``, write it to ``path`` (PNG) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def write_record(out, name, result, lines, draw, rows):
+    """A lab command's record: OUT/NAME.json (``result``), the table ``lines`` on stdout, and OUT/NAME.png drawn by
+    ``draw(rows, path)``; the two paths."""
+    import json
+
+    data, png = os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.png")
+    with open(data, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    print("\n".join(lines))
+    draw(rows, png)
+    return data, png

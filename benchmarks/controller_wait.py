@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks import save_figure, write_record
+
 __all__ = ["main"]
 
 WAYS = ("spin", "sleep")
@@ -165,9 +167,7 @@ def plot(jobs, path):
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
     fig.suptitle("Horovod's MPI controller: how it waits (each dot a 2-rank job; line: median)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):
@@ -204,14 +204,11 @@ def main(argv=None):
         "quick": args.quick,
         "seconds": time.perf_counter() - t0,
     }
-    with open(os.path.join(args.out, "controller-wait.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
     for rep in range(reps):
         for way in WAYS:
             os.remove(os.path.join(args.out, f"job-{rep}-{way}.json"))
-    print("\n".join(table_lines(table)))
-    plot(jobs, os.path.join(args.out, "controller-wait.png"))
-    say(f"controller-wait: done in {result['seconds']:.0f} s: {args.out}/controller-wait.json, controller-wait.png")
+    data, png = write_record(args.out, "controller-wait", result, table_lines(table), plot, jobs)
+    say(f"controller-wait: done in {result['seconds']:.0f} s: {data}, {png}")
     return 0
 
 

@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import save_figure, write_record
+
 __all__ = ["main"]
 
 WAYS = ("middleman", "direct")
@@ -153,9 +155,7 @@ def plot(rows, path):
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
     fig.suptitle("One run of the host discovery script by Horovod's elastic driver (each dot a run; line: median)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):
@@ -178,11 +178,8 @@ def main(argv=None):
     table = summarize(rows, 1.0)
     result = {"runs": rows, "table": table, "machine": m, "load_average_at_end": os.getloadavg(), "quick": args.quick}
     result["seconds"] = time.perf_counter() - t0
-    with open(os.path.join(args.out, "discovery-poll.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    print("\n".join(table_lines(table)))
-    plot(rows, os.path.join(args.out, "discovery-poll.png"))
-    say(f"discovery-poll: done in {result['seconds']:.0f} s: {args.out}/discovery-poll.json, discovery-poll.png")
+    data, png = write_record(args.out, "discovery-poll", result, table_lines(table), plot, rows)
+    say(f"discovery-poll: done in {result['seconds']:.0f} s: {data}, {png}")
     return 0
 
 
