@@ -1,13 +1,10 @@
 """A background write held to a share of a core (``writer_priority="paced"``), until something waits for it.
 
 The threads of a write (the writer, which computes the zip CRC and copies into the file, and the hash thread)
-each measure their own CPU time (``time.thread_time``) and, once they have worked ``BURST`` seconds, sleep long
-enough that the work is ``share`` of the time it took in all: work ``w`` is followed by ``w * (1 - share) /
-share`` of sleep. Bursts, not a rest after every 256 KiB piece: each wake-up of a write thread takes the GIL from
-the training thread, and with a rest after every piece (about 80 wake-ups a second at 2 %) a step of 8 small
-matmuls on both cores took 1.94x its time during the write (docs/checkpoint-format.md). So a write on a
-machine whose cores all train takes about ``share`` of a core per thread from the training, whatever the
-scheduler does with nice values, and lasts ``1 / share`` times its CPU time. Once
+each measure their own CPU time (``time.thread_time``) and, after each piece of work, sleep long enough that
+the piece's work is ``share`` of the time it took in all: work ``w`` is followed by ``w * (1 - share) / share``
+of sleep. So a write on a machine whose cores all train takes about ``share`` of a core per thread from the
+training, whatever the scheduler does with nice values, and lasts ``1 / share`` times its CPU time. Once
 anything waits for the write (the next save, ``wait()``, the end of ``fit``, a preemption, exit), ``hurry`` is
 set and the rest of the write runs at full speed.
 
@@ -22,9 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["BURST", "Pacer", "current", "paced"]
+__all__ = ["Pacer", "current", "paced"]
 
-BURST = 0.005  # seconds of a thread's CPU between its rests: at 2 %, a 5 ms burst and a 245 ms rest
 _LOCAL = threading.local()
 
 
@@ -51,19 +47,12 @@ class Pacer:
     a rest at once and leaves every later one out.
     """
 
-    def __init__(
-        self,
-        share: float,
-        hurry: threading.Event,
-        clock: Callable[[], float] = time.thread_time,
-        burst: float | None = None,
-    ) -> None:
+    def __init__(self, share: float, hurry: threading.Event, clock: Callable[[], float] = time.thread_time) -> None:
         if not 0.0 < share <= 1.0:
             raise ValueError(f"a pace is a share of a core in (0, 1] (got {share!r})")
         self._sleep_per_work = (1.0 - share) / share
         self._hurry = hurry
         self._clock = clock
-        self._burst = BURST if burst is None else burst
         self._mark = 0.0
         self.rested = 0.0  # seconds of rest asked for so far
 
@@ -71,12 +60,10 @@ class Pacer:
         self._mark = self._clock()
 
     def rest(self) -> None:
-        """After a piece of work: once the work since the last rest reaches the burst, rest in proportion to it."""
-        work = self._clock() - self._mark
-        if work < self._burst:
-            return
-        if self._sleep_per_work and not self._hurry.is_set():
+        now = self._clock()
+        work, self._mark = now - self._mark, now
+        if work > 0.0 and self._sleep_per_work and not self._hurry.is_set():
             pause = work * self._sleep_per_work
             self.rested += pause
             self._hurry.wait(pause)
-        self._mark = self._clock()  # the wait's own CPU is not the write's work
+            self._mark = self._clock()  # the wait's own CPU is not the write's work

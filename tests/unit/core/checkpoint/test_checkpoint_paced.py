@@ -40,14 +40,14 @@ class Hurry(threading.Event):
 
 
 @pytest.mark.parametrize("share", [0.02, 0.25, 0.5, 1.0])
-def test_each_burst_of_work_is_followed_by_a_rest_that_makes_it_the_share_of_the_time(share):
+def test_each_piece_of_work_is_followed_by_a_rest_that_makes_it_the_share_of_the_time(share):
     clock, hurry = Clock(), Hurry()
-    pacer = pace.Pacer(share, hurry, clock, burst=0.005)
+    pacer = pace.Pacer(share, hurry, clock)
     pacer.start()
-    for work in (0.004, 0.001, 0.010, 0.002, 0.003):  # pieces: a rest once 5 ms of work have gathered
+    for work in (0.004, 0.001, 0.010):
         clock.now += work
         pacer.rest()
-    works = [0.005, 0.010, 0.005]
+    works = [0.004, 0.001, 0.010]
     expected = [w * (1 - share) / share for w in works]
     assert hurry.waits == (pytest.approx(expected) if share < 1 else [])  # a whole core: no rest, no wait
     assert pacer.rested == pytest.approx(sum(expected))
@@ -56,7 +56,7 @@ def test_each_burst_of_work_is_followed_by_a_rest_that_makes_it_the_share_of_the
 
 def test_once_hurried_a_pacer_rests_no_more_and_a_rest_in_progress_ends():
     clock, hurry = Clock(), Hurry()
-    pacer = pace.Pacer(0.1, hurry, clock, burst=0.0)
+    pacer = pace.Pacer(0.1, hurry, clock)
     pacer.start()
     clock.now += 0.01
     pacer.rest()
@@ -65,7 +65,7 @@ def test_once_hurried_a_pacer_rests_no_more_and_a_rest_in_progress_ends():
     pacer.rest()
     assert hurry.waits == [pytest.approx(0.09)]
     real = threading.Event()
-    sleeper = pace.Pacer(1e-6, real, burst=0.0)  # a rest of about a day per ms of work, unless hurried
+    sleeper = pace.Pacer(1e-6, real)  # a rest of about a day per ms of work, unless hurried
     sleeper.start()
     sum(range(200_000))  # some CPU work of this thread
     threading.Timer(0.05, real.set).start()
@@ -94,7 +94,6 @@ def test_a_paced_write_rests_in_both_of_its_threads_and_writes_the_same_bytes(tm
             made.append(self)
 
     monkeypatch.setattr(pace, "Pacer", Recorded)
-    monkeypatch.setattr(pace, "BURST", 0.0)  # a rest after every piece: this write is too small for a 5 ms burst
     plain = write_arrays(str(tmp_path / "plain.npz"), _arrays())
     assert made == []  # not paced outside a paced block
     with pace.paced(0.5, threading.Event()):
