@@ -23,8 +23,7 @@ saved model run during the copy and the time the next ``opt.step()`` then waited
 the same forward and backward with nothing in flight), and the time until ``wait()`` returned. Then
 the step time of a "training step" (a chain of small matmuls) while a background write of
 ``--step-mb`` (default: the largest size) is in flight, at each ``writer_priority`` through the page cache
-(``"paced"`` too: its write lasts about 50 times its CPU time) and at "normal" and "idle" with
-``direct_io=True`` (O_DIRECT), against the same steps with none,
+and at "normal" and "idle" with ``direct_io=True`` (O_DIRECT), against the same steps with none,
 interleaved write by write, with how long each write took under training. With
 ``--free-core`` the step times are measured twice: with torch's own thread count (the step keeps every
 core busy: ``step_time``) and with torch threads 1 (``step_time_free_core``: the step leaves the other
@@ -378,7 +377,7 @@ def _steps_during_write(ckpt, counter, a, b, into):
     return steps, took
 
 
-# The ways of writing timed side by side: name -> Checkpointer(writer_priority=..., direct_io=...). The
+# The ways of writing timed side by side: name -> Checkpointer(writer_priority=..., direct_io=...). The three
 # priorities write through the page cache (as in the records before O_DIRECT); "_direct": with O_DIRECT.
 WRITERS = {
     "normal": ("normal", False),
@@ -386,7 +385,6 @@ WRITERS = {
     "low": ("low", False),
     "idle": ("idle", False),
     "idle_direct": ("idle", True),
-    "paced": ("paced", False),
 }
 
 
@@ -409,7 +407,7 @@ def _step_times(ckpts, counter, reps, threads=None):
 def _timed_steps(ckpts, counter, reps):
     import torch
 
-    from ..core.checkpoint.background import WRITER_PACE, WRITER_PRIORITIES
+    from ..core.checkpoint.background import WRITER_PRIORITIES
 
     a, b = torch.randn(STEP_SIDE, STEP_SIDE), torch.randn(STEP_SIDE, STEP_SIDE) / STEP_SIDE**0.5
     during = {w: Samples() for w in WRITERS}
@@ -436,7 +434,6 @@ def _timed_steps(ckpts, counter, reps):
         out[way] = {
             "nice": WRITER_PRIORITIES[priority],
             "policy": "SCHED_IDLE" if priority == "idle" else "SCHED_OTHER",
-            "pace": WRITER_PACE.get(priority),
             "direct_io": direct_io,
             "during_write": during[way].as_dict(),
             "step_time_during_vs_no_write": during[way].median / quiet.median if during[way].values else None,
@@ -554,8 +551,6 @@ def _how(priority_result):
     """A writer's way in a plot label: its nice value, or its policy where that is not the usual; O_DIRECT."""
     policy = priority_result.get("policy", "SCHED_OTHER")
     how = f"nice {priority_result['nice']}" if policy == "SCHED_OTHER" else policy
-    if priority_result.get("pace"):
-        how = f"paced\n{100 * priority_result['pace']:g} % a thread"
     return f"{how}\nO_DIRECT" if priority_result.get("direct_io") else how
 
 

@@ -68,7 +68,7 @@ class Checkpointer(CheckpointerBase):
     (tensors included) and comes back with the same types. ``seed`` re-seeds at another world size.
     ``async_save=True``: ``save`` blocks only while rank 0 reads the variables into NumPy arrays of
     its own, then a thread writes them; see ``wait`` (memory: one more copy of the state on rank 0
-    while a write is in flight). ``writer_priority``: "normal", "low", "idle" or "paced", and
+    while a write is in flight). ``writer_priority``: "normal", "low" or "idle", and
     ``direct_io`` (O_DIRECT writes), as torch's.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.

@@ -76,14 +76,11 @@ class Checkpointer(CheckpointerBase):
     keeps that copy between saves and reuses it (memory: one more state on rank 0).
     ``writer_priority``: "normal" (the default: the write competes with training as an equal and is
     on disk soonest), "low" (nice 19: training's steps keep their time on busy CPUs, but the write
-    takes only what they leave, so the newest checkpoint lags further behind a crash), "idle"
+    takes only what they leave, so the newest checkpoint lags further behind a crash) or "idle"
     (Linux's SCHED_IDLE: the write runs only on CPU time training leaves, and gives a core back to a
-    training thread at once) or "paced" (each thread of the write takes 2 % of a core, so the write lasts
-    about 50 times its CPU time, until something waits for it: the next save, ``wait``, the end of
-    training, a preemption; then it runs at full speed); docs/checkpoint-format.md has the measurements.
-    ``direct_io``: True writes the arrays with O_DIRECT (not through the page cache, where the file
-    system allows it; the same files), False through the page cache, None (the default) as
-    ``writer_priority`` chooses.
+    training thread at once); docs/checkpoint-format.md has the measurements. ``direct_io``: True
+    writes the arrays with O_DIRECT (not through the page cache, where the file system allows it;
+    the same files), False through the page cache, None (the default) as ``writer_priority`` chooses.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """

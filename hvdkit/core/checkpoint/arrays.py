@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError
-from . import pace
 from .direct import open_direct
 
 __all__ = ["ARRAYS", "write_arrays", "ArrayFile"]
@@ -83,11 +82,6 @@ class _HashingSink:
         self._size = 0
         self._chunks = queue.Queue(maxsize=_HASH_LAG)  # write() waits when the hash is this far behind
         self.hexdigest = None
-        paced = pace.current()  # this thread's, when a paced background write (writer_priority="paced")
-        self._pace_write = pace.Pacer(*paced) if paced else None
-        self._pace_hash = pace.Pacer(*paced) if paced else None
-        if self._pace_write:
-            self._pace_write.start()
         self._hasher = threading.Thread(target=self._hash_loop, name="hvdkit-ckpt-sha256", daemon=True)
         self._hasher.start()
 
@@ -96,8 +90,6 @@ class _HashingSink:
         self._file.write(view)
         self._chunks.put(view)
         self._size += len(view)
-        if self._pace_write:  # the CRC of this piece (zipfile, before) and its copy into the file
-            self._pace_write.rest()
         return len(view)
 
     def tell(self):
@@ -114,14 +106,10 @@ class _HashingSink:
         self._chunks.join()
 
     def _hash_loop(self):
-        if self._pace_hash:
-            self._pace_hash.start()
         while (view := self._chunks.get()) is not None:
             self._sha.update(view)  # releases the GIL for large buffers
             del view  # holding it while waiting would keep the caller's last array alive
             self._chunks.task_done()
-            if self._pace_hash:
-                self._pace_hash.rest()
 
     def close(self):
         self._chunks.put(None)

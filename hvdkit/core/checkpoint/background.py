@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
-from . import pace
 
 if TYPE_CHECKING:
     from ..comm import Communicator
@@ -48,27 +47,23 @@ _UNSHARED: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # writes whose
 # core training leaves, and a training thread that wakes takes the core from it at once, where a nice-19
 # task may first finish its time slice (which a step split over torch's threads waits for). The default
 # and why: docs/checkpoint-format.md, "Writer priority".
-WRITER_PRIORITIES = {"normal": 0, "low": 19, "idle": 19, "paced": 19}
+WRITER_PRIORITIES = {"normal": 0, "low": 19, "idle": 19}
 _IDLE_POLICY = "idle"
-# "paced": nice 19 and each thread of the write held to this share of a core (``pace``) until something waits for
-# the write; then the rest runs at full speed. Measured in docs/checkpoint-format.md, "Writer priority".
-WRITER_PACE = {"paced": 0.02}
 DEFAULT_WRITER_PRIORITY = "normal"
 # Whether a checkpoint's arrays file is written with O_DIRECT (``direct``: not through the page cache, where the
 # file system takes it) when the checkpointer's ``direct_io`` is left None: by its ``writer_priority``.
-DIRECT_IO = {"normal": False, "low": False, "idle": False, "paced": False}
+DIRECT_IO = {"normal": False, "low": False, "idle": False}
 _COPYING: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # saves whose state may still be being copied
 _COPYING_LOCK = threading.Lock()  # _COPYING is changed by the thread that saves and read by the one that steps
 
 
 def writer_nice(priority: str) -> int:
-    """The nice value of a ``writer_priority`` ("normal", "low", "idle", "paced"); else ConfigError naming them."""
+    """The nice value of a ``writer_priority`` ("normal", "low" or "idle"); ConfigError naming the choices otherwise."""
     if not isinstance(priority, str) or priority not in WRITER_PRIORITIES:
         raise ConfigError(
             f"writer_priority must be one of {sorted(WRITER_PRIORITIES)} (got {priority!r}): 'normal' writes a "
             "background checkpoint at training's priority (on disk soonest), 'low' yields the CPUs to training, "
-            "'idle' writes only on CPU time training leaves, 'paced' takes a small fixed share of a core until "
-            "something waits for the write"
+            "'idle' writes only on CPU time training leaves"
         )
     return WRITER_PRIORITIES[priority]
 
@@ -141,7 +136,6 @@ class BackgroundWrites:
         self._told_waiting = False
         self._copied = threading.Event()  # clear while the thread copies the state (rank 0)
         self._copied.set()
-        self._hurry = threading.Event()  # set when something waits for the write in flight: no more pacing
 
     @property
     def running(self) -> bool:
@@ -172,7 +166,6 @@ class BackgroundWrites:
         if not self.comm.is_rank0:
             return
         self._outcome = None
-        self._hurry = threading.Event()  # this write's own: the one before set its own
         if copy is not None:
             self._copied.clear()
             with _COPYING_LOCK:
@@ -196,8 +189,7 @@ class BackgroundWrites:
                     with _COPYING_LOCK:
                         _COPYING.discard(self)
             _yield_to_training(self.priority)
-            with pace.paced(WRITER_PACE.get(self.priority), self._hurry):
-                self._outcome = ("ok", write())
+            self._outcome = ("ok", write())
         except Exception as e:  # noqa: BLE001 - any failure must reach every rank at the next settle
             self._outcome = (
                 "error",
@@ -212,7 +204,6 @@ class BackgroundWrites:
         t0 = time.perf_counter()
         if busy:
             _log.debug("waiting for the background write of step %d", step)
-            self._hurry.set()  # a paced write runs at full speed from here
             thread.join()
         if thread is None and self._outcome is None:  # rank 0 now, but another process was rank 0 and wrote it
             outcome = (

@@ -101,7 +101,7 @@ class CheckpointerBase:
     another world size. ``async_save`` makes ``save`` return once rank 0 copied the state into host
     memory, or sooner where the adapter can gate what changes the state (torch: a thread copies the
     parameters and the optimizer state until the optimizer's next ``step()``; see ``wait_copied``);
-    a thread writes it (see ``save`` and ``wait``) at ``writer_priority`` ("normal", "low", "idle" or "paced").
+    a thread writes it (see ``save`` and ``wait``) at ``writer_priority`` ("normal", "low" or "idle").
     ``direct_io``: write the arrays with O_DIRECT (True), through the page cache (False) or as
     ``writer_priority`` chooses (None; ``background.DIRECT_IO``).
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
