@@ -44,6 +44,11 @@ def _engine_has_the_fix():
     return FIX in hvdkit_fixes.FIXES
 
 
+def _hosts(text):
+    """``host:slots`` lines as ``{host: slots}``."""
+    return {h: int(s) for h, s in (line.split(":") for line in text.split())}
+
+
 def _cpu():
     """CPU seconds of this process and of its waited-for children."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -60,7 +65,7 @@ def _ways(script):
         code = safe_shell_exec.execute(script, stdout=out)
         if code != 0:
             raise SystemExit(f"discovery-poll: the script failed through safe_shell_exec (exit {code})")
-        return {h: int(s) for h, s in (line.split(":") for line in out.getvalue().split())}
+        return _hosts(out.getvalue())
 
     direct = HostDiscoveryScript(script, 1).find_available_hosts_and_slots
     return {"middleman": middleman, "direct": direct}
@@ -93,7 +98,7 @@ def measure(runs, interval):
 
 def measure_here(runs, interval):
     """``measure`` in this process."""
-    want = {h: int(s) for h, s in (line.split(":") for line in HOSTS.split())}
+    want = _hosts(HOSTS)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hvdkit-discovery-poll-") as d:
         hosts, script = os.path.join(d, "hosts"), os.path.join(d, "discover.sh")
