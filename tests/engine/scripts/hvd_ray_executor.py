@@ -1,6 +1,11 @@
-"""``horovod.ray``'s executors as users call them, on a local Ray; prints one JSON line.
+"""``horovod.ray``'s executors as users call them, on a local Ray; prints a JSON line per mode, then one for the
+whole run.
 
-    python hvd_ray_executor.py {torch,torch_colocated,keras,raise,elastic,elastic_legacy} PIDS_FILE
+    python hvd_ray_executor.py MODE[,MODE...] PIDS_FILE     # modes: torch, torch_colocated, keras, raise,
+                                                            # elastic, elastic_legacy
+
+The modes run one after the other on one local Ray (a local Ray takes 10-25 s to start on 2 busy cores), each
+with an executor of its own that it starts and shuts down.
 
 ``torch``: 2 workers (``torch_colocated``: placed by ``num_hosts=1, num_workers_per_host=2``),
 ``horovod.torch``: rank 0's weights broadcast, one SGD step on rank-dependent inputs with Horovod's
@@ -11,9 +16,9 @@ second allreduce that can no longer complete. ``elastic`` (``RayExecutor(min_wor
 ``elastic_legacy`` (``ElasticRayExecutor``): a TorchState loop of 3 committed steps in which rank 1
 raises HorovodInternalError once after its second step (the job restores the last commit and goes
 on). Every mode reports the DeprecationWarnings the
-executor's calls raised here, the workers' pids, and which processes of the job outlived
-``executor.shutdown()`` and ``ray.shutdown()``. Every pid this driver saw under it is appended to
-PIDS_FILE as soon as it is seen, so that the test can end what a killed run leaves.
+executor's calls raised here, the workers' pids and which of them outlived ``executor.shutdown()``;
+the last line, which processes of the run outlived ``ray.shutdown()``. Every pid this driver saw under it is
+appended to PIDS_FILE as soon as it is seen, so that the test can end what a killed run leaves.
 """
 
 import json
@@ -194,18 +199,13 @@ def outliving(pids, seconds=20.0):
         time.sleep(0.2)
 
 
-def main(mode, pids_file):
-    def note(pids):
-        with open(pids_file, "a") as f:
-            f.write("".join(f"{p}\n" for p in sorted(pids)))
-
+def run_mode(mode, pids_file, note):
+    """One mode's executor, started, run and shut down on the running local Ray: what it reports."""
     fn = {"torch": torch_train, "torch_colocated": torch_train, "keras": keras_train, "raise": raise_on_rank_one}.get(
         mode, elastic_train
     )
-    marker = pids_file + ".fault"
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    note(descendants(os.getpid()))
-    out = {}
+    marker = f"{pids_file}.{mode}.fault"
+    out = {"mode": mode}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)
         if mode == "elastic":
@@ -238,7 +238,7 @@ def main(mode, pids_file):
         executor.start()
         note(descendants(os.getpid()))
         if mode.startswith("elastic"):
-            forged = pids_file + ".forged"
+            forged = f"{pids_file}.{mode}.forged"
             out["forged_put_status"] = forged_registration(getattr(executor, "adapter", executor).run_env_vars, forged)
             out["forged_pickle_ran"] = os.path.exists(forged)
         workers = [] if mode.startswith("elastic") else sorted(executor.execute(lambda _: os.getpid()))
@@ -255,18 +255,29 @@ def main(mode, pids_file):
             out["error"] = type(e).__name__
             out["message"] = str(e)
         out["run_s"] = round(time.monotonic() - started, 1)
-        job = descendants(os.getpid())
-        note(job)
+        note(descendants(os.getpid()))
         if mode != "elastic_legacy":  # it has no shutdown(); its driver ended with run()
             executor.shutdown()
         out["workers_after_executor_shutdown"] = outliving(workers)
     out["deprecations"] = [
         f"{w.filename}:{w.lineno}: {w.message}" for w in caught if issubclass(w.category, DeprecationWarning)
     ]
+    return out
+
+
+def main(modes, pids_file):
+    def note(pids):
+        with open(pids_file, "a") as f:
+            f.write("".join(f"{p}\n" for p in sorted(pids)))
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    note(descendants(os.getpid()))
+    for mode in modes.split(","):
+        print(json.dumps(run_mode(mode, pids_file, note)), flush=True)
+    job = descendants(os.getpid())  # Ray's own processes (raylet, GCS, idle workers) and what a mode left
+    note(job)
     ray.shutdown()
-    out["ray_processes"] = len(job)
-    out["after_ray_shutdown"] = outliving(job)
-    print(json.dumps(out), flush=True)
+    print(json.dumps({"ray_processes": len(job), "after_ray_shutdown": outliving(job)}), flush=True)
 
 
 if __name__ == "__main__":
