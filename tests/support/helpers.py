@@ -142,9 +142,10 @@ def run_ranks(launcher, np_, script_args, timeout=300, env=None):
     return run_bounded(launcher_argv(launcher, np_) + [PYTHON, *script_args], timeout, env=env)
 
 
-def run_contract_worker(launcher, worker, out, np_=2, timeout=300):
-    """Run a contract worker on ``np_`` real ranks; every rank's recorded JSON, by rank."""
-    proc = run_ranks(launcher, np_, [str(worker), str(out)], timeout=timeout)
+def run_contract_worker(launcher, worker, out, np_=2, timeout=300, args=()):
+    """Run a contract worker on ``np_`` real ranks (``args`` after ``out`` on its command line); every rank's
+    recorded JSON, by rank."""
+    proc = run_ranks(launcher, np_, [str(worker), str(out), *args], timeout=timeout)
     assert proc.returncode == 0, f"{launcher} job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     results = []
     for r in range(np_):
