@@ -1,7 +1,6 @@
 """End to end: real jobs started through `hvdkit run`, checked by exit code, output and files."""
 
 import os
-import shutil
 import socket
 
 import pytest
@@ -54,27 +53,9 @@ def test_rerun_resumes_after_the_last_epoch_and_reports_the_same_model(demo):
     assert (again["val_accuracy"], again["val_loss"]) == (demo["result"]["val_accuracy"], demo["result"]["val_loss"])
 
 
-def test_resuming_from_an_earlier_epoch_ends_exactly_where_the_uninterrupted_run_did(demo, tmp_path):
-    # Simulate a job that died after epoch 10: keep only the epoch-10 checkpoint, then resume.
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(demo["ckpt"], ckpt)
-    shutil.rmtree(ckpt / "ckpt-000000000253")
-    shutil.rmtree(ckpt / "ckpt-000000000276")
-    proc = hvdkit_run("-np", "2", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(ckpt))
-    assert proc.returncode == 0, proc.stderr
-    r = result_line(proc.stdout)
-    assert r["resumed_from_epoch"] == 10
-    assert (r["steps"], r["val_loss"], r["val_accuracy"]) == (
-        demo["result"]["steps"],
-        demo["result"]["val_loss"],
-        demo["result"]["val_accuracy"],
-    )
-
-
-def test_demo_over_gloo_reaches_the_same_accuracy_bar(tmp_path):
-    proc = hvdkit_run("-np", "2", "--gloo", "--", PYTHON, EXAMPLE, "--checkpoint-dir", str(tmp_path / "c"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert result_line(proc.stdout)["val_accuracy"] >= 0.95
+# A resume from an earlier epoch ending bitwise where the uninterrupted demo ended is test_fault_tolerance's
+# (the flipped-bytes fallback resumes from epoch 11, the SIGTERM test mid-epoch 8); the demo over Gloo is no other
+# maths than over MPI, and `hvdkit run --gloo` trains the torch example to the end in test_in_process_recovery.py.
 
 
 @pytest.mark.parametrize("gloo", [False, True], ids=["mpi", "gloo"])

@@ -10,11 +10,11 @@ pytestmark = pytest.mark.dist
 
 
 @pytest.fixture(scope="module")
-def keras_run(tmp_path_factory):
-    ckpt = tmp_path_factory.mktemp("keras") / "ckpt"
-    proc = hvdkit_run("-np", "2", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(ckpt))
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
-    return {"ckpt": ckpt, "result": result_line(proc.stdout), "stderr": proc.stderr}
+def keras_run(keras_demo):
+    """The Keras example's run of the session (tests/e2e/conftest.py: over MPI, compression "auto"). Over Gloo the
+    example is no other maths: `horovodrun --gloo` trains the same Keras script in
+    tests/engine/test_public_scripts_keras.py and the in-process recovery tests train it over Gloo."""
+    return {"ckpt": keras_demo.ckpt, "result": keras_demo.result, "stderr": keras_demo.proc.stderr}
 
 
 def test_keras_fit_example_reaches_95_percent_on_two_ranks(keras_run):
@@ -30,9 +30,10 @@ def test_keras_fit_example_reports_the_compression_auto_chose(keras_run):
     assert keras_run["result"]["compression"] == chosen[0]
 
 
-def test_keras_fit_example_resumes_from_its_last_checkpoint(keras_run):
+def test_keras_fit_example_resumes_from_its_last_checkpoint(keras_demo, keras_run, tmp_path):
     assert sorted(os.listdir(keras_run["ckpt"]))[-1] == "ckpt-000000000276"
-    proc = hvdkit_run("-np", "2", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(keras_run["ckpt"]))
+    ckpt = keras_demo.copy_to(tmp_path / "ckpt")  # the session's folder is read only
+    proc = hvdkit_run("-np", "2", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(ckpt))
     assert proc.returncode == 0, proc.stderr[-5000:]
     again = result_line(proc.stdout)
     assert again["resumed_from_epoch"] == 12 and again["steps"] == 276
@@ -50,11 +51,3 @@ def test_tf_custom_loop_example_reaches_95_percent_on_two_ranks(tmp_path):
     assert r["val_accuracy"] >= 0.95
     chosen = re.findall(r"compression='auto' -> '(\w+)'", proc.stderr)
     assert len(chosen) == 1 and r["compression"] == chosen[0], chosen  # measured once, reported as chosen
-
-
-def test_keras_example_over_gloo_reaches_the_same_bar(tmp_path):
-    proc = hvdkit_run(
-        "-np", "2", "--gloo", "--", PYTHON, "examples/keras_digits.py", "--checkpoint-dir", str(tmp_path / "c")
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
-    assert result_line(proc.stdout)["val_accuracy"] >= 0.95
