@@ -1,5 +1,5 @@
 """``python -m benchmarks COMMAND [...]``: the lab's commands (suite, network, predict, zero, tune, elastic,
-chaos, controller-wait, discovery-poll), one module each.
+chaos, controller-wait, discovery-poll, synchronize-wait), one module each.
 
 Run from the repository root (``benchmarks`` is not installed); ``python -m benchmarks COMMAND -h``
 lists a command's flags.
@@ -20,6 +20,7 @@ COMMANDS = {
     "chaos": "a Trainer job under a SIGKILL every S s: useful throughput per way of recovering (docs/bench/chaos-*)",
     "controller-wait": "Horovod's MPI controller: waits that sleep (fix 20) vs spin (docs/bench/controller-wait-*)",
     "discovery-poll": "a run of the host discovery script: Python middleman vs own child (docs/bench/discovery-poll-*)",
+    "synchronize-wait": "a torch rank waiting in synchronize(): yield (before fix 80) vs sleep (docs/bench/sync*)",
 }
 
 

@@ -3,8 +3,8 @@ in ``synchronize()`` for rank 0, which joins the allreduce ``seconds`` later.
 
 ``/proc/self/task/<tid>/schedstat`` gives the thread's time on a CPU (ns) and how many times it was put on one.
 A thread that polls its handle is on a CPU the whole wait when the machine is quiet, and when it is not it is put
-back on a CPU thousands of times a second (each yield hands the core over and takes it back); a thread that
-sleeps until the operation is done is on a CPU for microseconds, a few times.
+back on a CPU hundreds to thousands of times a second (each yield hands the core over and takes it back); a thread
+that polls a few milliseconds and then sleeps until the operation is done is on a CPU for those milliseconds.
 """
 
 import threading

@@ -39,6 +39,11 @@ CXX_FIXES = {
     "17-elastic-worker-lost-while-ring-forms-fails-init.patch": ("horovod/common/operations.cc",),
     "18-common-reinit-keeps-fixed-settings.patch": ("horovod/common/parameter_manager.cc",),
     "20-common-mpi-controller-waits-without-spinning.patch": ("horovod/common/mpi/mpi_controller.cc",),
+    "80-torch-synchronize-waits-without-spinning.patch": (
+        "horovod/torch/handle_manager.h",
+        "horovod/torch/handle_manager.cc",
+        "horovod/torch/mpi_ops_v2.cc",
+    ),
 }
 
 
