@@ -58,6 +58,29 @@ def save_figure(fig, path, dpi=110):
     plt.close(fig)
 
 
+def plot_ways(jobs, ways, labels, keys, title, path):
+    """One panel per ``(key, panel title)`` of ``keys``: each job's value as a dot over its way (``ways``, named
+    ``labels`` on the axis), a line at each way's median; saved to ``path``."""
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(12, 3.6))
+    for ax, (key, panel) in zip(axes, keys, strict=True):
+        for i, way in enumerate(ways):
+            vals = [j[key] for j in jobs if j["way"] == way]
+            ax.scatter([i] * len(vals), vals, label=way, s=28)
+            ax.hlines(statistics.median(vals), i - 0.25, i + 0.25, colors="k")
+        ax.set_xticks(range(len(ways)), labels, fontsize=8)
+        ax.set_title(panel, fontsize=10)
+        ax.set_ylim(bottom=0)
+    fig.suptitle(title, fontsize=10)
+    save_figure(fig, path)
+
+
 def write_record(out, name, result, lines, draw, rows):
     """A lab command's record: OUT/NAME.json (``result``), the table ``lines`` on stdout, and OUT/NAME.png drawn by
     ``draw(rows, path)``; the two paths."""

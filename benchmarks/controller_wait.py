@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks import save_figure, write_record
+from benchmarks import plot_ways, write_record
 
 __all__ = ["main"]
 
@@ -119,21 +119,34 @@ def worker(out, quick):
     hvd.shutdown()
 
 
-def _job(way, out, quick, mpirun):
-    env = {**os.environ, "HOROVOD_MPI_CONTROLLER_WAIT": way}
-    argv = [mpirun, "-np", "2", "--bind-to", "none", "-x", "HOROVOD_MPI_CONTROLLER_WAIT", "-x", "PYTHONPATH"]
+def two_rank_job(bench, module, way, out, quick, mpirun, env, exported=()):
+    """``python -m module --worker out`` on 2 ranks under ``mpirun`` with ``env`` (``exported`` variables and
+    PYTHONPATH passed on to the ranks, the repository first on it): every rank's record, their weights checked equal.
+    ``bench`` names the benchmark in the errors (exit with the job's output)."""
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p)
+    argv = [mpirun, "-np", "2", "--bind-to", "none", "-x", "PYTHONPATH"]
+    for name in exported:
+        argv += ["-x", name]
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
-    argv += [sys.executable, "-m", "benchmarks.controller_wait", "--worker", out] + (["--quick"] if quick else [])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p)
+    argv += [sys.executable, "-m", module, "--worker", out] + (["--quick"] if quick else [])
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         tail = f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
-        raise SystemExit(f"controller-wait: the {way} job failed (exit {done.returncode}):\n{tail}")
+        raise SystemExit(f"{bench}: the {way} job failed (exit {done.returncode}):\n{tail}")
     with open(out, encoding="utf-8") as f:
         ranks = json.load(f)
     if not all(r["weights_equal"] for r in ranks):
-        raise SystemExit(f"controller-wait: the {way} job's ranks ended with different weights")
+        raise SystemExit(f"{bench}: the {way} job's ranks ended with different weights")
+    return ranks
+
+
+def _job(way, out, quick, mpirun):
+    env = {**os.environ, "HOROVOD_MPI_CONTROLLER_WAIT": way}
+    ranks = two_rank_job(
+        "controller-wait", "benchmarks.controller_wait", way, out, quick, mpirun, env, ["HOROVOD_MPI_CONTROLLER_WAIT"]
+    )
     row = dict(ranks[0])
     row["idle_cpu_per_s_rank1"] = ranks[1]["idle_cpu_per_s"]
     row["way"] = way
@@ -165,27 +178,13 @@ def table_lines(table):
 
 
 def plot(jobs, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     keys = [
         ("idle_cpu_per_s_both", "idle: both ranks' CPU s/s"),
         ("allreduce_us", "allreduce of 1 float (us)"),
         ("step_ms", "MLP step (ms)"),
     ]
-    fig, axes = plt.subplots(1, len(keys), figsize=(12, 3.6))
-    for ax, (key, title) in zip(axes, keys, strict=True):
-        for i, way in enumerate(WAYS):
-            vals = [j[key] for j in jobs if j["way"] == way]
-            ax.scatter([i] * len(vals), vals, label=way, s=28)
-            ax.hlines(statistics.median(vals), i - 0.25, i + 0.25, colors="k")
-        ax.set_xticks(range(len(WAYS)), ["spin (before)", "sleep (fix 20)"])
-        ax.set_title(title, fontsize=10)
-        ax.set_ylim(bottom=0)
-    fig.suptitle("Horovod's MPI controller: how it waits (each dot a 2-rank job; line: median)", fontsize=10)
-    save_figure(fig, path)
+    title = "Horovod's MPI controller: how it waits (each dot a 2-rank job; line: median)"
+    plot_ways(jobs, WAYS, ["spin (before)", "sleep (fix 20)"], keys, title, path)
 
 
 def main(argv=None):

@@ -27,15 +27,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import zipfile
 
-from benchmarks import save_figure, write_record
-from benchmarks.controller_wait import allreduce_latency, mlp_steps
+from benchmarks import plot_ways, write_record
+from benchmarks.controller_wait import allreduce_latency, mlp_steps, two_rank_job
 
 __all__ = ["main"]
 
@@ -100,22 +99,10 @@ def _job(way, out, quick, mpirun, before_path, window_us=None):
     env = {k: v for k, v in os.environ.items() if k != WINDOW_ENV}
     if window_us is not None:
         env[WINDOW_ENV] = str(window_us)
-    paths = ([before_path] if way == BEFORE else []) + [os.getcwd(), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    argv = [mpirun, "-np", "2", "--bind-to", "none", "-x", "PYTHONPATH"]
-    if window_us is not None:
-        argv += ["-x", WINDOW_ENV]
-    if os.geteuid() == 0:
-        argv.append("--allow-run-as-root")
-    argv += [sys.executable, "-m", "benchmarks.synchronize_wait", "--worker", out] + (["--quick"] if quick else [])
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        tail = f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
-        raise SystemExit(f"synchronize-wait: the {way} job failed (exit {done.returncode}):\n{tail}")
-    with open(out, encoding="utf-8") as f:
-        ranks = json.load(f)
-    if not all(r["weights_equal"] for r in ranks):
-        raise SystemExit(f"synchronize-wait: the {way} job's ranks ended with different weights")
+    if way == BEFORE:  # the engine before the fix first on the ranks' path
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (before_path, env.get("PYTHONPATH", "")) if p)
+    exported = [WINDOW_ENV] if window_us is not None else []
+    ranks = two_rank_job("synchronize-wait", "benchmarks.synchronize_wait", way, out, quick, mpirun, env, exported)
     if any(r["has_fix"] != (way != BEFORE) for r in ranks):
         raise SystemExit(f"synchronize-wait: the {way} job ran the engine of fix level {ranks[0]['fix_level']}")
     waiting = ranks[1]  # rank 0 came late
@@ -159,28 +146,15 @@ def table_lines(table):
 
 
 def plot(jobs, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     keys = [
         ("wait_cpu_per_s", "waiting rank: CPU s per s"),
         ("allreduce_us", "allreduce of 1 float (us)"),
         ("step_ms", "MLP step (ms)"),
     ]
-    fig, axes = plt.subplots(1, len(keys), figsize=(12, 3.6))
     ways = ways_of(jobs)
-    for ax, (key, title) in zip(axes, keys, strict=True):
-        for i, way in enumerate(ways):
-            vals = [j[key] for j in jobs if j["way"] == way]
-            ax.scatter([i] * len(vals), vals, label=way, s=28)
-            ax.hlines(statistics.median(vals), i - 0.25, i + 0.25, colors="k")
-        ax.set_xticks(range(len(ways)), [w if w == BEFORE else f"{w}\n(fix 80)" for w in ways], fontsize=8)
-        ax.set_title(title, fontsize=10)
-        ax.set_ylim(bottom=0)
-    fig.suptitle("A torch rank waiting in synchronize() (each dot a 2-rank job; line: median)", fontsize=10)
-    save_figure(fig, path)
+    labels = [w if w == BEFORE else f"{w}\n(fix 80)" for w in ways]
+    title = "A torch rank waiting in synchronize() (each dot a 2-rank job; line: median)"
+    plot_ways(jobs, ways, labels, keys, title, path)
 
 
 def _unpack(wheel, into):
