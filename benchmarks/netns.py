@@ -212,6 +212,10 @@ class TwoHosts:
             f"ListenAddress {address}\nHostKey {self.tmp / 'host_key'}\n"
             f"AuthorizedKeysFile {self.tmp / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
             f"StrictModes no\nUsePAM no\nPidFile {pidfile}\n"
+            # A login runs root's shell start-up, which on a pyenv machine runs `pyenv rehash`: a login killed
+            # mid-rehash (a test takes its host away) leaves pyenv's lock, and every later login waited 60 s for it
+            # (a host "gave no answer within 15 s"). One second, then the login goes on without the rehash.
+            "SetEnv PYENV_REHASH_TIMEOUT=1\n"
         )
         _sh(*self.sshd_argv(i, config))
         self._sshd_pids.append(wait_for_pidfile(pidfile, timeout=10, what=f"sshd in {ns}"))
