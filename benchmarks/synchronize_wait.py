@@ -2,7 +2,7 @@
 fix 80.
 
     python -m benchmarks synchronize-wait --before-wheel WHEEL --out docs/bench/synchronize-wait-DATE [--reps 3]
-        [--windows 0,1000]
+        [--windows 0,5000]
 
 Before engine fix 80 (hvdkit/engine/recipe/horovod-fixes/80-torch-synchronize-waits-without-spinning.patch) a rank
 waiting for a handle polled it with ``yield()`` and took the GIL back at every turn; with the fix it polls for a
@@ -169,7 +169,7 @@ def main(argv=None):
     p.add_argument("--out", help="folder for synchronize-wait.json and synchronize-wait.png")
     p.add_argument("--before-wheel", help="an engine wheel without fix 80 (~/.cache/hvdkit/wheels/...)")
     p.add_argument("--reps", type=int, default=3, help="jobs of each way, interleaved (default: 3)")
-    p.add_argument("--windows", default="0,1000", help="poll windows (us) to run the fixed engine with")
+    p.add_argument("--windows", default="0,5000", help="poll windows (us) for the fixed engine (5000: its default)")
     p.add_argument("--quick", action="store_true", help="short jobs, once: checks the benchmark, measures nothing")
     p.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
