@@ -131,6 +131,8 @@ def _run_horovod_elastic(spec: JobSpec, options: RunOptions, err: TextIO) -> int
             with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700), "w") as f:
                 f.write(f"#!/bin/sh\necho {shlex.quote(format_hosts(spec.hosts))}\n")
             spec = dataclasses.replace(spec, hosts=())
+        if spec.env.get(env.RECOVERY) == "in-process":  # one id for every worker: the checkpoint lock knows its job
+            spec = dataclasses.replace(spec, env={env.LINEAGE: secrets.token_hex(8), **spec.env})
         built = build_horovod_elastic(
             spec,
             options.elastic,

@@ -16,6 +16,7 @@ from elastic_jobs import assert_every_sample_once_per_epoch as assert_samples_on
 from elastic_jobs import last_generation
 from helpers import PYTHON, hvdkit_run, pid_running, read_sample_logs
 
+from hvdkit.core.checkpoint.lock import LOCK_FILE
 from hvdkit.core.checkpoint.state import read_newest
 
 pytestmark = pytest.mark.dist
@@ -107,6 +108,8 @@ def test_a_worker_killed_mid_run_is_recovered_in_process_with_every_sample_once_
     assert result["steps"] == EPOCHS * STEPS_PER_EPOCH
     # the checkpoints go on after the loss of either rank: the last is the end of the run
     assert read_newest(d).step == EPOCHS * STEPS_PER_EPOCH
+    # the lock's holder names the job's lineage: a new rank 0 of this job waits for the old one to give it back
+    assert re.fullmatch(r"[0-9a-f]{16}", json.loads((d / LOCK_FILE).read_text())["lineage"])
     assert_every_sample_once_per_epoch(read_sample_logs(log))
     assert_close(params(d), uninterrupted["params"], BOUND)
     # validated over every sample at the new size too (before: the shards of the old size, half the set)

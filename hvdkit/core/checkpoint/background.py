@@ -261,6 +261,13 @@ class BackgroundWrites:
             if outcome[0] != "ok":
                 _log.error("%s (found after a recovery)", outcome[1])
 
+    def join_locally(self) -> None:
+        """Wait for this process's write thread, if one runs; its outcome is kept for the next ``settle``. No
+        collective (a process that stops being rank 0 finishes its write before it gives back the lock)."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join()
+
     def finish_locally(self, when: str = "at exit") -> None:
         """Rank 0, no collective (exit, close): wait for the write; log its failure, which no rank asked for.
 

@@ -6,6 +6,11 @@ in the folder and writes its host, pid and job id there. A second job fails at o
 naming the holder. The kernel drops the lock when the holder exits, however it ends (SIGKILL too),
 so a stale lock file never blocks a new job. Stores of one process share the process's lock.
 
+Under in-process recovery (``hvdkit run --recovery in-process``) the process that is rank 0 can change while
+every process lives on: a worker that joins may be given rank 0. The process that held the lock gives it back at
+the sync where it stops being rank 0, after its own write in flight (``CheckpointStore._step_down``), and the new
+rank 0 waits for it (at most ``HANDOFF_WAIT`` seconds) when the holder is of its own job (the same lineage).
+
 On shared storage (NFS) a lock can outlive a host that was lost: the server only drops it when its
 lease ends, or never. An elastic job's attempts share a lineage (HVDKIT_LINEAGE, set by ``hvdkit
 run``), written with the holder: an attempt that finds the lock held by its own lineage on another
@@ -39,6 +44,8 @@ _HELD = {}  # (st_dev, st_ino) of a folder -> its FolderLock, held by this proce
 # run inside acquire() or release() on this very thread, while the guard is held (a plain Lock hung).
 _GUARD = threading.RLock()
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+HANDOFF_WAIT = 60.0  # in-process recovery: seconds the new rank 0 waits for the process of its job that was rank 0
+_HANDOFF_POLL = 0.05
 
 
 @dataclass
@@ -102,7 +109,7 @@ def acquire(root: str) -> FolderLock:
 
 def _flock(fd, root):
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _flock_or_wait_for_handoff(fd, root)
     except BlockingIOError:
         holder = _holder(fd)
         lineage = os.environ.get(_env.LINEAGE, "")
@@ -116,6 +123,13 @@ def _flock(fd, root):
                 holder.get("pid", "?"),
             )
             return False
+        if _handing_off(holder):
+            raise CheckpointError(
+                f"checkpoint directory {root!r}: process {holder.get('pid', '?')} on {holder.get('host', '?')}, rank 0 "
+                f"of this job before this process, did not give back the folder's lock within {HANDOFF_WAIT:g} s; "
+                "its write may hang (look at that process), or end the job and start it again from the newest "
+                "checkpoint"
+            ) from None
         raise CheckpointError(_in_use(root, holder)) from None
     except OSError as e:
         if e.errno not in _UNSUPPORTED:
@@ -123,6 +137,41 @@ def _flock(fd, root):
         _log.warning("%s: this file system has no flock (%s); nothing stops a second job from using it", root, e)
         return False
     return True
+
+
+def _handing_off(holder):
+    """Whether ``holder`` is a process of this very job under in-process recovery (the rank 0 before this one,
+    which gives the lock back at its next sync)."""
+    lineage = os.environ.get(_env.LINEAGE, "")
+    return bool(lineage) and holder.get("lineage") == lineage and os.environ.get(_env.RECOVERY) == "in-process"
+
+
+def _flock_or_wait_for_handoff(fd, root):
+    """``flock(LOCK_EX | LOCK_NB)``; while the holder is the rank 0 before this process in the same in-process job,
+    try again for at most ``HANDOFF_WAIT`` seconds (BlockingIOError after that, as at once for anyone else)."""
+    deadline = None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = _holder(fd)
+            if not _handing_off(holder):
+                raise
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + HANDOFF_WAIT
+                _log.info(
+                    "%s: waiting for process %s on %s, rank 0 before this process, to give back the folder's lock "
+                    "(at most %g s)",
+                    root,
+                    holder.get("pid", "?"),
+                    holder.get("host", "?"),
+                    HANDOFF_WAIT,
+                )
+            elif now >= deadline:
+                raise
+            time.sleep(_HANDOFF_POLL)
 
 
 def _write_holder(fd, job):

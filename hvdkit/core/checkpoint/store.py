@@ -155,6 +155,21 @@ class CheckpointStore:
             self._sweep_dead_jobs()
         return None
 
+    def _step_down(self):
+        """A process that took the folder's lock as rank 0 and is another rank now (in-process recovery: a worker
+        that joined was given rank 0) gives the lock back, after its own write in flight, so that the new rank 0
+        can take it (it waits for it: ``lock.acquire``). No collective; nothing when this process holds no lock or
+        is rank 0."""
+        if self._lock is None or self.comm.is_rank0:
+            return
+        self._writes.join_locally()
+        rank = self.comm.rank
+        if self._finalizer is not None:
+            self._finalizer()
+        self._lock = self._finalizer = None
+        self._deferred = True
+        _log.info("this process is rank %d now, no longer rank 0: it gave back the lock on %s", rank, self.root)
+
     def _become_rank0(self):
         """A rank that is rank 0 now but was not when the store was built (in-process recovery after rank 0
         was lost: ``hvdkit.torch.elastic``) takes the folder's lock first; CheckpointError when it cannot."""
@@ -262,6 +277,7 @@ class CheckpointStore:
         ``background.wait_for_copies`` wait, so whatever changes that state in place must call one first.
         Collective: every rank calls it; only rank 0 calls ``check`` and ``write``.
         """
+        self._step_down()
         self._writes.settle(next_step=int(step))
         # Read here, not in the write thread: under --recovery in-process a reset shuts Horovod down (its
         # rank() and size() raise) while a background write may still be in flight.
@@ -292,8 +308,10 @@ class CheckpointStore:
         return value
 
     def settle_locally(self) -> None:
-        """``BackgroundWrites.settle_locally``: after an in-process recovery or join, no collective."""
+        """``BackgroundWrites.settle_locally``: after an in-process recovery or join, no collective. A process that
+        was rank 0 before and is not now also gives back the folder's lock here."""
         self._writes.settle_locally()
+        self._step_down()
 
     def wait_copied(self) -> None:
         """Wait until the background save in flight has its copy of the state (rank 0; no collective)."""
@@ -435,6 +453,7 @@ class CheckpointStore:
         A background write in flight is waited for first (see ``wait``).
         Collective: every rank calls it; only rank 0 touches the file system.
         """
+        self._step_down()
         self.wait()
         outcome, state = None, None
         if self.comm.is_rank0:
