@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Self
@@ -52,7 +53,7 @@ def hold_stop_signals(signals: Iterable[signal.Signals] = DEFAULT_SIGNALS) -> It
 
 def report_to_launcher(record: dict[str, Any]) -> None:
     """Tell ``hvdkit run`` ``record`` (a JSON object) on one line of stderr, which it takes out of the
-    output; nothing outside ``hvdkit run``. Call it on rank 0 only.
+    output; nothing outside ``hvdkit run``. Call it on rank 0 only (a ``"worker"`` record: on every rank).
     Env: HVDKIT_JOB_ID (set by ``hvdkit run``)."""
     job = os.environ.get(_env.JOB_ID, "")
     if job:
@@ -105,6 +106,10 @@ class PreemptionGuard:
             if _held:  # a stop signal came while no guard was installed (hold_stop_signals): it is this guard's
                 self.received = _held[0]
                 _held.clear()
+        if os.environ.get(_env.RECOVERY) == "in-process":
+            # Horovod's elastic workers have no rank wrapper to say where they run: each says it here (every rank,
+            # each time it enters training), so that a stop sent to `hvdkit run` reaches one on another host
+            report_to_launcher({"event": "worker", "pid": os.getpid(), "host": socket.gethostname()})
 
     def _on_signal(self, signum, _frame):
         self.received = signum

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from .rank_signals import (
     reap,
     remote_rank_pids,
     remote_ranks_to_stop,
+    signal_one_remote,
     signal_pids,
     signal_remote,
 )
@@ -265,6 +267,10 @@ class Execution:
         signal_pids(self._local_ranks(), signal.SIGTERM)
         if self.forward_usr1:
             signal_pids([self.proc.pid], signal.SIGUSR1)
+        elif self.elastic_workers:  # no worker here: one on another host that is still there, the newest first
+            if not self._local_ranks():
+                here = socket.gethostname()
+                signal_one_remote([w for w in reversed(self.reports.workers) if w[0] != here], self.job_id)
         else:  # horovodrun passes no signal to other hosts: tell their ranks over ssh
             remote = remote_rank_pids(self.reports.started)
             signal_remote(remote_ranks_to_stop(remote, self._local_ranks(), self.reports.training), self.job_id)

@@ -131,8 +131,11 @@ def _run_horovod_elastic(spec: JobSpec, options: RunOptions, err: TextIO) -> int
             with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700), "w") as f:
                 f.write(f"#!/bin/sh\necho {shlex.quote(format_hosts(spec.hosts))}\n")
             spec = dataclasses.replace(spec, hosts=())
-        if spec.env.get(env.RECOVERY) == "in-process":  # one id for every worker: the checkpoint lock knows its job
-            spec = dataclasses.replace(spec, env={env.LINEAGE: secrets.token_hex(8), **spec.env})
+        if spec.env.get(env.RECOVERY) == "in-process":
+            # one lineage for every worker (the checkpoint lock knows its own job), and a job id that tags the workers'
+            # reports of where they run (a stop reaches one on another host) and that the stop's ssh command checks
+            ids = {env.LINEAGE: secrets.token_hex(8), env.JOB_ID: secrets.token_hex(8)}
+            spec = dataclasses.replace(spec, env={**ids, **spec.env})
         built = build_horovod_elastic(
             spec,
             options.elastic,
@@ -165,7 +168,9 @@ def _run_elastic_driver(built: plan.Plan, spec: JobSpec, options: RunOptions, er
     # hvdkit's ranks (in-process) stop cleanly on SIGTERM, so a stop reaches them at once; horovodrun itself gets
     # it only when the grace period ends (it then gives its workers 5 s before it kills them)
     in_process = spec.env.get(env.RECOVERY) == "in-process"
-    final = execute.Execution(built, grace=options.grace, forward_usr1=False, elastic_workers=in_process).run()
+    final = execute.Execution(
+        built, job_id=spec.env.get(env.JOB_ID), grace=options.grace, forward_usr1=False, elastic_workers=in_process
+    ).run()
     if final.interrupted_by is not None and final.exit_code == 0:
         err.write(
             f"hvdkit run: stopped by {execute.signal_name(final.interrupted_by)}: every rank exited cleanly "

@@ -108,13 +108,16 @@ class RankReports:
 
     A report is a line ``[rank N] hvdkit-rank JOB {json}`` (see ``hvdkit.launcher.rankwrap``); only
     those of this job are taken, and the rank is the launcher's tag, never what the line claims.
-    The first report of each kind per rank counts. ``ended`` is stamped with this host's clock on
-    arrival, so ranks on hosts with different clocks are ordered as the launcher saw them end.
+    The first report of each kind per rank counts; ``workers`` gathers every ``"worker"`` report (the workers of
+    Horovod's elastic driver under ``--recovery in-process``, which come and go under one rank tag). ``ended`` is
+    stamped with this host's clock on arrival, so ranks on hosts with different clocks are ordered as the launcher
+    saw them end.
     """
 
     def __init__(self, job_id: str | None) -> None:
         self.job_id = job_id
         self.started = {}  # rank -> {"pid", "host", ...}
+        self.workers = {}  # (host, pid) -> None, oldest first: the in-process workers that said where they run
         self.ended = {}  # rank -> {"exit_code", "signal", "host", "seconds", "ended", ...}
         self.first_step = self.last_step = None  # steps reported (``{"event": "step", "step": N}``)
         self.resumed_step = None  # the first step reported with ``"resumed": true``
@@ -140,10 +143,15 @@ class RankReports:
             record = json.loads(m.group(3))
         except ValueError:
             return None
-        if not isinstance(record, dict) or record.get("event") not in ("start", "exit", "step", "saved"):
+        if not isinstance(record, dict) or record.get("event") not in ("start", "exit", "step", "saved", "worker"):
             return None
         record["rank"] = int(m.group(1))
-        if record["event"] == "saved":
+        if record["event"] == "worker":
+            host, pid = record.get("host"), record.get("pid")
+            if isinstance(host, str) and host and isinstance(pid, int) and pid > 1:
+                self.workers.pop((host, pid), None)
+                self.workers[(host, pid)] = None  # the newest last
+        elif record["event"] == "saved":
             if isinstance(record.get("step"), int):
                 self.saved_step = max(record["step"], self.saved_step or 0)
         elif record["event"] == "step":

@@ -130,6 +130,36 @@ def remote_term_command(pid: int, job_id: str) -> str:
     )
 
 
+def signal_one_remote(
+    workers: Sequence[tuple[str, int]],
+    job_id: str | None,
+    ssh: Callable[[str, list[str], float], tuple[int, str]] | None = None,
+) -> threading.Thread | None:
+    """SIGTERM to one live process of ``workers`` (``[(host, pid)]``, the one to try first first) over ssh, in the
+    background: host by host, each host's pids in one command that stops at the first one still of ``job_id``.
+    For the workers of Horovod's elastic driver (``--recovery in-process``), which train under a PreemptionGuard:
+    one that hears of the stop tells the others at their next step, and a killed worker's pid may be listed."""
+    if not workers or not job_id:
+        return None
+    from .remote import ssh as remote_ssh
+
+    run_ssh = ssh or remote_ssh
+    hosts: dict[str, list[int]] = {}
+    for host, pid in workers:
+        hosts.setdefault(host, []).append(pid)
+
+    def send():
+        for host, pids in hosts.items():
+            command = " || ".join(f"({remote_term_command(pid, job_id)})" for pid in pids)
+            code, _ = run_ssh(host, ["sh", "-c", shlex.quote(command)], 15)
+            if code == 0:
+                return
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
 def signal_remote(
     ranks: Sequence[tuple[str, int]],
     job_id: str | None,

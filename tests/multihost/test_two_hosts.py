@@ -141,11 +141,13 @@ def test_the_launchers_horovod_nccl_and_hvdkit_settings_reach_the_ranks_on_both_
     assert seen == [[a, "7", "WARN", "1"], [b, "7", "WARN", "1"]], proc.stdout
 
 
-@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+@pytest.mark.parametrize("controller", ["mpi", "gloo", "in-process"])
 def test_sigterm_to_the_launcher_stops_ranks_on_another_host_at_a_checkpointed_step(hosts, tmp_path, controller):
     """Every rank on the other host, none on the launcher's: mpirun passes SIGUSR1 on; horovodrun passes
     nothing, so the launcher sends SIGTERM over ssh to the pids the rank wrappers reported (issue 21
-    item 10). Either way the ranks stop together at one step, checkpoint it, and exit cleanly."""
+    item 10); under `--recovery in-process` (Horovod's elastic driver, no rank wrappers) to a worker that said
+    where it runs. Either way the ranks stop together at one step, checkpoint it, and exit cleanly. Before, an
+    in-process job's workers on other hosts heard nothing until the grace period ended."""
     import os
     import signal
     import subprocess
@@ -156,7 +158,8 @@ def test_sigterm_to_the_launcher_stops_ranks_on_another_host_at_a_checkpointed_s
 
     a, b = hosts.names
     d = tmp_path / "ckpt"
-    gloo = ["--gloo"] if controller == "gloo" else []
+    in_process = ["--min-np", "1", "--max-np", "2", "--recovery", "in-process"]
+    gloo = {"gloo": ["--gloo"], "in-process": in_process}.get(controller, [])
     argv = [
         HVDKIT,
         "run",

@@ -269,6 +269,31 @@ def test_rank_reports_of_this_job_are_read_from_the_stream_and_others_are_not():
     assert list(reports.ended) == [1] and reports.started == {}
 
 
+def test_in_process_workers_say_where_they_run_every_one_kept_newest_last(monkeypatch, capfd):
+    """Horovod's elastic workers (no wrappers) come and go under one rank tag: each report is kept, a worker that
+    says it again moves to the end (the newest), and a record without a usable host or pid is taken but not kept.
+    The worker's side: a PreemptionGuard made under --recovery in-process writes the report on its rank."""
+    from hvdkit.core import LocalCommunicator, env
+    from hvdkit.core.preemption import PreemptionGuard
+    from hvdkit.launcher.rankwrap import report_line
+
+    reports = execute.RankReports("j1")
+    for rank, host, pid in [(0, "a", 10), (1, "b", 11), (1, "b", 12), (0, "a", 10), (1, "b", 1), (1, 3, 13)]:
+        line = f"[rank {rank}] " + report_line("j1", {"event": "worker", "host": host, "pid": pid})
+        assert reports.take(line)["event"] == "worker"  # taken out of the output either way
+    assert list(reports.workers) == [("b", 11), ("b", 12), ("a", 10)]
+    assert reports.started == {} and not reports.training
+
+    monkeypatch.setenv(env.JOB_ID, "j9")
+    for recovery in ("restart", "in-process"):
+        monkeypatch.setenv(env.RECOVERY, recovery)
+        PreemptionGuard(LocalCommunicator()).close()
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("hvdkit-rank j9 ")]
+    assert len(said) == 1  # only under in-process
+    record = execute.RankReports("j9").take("[rank 0] " + said[0])
+    assert (record["event"], record["pid"], record["host"]) == ("worker", os.getpid(), socket.gethostname())
+
+
 def test_network_interface_reaches_both_launchers():
     from hvdkit.launcher.hosts import Host
 

@@ -56,3 +56,39 @@ def test_guarded_ranks_need_one_signal_unguarded_ones_all():
         ("b", 11),
         ("c", 13),
     ]
+
+
+def _ssh_here(asked):
+    """An ``ssh(host, argv, timeout)`` that runs the remote command on this machine, as sshd would (one shell
+    command line), and records the hosts asked."""
+
+    def ssh(host, argv, timeout):
+        asked.append(host)
+        p = subprocess.run(" ".join(argv), shell=True, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout + p.stderr
+
+    return ssh
+
+
+def test_an_in_process_stop_reaches_one_live_worker_of_the_job_trying_host_by_host():
+    """`--recovery in-process` workers (no wrappers) said where they run; the first listed may be gone (killed) or
+    its pid reused by another job: the stop goes to the first that is still this job's, and to no other host."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    other, mine, spare = _sleeper("job-2"), _sleeper("job-1"), _sleeper("job-1")
+    try:
+        asked = []
+        workers = [("b", gone.pid), ("b", other.pid), ("c", mine.pid), ("d", spare.pid)]
+        from hvdkit.launcher.rank_signals import signal_one_remote
+
+        signal_one_remote(workers, "job-1", ssh=_ssh_here(asked)).join(30)
+        assert asked == ["b", "c"]  # b had none of the job's workers left; c had one; d was not asked
+        assert mine.wait(timeout=10) == -signal.SIGTERM
+        time.sleep(0.2)
+        assert other.poll() is None and spare.poll() is None
+        assert signal_one_remote([], "job-1") is None and signal_one_remote([("b", 5)], None) is None
+    finally:
+        for proc in (other, mine, spare):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
