@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.checkpoint.arrays import ArrayFile
+from ..core.checkpoint.background import DEFAULT_WRITER_PRIORITY
 from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.checkpoint.store import Resumed
 from ..core.errors import CheckpointError
+from ..core.topology import from_env as topology_from_env
 from ..core.zero import ShardedState
 from ._engine import horovod_tf
 from .runtime import communicator
@@ -68,7 +70,7 @@ class Checkpointer(CheckpointerBase):
     (tensors included) and comes back with the same types. ``seed`` re-seeds at another world size.
     ``async_save=True``: ``save`` blocks only while rank 0 reads the variables into NumPy arrays of
     its own, then a thread writes them; see ``wait`` (memory: one more copy of the state on rank 0
-    while a write is in flight). ``writer_priority``: "normal", "low" or "idle", and
+    while a write is in flight). ``writer_priority``: "auto" (the default), "normal", "low" or "idle", and
     ``direct_io`` (O_DIRECT writes), as torch's.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
@@ -84,7 +86,7 @@ class Checkpointer(CheckpointerBase):
         comm: Communicator | None = None,
         seed: int = 0,
         async_save: bool = False,
-        writer_priority: str = "normal",
+        writer_priority: str = DEFAULT_WRITER_PRIORITY,
         direct_io: bool | None = None,
     ) -> None:
         import tensorflow as tf
@@ -140,6 +142,14 @@ class Checkpointer(CheckpointerBase):
 
     def _sharded(self):
         return isinstance(self.optimizer, ShardedState)
+
+    @staticmethod
+    def _training_cpus(model):
+        """``writer_priority="auto"``: whether TensorFlow trains on a GPU, its intra-op threads, the host's ranks."""
+        import tensorflow as tf
+
+        threads = tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
+        return bool(tf.config.get_visible_devices("GPU")), threads, topology_from_env().local_size
 
     def _prepare(self):
         self._opt_vars = self._optimizer_variables()  # builds the optimizer on every rank alike

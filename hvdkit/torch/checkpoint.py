@@ -21,6 +21,7 @@ from ..core.checkpoint.state import CheckpointerBase, Snapshot
 from ..core.checkpoint.store import Resumed
 from ..core.checkpoint.tree import reseed_rng
 from ..core.errors import CheckpointError
+from ..core.topology import from_env as topology_from_env
 from ..core.zero import ShardedState
 from .runtime import communicator
 from .state import share_state
@@ -74,13 +75,15 @@ class Checkpointer(CheckpointerBase):
     the thread while forward and backward run: the optimizer's next ``step()`` waits until they are
     copied (see ``wait_copied``; any other optimizer, or none: all is copied in ``save``). Rank 0
     keeps that copy between saves and reuses it (memory: one more state on rank 0).
-    ``writer_priority``: "normal" (the default: the write competes with training as an equal and is
-    on disk soonest), "low" (nice 19: training's steps keep their time on busy CPUs, but the write
-    takes only what they leave, so the newest checkpoint lags further behind a crash) or "idle"
-    (Linux's SCHED_IDLE: the write runs only on CPU time training leaves, and gives a core back to a
-    training thread at once); docs/checkpoint-format.md has the measurements. ``direct_io``: True
-    writes the arrays with O_DIRECT (not through the page cache, where the file system allows it;
-    the same files), False through the page cache, None (the default) as ``writer_priority`` chooses.
+    ``writer_priority``: "auto" (the default: "idle" where training leaves a core free, the model on a
+    GPU or fewer torch threads on the host than cores; "normal" where every core trains), "normal" (the
+    write competes with training as an equal and is on disk soonest), "low" (nice 19: training's steps
+    keep their time on busy CPUs, but the write takes only what they leave, so the newest checkpoint
+    lags further behind a crash) or "idle" (Linux's SCHED_IDLE: the write runs only on CPU time
+    training leaves, and gives a core back to a training thread at once); docs/checkpoint-format.md
+    has the measurements. ``direct_io``: True writes the arrays with O_DIRECT (not through the page
+    cache, where the file system allows it; the same files), False through the page cache, None (the
+    default) as ``writer_priority`` chooses.
 
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
     """
@@ -114,6 +117,13 @@ class Checkpointer(CheckpointerBase):
             direct_io=direct_io,
         )
         self._staging = {}  # array name -> the host tensor an async save copies it into (rank 0)
+
+    @staticmethod
+    def _training_cpus(model):
+        """``writer_priority="auto"``: whether the model is on an accelerator, torch's threads, the host's ranks."""
+        tensors = [*model.parameters(), *model.buffers()] if isinstance(model, torch.nn.Module) else []
+        accelerator = any(t.device.type not in ("cpu", "meta") for t in tensors)
+        return accelerator, torch.get_num_threads(), topology_from_env().local_size
 
     def save(self, step: int, epoch: int, extra: Any = None) -> str:
         """Write a checkpoint of ``step`` (rank 0 writes; every rank's RNG state is included).

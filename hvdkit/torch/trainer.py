@@ -70,7 +70,8 @@ class Trainer:
       optimizer steps: also mid-epoch, with the epoch's global sample offset), ``keep``,
       ``async_save`` (True: training waits only while rank 0 copies the state to host memory, a
       thread writes it; ``fit`` waits for the last write before it returns, also when stopped),
-      ``writer_priority`` (``"normal"``, ``"low"`` or ``"idle"``: that thread's priority, see ``hk.Checkpointer``).
+      ``writer_priority`` (``"auto"``, ``"normal"``, ``"low"`` or ``"idle"``: that thread's priority, see
+      ``hk.Checkpointer``).
     - ``precision``: ``"fp32"``, ``"bf16"`` (forward pass under ``hk.autocast``) or ``"fp16"``
       (autocast plus a ``torch.amp.GradScaler`` stepped by ``hk.amp_step``).
     - ``lr_rule`` (``"linear"``, ``"sqrt"``, ``"none"``) and ``warmup_steps``: an ``hk.ScaledLRScheduler``
@@ -133,7 +134,7 @@ class Trainer:
         straggler_threshold: float | None = None,
         seed: int = 0,
         commit_every: int | str = "auto",
-        writer_priority: str = "normal",
+        writer_priority: str = "auto",
     ) -> None:
         # The options, checked on every rank alike before any collective (ConfigError naming the fix)
         o = TrainerOptions(

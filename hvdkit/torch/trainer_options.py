@@ -67,7 +67,7 @@ class TrainerOptions:
     straggler_threshold: float | None
     seed: int
     commit_every: int | str
-    writer_priority: str = "normal"
+    writer_priority: str = "auto"
 
     def __post_init__(self) -> None:
         _check_parts(self.model, self.optimizer, self.loss_fn)

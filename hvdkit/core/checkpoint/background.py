@@ -32,7 +32,16 @@ from ..log import get_logger
 if TYPE_CHECKING:
     from ..comm import Communicator
 
-__all__ = ["BackgroundWrites", "WRITER_PRIORITIES", "DIRECT_IO", "wait_for_copies", "writer_nice", "writes_direct"]
+__all__ = [
+    "AUTO_PRIORITY",
+    "BackgroundWrites",
+    "WRITER_PRIORITIES",
+    "DIRECT_IO",
+    "choose_writer_priority",
+    "wait_for_copies",
+    "writer_nice",
+    "writes_direct",
+]
 
 _log = get_logger("checkpoint")
 _UNSHARED: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # writes whose outcome no rank asked for
@@ -45,11 +54,15 @@ _UNSHARED: weakref.WeakSet[BackgroundWrites] = weakref.WeakSet()  # writes whose
 # takes only what training leaves (about 20x longer there), so the newest checkpoint lags further behind
 # a crash. "idle": Linux's SCHED_IDLE as well (nice 19 where that is refused): the write runs only on a
 # core training leaves, and a training thread that wakes takes the core from it at once, where a nice-19
-# task may first finish its time slice (which a step split over torch's threads waits for). The default
-# and why: docs/checkpoint-format.md, "Writer priority".
+# task may first finish its time slice (which a step split over torch's threads waits for). "auto" (the
+# default) is "idle" where training leaves a core to the write (its state on an accelerator, or fewer compute
+# threads on the host than cores: there "idle" kept the steps at 0.96-0.99x, its write as fast as at "normal"),
+# else "normal" (every core trains: "idle" then made the write 2-3x longer and cost more training time in all).
+# The measurements: docs/checkpoint-format.md, "Writer priority".
 WRITER_PRIORITIES = {"normal": 0, "low": 19, "idle": 19}
 _IDLE_POLICY = "idle"
-DEFAULT_WRITER_PRIORITY = "normal"
+AUTO_PRIORITY = "auto"
+DEFAULT_WRITER_PRIORITY = AUTO_PRIORITY
 # Whether a checkpoint's arrays file is written with O_DIRECT (``direct``: not through the page cache, where the
 # file system takes it) when the checkpointer's ``direct_io`` is left None: by its ``writer_priority``.
 DIRECT_IO = {"normal": False, "low": False, "idle": False}
@@ -58,14 +71,34 @@ _COPYING_LOCK = threading.Lock()  # _COPYING is changed by the thread that saves
 
 
 def writer_nice(priority: str) -> int:
-    """The nice value of a ``writer_priority`` ("normal", "low" or "idle"); ConfigError naming the choices otherwise."""
-    if not isinstance(priority, str) or priority not in WRITER_PRIORITIES:
+    """The nice value of a ``writer_priority`` ("normal", "low", "idle"; "auto": 0 until chosen, see
+    ``choose_writer_priority``); ConfigError naming the choices otherwise."""
+    if not isinstance(priority, str) or (priority not in WRITER_PRIORITIES and priority != AUTO_PRIORITY):
         raise ConfigError(
-            f"writer_priority must be one of {sorted(WRITER_PRIORITIES)} (got {priority!r}): 'normal' writes a "
-            "background checkpoint at training's priority (on disk soonest), 'low' yields the CPUs to training, "
-            "'idle' writes only on CPU time training leaves"
+            f"writer_priority must be one of {sorted([*WRITER_PRIORITIES, AUTO_PRIORITY])} (got {priority!r}): "
+            "'normal' writes a background checkpoint at training's priority (on disk soonest), 'low' yields the "
+            "CPUs to training, 'idle' writes only on CPU time training leaves, 'auto' (the default) is 'idle' where "
+            "training leaves a core free (a GPU, or fewer threads than cores) and 'normal' where every core trains"
         )
-    return WRITER_PRIORITIES[priority]
+    return WRITER_PRIORITIES.get(priority, 0)
+
+
+def choose_writer_priority(
+    priority: str, accelerator: bool, threads: int, local_size: int, cores: int | None = None
+) -> tuple[str, str]:
+    """``(priority, why)``: ``priority`` itself, or for "auto" "idle" where training leaves a core to the write (the
+    state on an ``accelerator``, or ``threads`` compute threads per rank x ``local_size`` ranks fewer than this
+    process's ``cores``) and "normal" where every core trains; ``why`` says which (for the log)."""
+    writer_nice(priority)
+    if priority != AUTO_PRIORITY:
+        return priority, "as asked"
+    if accelerator:
+        return "idle", "the state is on an accelerator: the CPUs are left free while it trains"
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    used = max(1, int(threads)) * max(1, int(local_size))
+    if used < cores:
+        return "idle", f"{threads} thread(s) x {local_size} rank(s) on this host leave some of its {cores} cores free"
+    return "normal", f"{threads} thread(s) x {local_size} rank(s) on this host keep its {cores} cores busy"
 
 
 def writes_direct(priority: str, direct_io: bool | None) -> bool:
@@ -73,7 +106,7 @@ def writes_direct(priority: str, direct_io: bool | None) -> bool:
     ``priority`` (``DIRECT_IO``); ConfigError naming the choices for anything else (or for a bad priority)."""
     writer_nice(priority)
     if direct_io is None:
-        return DIRECT_IO[priority]
+        return DIRECT_IO.get(priority, False)
     if not isinstance(direct_io, bool):
         raise ConfigError(
             f"direct_io must be True, False or None (got {direct_io!r}): True writes a checkpoint's arrays with "
@@ -129,7 +162,9 @@ class BackgroundWrites:
         writer_nice(priority)  # ConfigError for a bad name
         self.comm = comm
         self.root = root
-        self.priority = priority  # the write's (not the copy's: training may be waiting for that)
+        # the write's (not the copy's: training may be waiting for that); "auto" is a checkpointer's to choose (it
+        # knows the training): a store made without one writes at "normal"
+        self.priority = "normal" if priority == AUTO_PRIORITY else priority
         self.step: int | None = None  # the step whose write is in flight, or unsettled (every rank)
         self._thread: threading.Thread | None = None
         self._outcome: tuple[str, str] | None = None

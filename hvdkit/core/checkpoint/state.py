@@ -26,8 +26,9 @@ import numpy as np
 
 from ..errors import CheckpointError, ConfigError
 from ..log import get_logger
+from ..topology import from_env as topology_from_env
 from .arrays import ARRAYS, ArrayFile, write_arrays
-from .background import DEFAULT_WRITER_PRIORITY, writes_direct
+from .background import DEFAULT_WRITER_PRIORITY, choose_writer_priority, writer_nice, writes_direct
 from .folder import listing, verify
 from .store import MANIFEST, CheckpointStore, Position, Resumed
 from .tree import capture_rng, decode, encode, reseed_rng, restore_rng
@@ -101,7 +102,8 @@ class CheckpointerBase:
     another world size. ``async_save`` makes ``save`` return once rank 0 copied the state into host
     memory, or sooner where the adapter can gate what changes the state (torch: a thread copies the
     parameters and the optimizer state until the optimizer's next ``step()``; see ``wait_copied``);
-    a thread writes it (see ``save`` and ``wait``) at ``writer_priority`` ("normal", "low" or "idle").
+    a thread writes it (see ``save`` and ``wait``) at ``writer_priority`` ("normal", "low", "idle", or "auto":
+    "idle" where training leaves a core free, else "normal"; ``background.choose_writer_priority``).
     ``direct_io``: write the arrays with O_DIRECT (True), through the page cache (False) or as
     ``writer_priority`` chooses (None; ``background.DIRECT_IO``).
     Collective: the constructor, ``save``, ``wait`` and ``restore`` are called by every rank.
@@ -125,7 +127,11 @@ class CheckpointerBase:
             raise ConfigError(
                 f"async_save must be True or False (got {async_save!r}): True writes checkpoints in the background"
             )
+        writer_nice(writer_priority)  # a bad name fails before anything is looked at
+        writer_priority, why = choose_writer_priority(writer_priority, *self._training_cpus(model))
         self.direct_io = writes_direct(writer_priority, direct_io)  # bad values fail before the folder is touched
+        if async_save and why != "as asked" and comm.is_rank0:
+            _log.info("background checkpoint writes at %r priority (writer_priority='auto'): %s", writer_priority, why)
         self.async_save = async_save
         self.writer_priority = writer_priority
         self.comm = comm
@@ -136,6 +142,12 @@ class CheckpointerBase:
         self.store = CheckpointStore(directory, comm, keep=keep, framework=framework, writer_priority=writer_priority)
 
     # ------------------------------------------------------------ the framework's part
+    @staticmethod
+    def _training_cpus(model) -> tuple[bool, int, int]:
+        """What ``writer_priority="auto"`` chooses by: whether ``model`` trains on an accelerator, the framework's
+        compute threads per rank, and the ranks on this host (from the launcher's variables)."""
+        return False, len(os.sched_getaffinity(0)), topology_from_env().local_size
+
     def _prepare(self):
         """Every rank, before a save or restore (build what must exist alike on every rank)."""
 

@@ -100,8 +100,8 @@ class CheckpointStore:
     constructor checks on rank 0 that ``root`` can be created and written and takes the folder's
     lock (held until ``close``, the store's garbage collection or the process's exit), so a bad
     path, or a folder in use by another job, fails on every rank before any training happens.
-    ``writer_priority`` ("normal", "low" or "idle"): the scheduling priority of background writes (see
-    ``hvdkit.core.checkpoint.background``).
+    ``writer_priority`` ("normal", "low" or "idle"; "auto" is chosen by the checkpointer): the scheduling
+    priority of background writes (see ``hvdkit.core.checkpoint.background``).
     """
 
     def __init__(

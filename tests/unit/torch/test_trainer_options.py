@@ -68,7 +68,10 @@ def test_the_defaults_are_kept_in_the_form_the_loop_reads():
         ({"checkpoint_every": "step"}, "checkpoint_every must be an integer >= 1 (got 'step'); pass 'epoch'"),
         ({"lr_rule": "linear", "global_batch_size": 64}, "use lr_rule='none' with a global batch"),
         ({"commit_every": 0}, "commit_every must be an integer >= 1 (got 0); pass 'auto'"),
-        ({"writer_priority": "lowest"}, "writer_priority must be one of ['idle', 'low', 'normal'] (got 'lowest')"),
+        (
+            {"writer_priority": "lowest"},
+            "writer_priority must be one of ['auto', 'idle', 'low', 'normal'] (got 'lowest')",
+        ),
         ({"model": "net"}, "model must be a torch.nn.Module (got str)"),
     ],
 )
